@@ -1,0 +1,143 @@
+"""Typed access to the ``RATELIMIT_*`` settings, read on every access.
+
+Nothing is snapshotted at import, so ``override_settings`` just works. Parsed values that are
+costly to build (trusted proxy networks, the hash function) are cached and the cache is
+cleared by a ``setting_changed`` receiver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.module_loading import import_string
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+DEFAULTS: dict[str, Any] = {
+    "RATELIMIT_ENABLE": True,
+    "RATELIMIT_USE_CACHE": "default",
+    "RATELIMIT_VIEW": None,
+    "RATELIMIT_FAIL_OPEN": False,
+    "RATELIMIT_IP_META_KEY": None,
+    "RATELIMIT_IPV4_MASK": 32,
+    "RATELIMIT_IPV6_MASK": 64,
+    "RATELIMIT_HASH_ALGORITHM": hashlib.sha256,
+    "RATELIMIT_CACHE_PREFIX": "rl:",
+    "RATELIMIT_EXCEPTION_CLASS": "ratelimit_app.exceptions.Ratelimited",
+    "RATELIMIT_TRUSTED_PROXIES": (),
+    "RATELIMIT_BUCKETS_PER_WINDOW": 60,
+    "RATELIMIT_HIERARCHICAL": False,
+    "RATELIMIT_SOCKET_TIMEOUT": 0.1,
+    "RATELIMIT_DEAD_RETRY": 5.0,
+    "RATELIMIT_BACKEND": None,
+}
+
+
+def _get(name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])
+
+
+class Settings:
+    """One property per setting; see ``docs/settings`` for their meaning."""
+
+    @property
+    def ENABLE(self) -> bool:
+        return bool(_get("RATELIMIT_ENABLE"))
+
+    @property
+    def USE_CACHE(self) -> str:
+        return str(_get("RATELIMIT_USE_CACHE"))
+
+    @property
+    def VIEW(self) -> str | Callable[..., Any] | None:
+        return _get("RATELIMIT_VIEW")  # type: ignore[no-any-return]
+
+    @property
+    def FAIL_OPEN(self) -> bool:
+        return bool(_get("RATELIMIT_FAIL_OPEN"))
+
+    @property
+    def IP_META_KEY(self) -> str | Callable[..., Any] | None:
+        return _get("RATELIMIT_IP_META_KEY")  # type: ignore[no-any-return]
+
+    @property
+    def IPV4_MASK(self) -> int:
+        return _get("RATELIMIT_IPV4_MASK")  # type: ignore[no-any-return]
+
+    @property
+    def IPV6_MASK(self) -> int:
+        return _get("RATELIMIT_IPV6_MASK")  # type: ignore[no-any-return]
+
+    @property
+    def HASH(self) -> Callable[[bytes], Any]:
+        return _hash_function(_get("RATELIMIT_HASH_ALGORITHM"))
+
+    @property
+    def CACHE_PREFIX(self) -> str:
+        return str(_get("RATELIMIT_CACHE_PREFIX"))
+
+    @property
+    def EXCEPTION_CLASS(self) -> type[Exception]:
+        value = _get("RATELIMIT_EXCEPTION_CLASS")
+        return import_string(value) if isinstance(value, str) else value  # type: ignore[no-any-return]
+
+    @property
+    def TRUSTED_PROXIES(self) -> tuple[IPNetwork, ...]:
+        return _networks(tuple(_get("RATELIMIT_TRUSTED_PROXIES")))
+
+    @property
+    def BUCKETS_PER_WINDOW(self) -> int:
+        return _get("RATELIMIT_BUCKETS_PER_WINDOW")  # type: ignore[no-any-return]
+
+    @property
+    def HIERARCHICAL(self) -> bool:
+        return bool(_get("RATELIMIT_HIERARCHICAL"))
+
+    @property
+    def SOCKET_TIMEOUT(self) -> float:
+        return float(_get("RATELIMIT_SOCKET_TIMEOUT"))
+
+    @property
+    def DEAD_RETRY(self) -> float:
+        return float(_get("RATELIMIT_DEAD_RETRY"))
+
+    @property
+    def BACKEND(self) -> str | None:
+        return _get("RATELIMIT_BACKEND")  # type: ignore[no-any-return]
+
+
+conf = Settings()
+
+
+@lru_cache(maxsize=8)
+def _hash_function(value: Any) -> Callable[[bytes], Any]:
+    func = import_string(value) if isinstance(value, str) else value
+    if not callable(func):
+        raise ImproperlyConfigured(f"RATELIMIT_HASH_ALGORITHM {value!r} is not callable.")
+    return func  # type: ignore[no-any-return]
+
+
+@lru_cache(maxsize=8)
+def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
+    try:
+        return tuple(ipaddress.ip_network(v, strict=False) for v in values)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"RATELIMIT_TRUSTED_PROXIES: {exc}") from exc
+
+
+@receiver(setting_changed)
+def _clear_caches(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("RATELIMIT_") or setting == "CACHES":
+        _hash_function.cache_clear()
+        _networks.cache_clear()
+        from ratelimit_app.backends import reset_backends
+
+        reset_backends()

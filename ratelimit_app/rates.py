@@ -1,0 +1,109 @@
+"""Rates: parse and validate ``'5/m'``, ``'100/10s'``, ``'5/m;10/d'`` and ``(count, seconds)``.
+
+Pure logic, no I/O. Parsing is strict: django-ratelimit reads ``'10/M'`` as ten per second,
+we refuse it and name the string.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: The longest window we accept: memcached reads TTLs over 30 days as timestamps, and a
+#: limit over a year is a quota, not a rate.
+MAX_SECONDS = 366 * 86400
+MAX_COUNT = 10**9
+
+_RATE_RE = re.compile(r"(?P<count>\d+)/(?P<multi>\d*)(?P<unit>[smhd]?)", re.ASCII)
+
+RateSpec = str | tuple[int, int] | Callable[..., Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most ``count`` events in any window of ``seconds`` seconds."""
+
+    count: int
+    seconds: int
+
+    def __str__(self) -> str:
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if self.seconds % size == 0:
+                multi = self.seconds // size
+                return f"{self.count}/{'' if multi == 1 else multi}{unit}"
+        return f"{self.count}/{'' if self.seconds == 1 else self.seconds}s"
+
+
+def _validated(count: int, seconds: int, text: object) -> Rate:
+    if not 0 <= count <= MAX_COUNT:
+        raise ImproperlyConfigured(f"Rate {text!r}: the count must be between 0 and {MAX_COUNT}.")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ImproperlyConfigured(
+            f"Rate {text!r}: the period must be between 1 second and {MAX_SECONDS // 86400} days."
+        )
+    return Rate(count, seconds)
+
+
+@lru_cache(maxsize=1024)
+def parse(spec: str) -> tuple[Rate, ...]:
+    """Parse ``'5/m'`` or ``'5/m;10/d'`` into rates; raise ``ImproperlyConfigured`` if bad."""
+    if not isinstance(spec, str):
+        raise ImproperlyConfigured(f"Rate {spec!r} is not a string.")
+    parts = spec.split(";")
+    rates = []
+    for part in parts:
+        text = part.strip(" ")
+        match = _RATE_RE.fullmatch(text)
+        if match is None:
+            raise ImproperlyConfigured(
+                f"Invalid rate {spec!r}: expected 'count/period' such as '5/m', '100/10s' or "
+                f"'5/m;100/d' (units s, m, h, d in lower case, no spaces around '/')."
+            )
+        multi = int(match["multi"]) if match["multi"] else 1
+        seconds = PERIODS[match["unit"] or "s"] * multi
+        rates.append(_validated(int(match["count"]), seconds, spec))
+    return tuple(sorted(set(rates), key=lambda r: (r.seconds, r.count)))
+
+
+def normalize(value: object) -> tuple[Rate, ...]:
+    """Rates from a resolved value: a rate string or a ``(count, seconds)`` tuple."""
+    if isinstance(value, Rate):
+        return (value,)
+    if isinstance(value, tuple):
+        if len(value) == 2 and all(type(v) is int for v in value):
+            return (_validated(value[0], value[1], value),)
+        raise ImproperlyConfigured(f"Rate {value!r}: a tuple must be (count, seconds) integers.")
+    if isinstance(value, str):
+        return parse(value)
+    raise ImproperlyConfigured(f"Rate {value!r} is neither a string nor a (count, seconds) tuple.")
+
+
+def is_dotted_path(spec: object) -> bool:
+    """A rate string that names a function (``'myapp.rates.for_user'``), not a rate."""
+    return isinstance(spec, str) and "/" not in spec and "." in spec
+
+
+def resolve(spec: RateSpec, group: str, request: Any) -> tuple[Rate, ...] | None:
+    """The rates in force for this request, or ``None`` when there is no limit.
+
+    A callable or dotted path is called as ``fn(group, request)`` (django-ratelimit's contract)
+    and may return a rate, a tuple, or ``None`` for "no limit".
+    """
+    if spec is None:
+        return None
+    if callable(spec):
+        value = spec(group, request)
+    elif is_dotted_path(spec):
+        value = import_string(spec)(group, request)  # type: ignore[arg-type]
+    else:
+        value = spec
+    if value is None:
+        return None
+    return normalize(value)
