@@ -1,0 +1,1 @@
+"""A small Django project that shows django-bucketry at work (``make demo``)."""

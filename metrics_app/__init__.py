@@ -1,0 +1,1 @@
+"""In-process traffic metrics for Django on multi-level time buckets."""

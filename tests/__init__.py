@@ -1,0 +1,1 @@
+"""Test suite for django-bucketry (kept outside the packages)."""

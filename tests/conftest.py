@@ -1,0 +1,111 @@
+"""Suite-wide fixtures: real throwaway servers and the ``--db`` switch.
+
+Kept generic on purpose: fixtures for one app live in ``tests/<app>/conftest.py``.
+
+A missing server binary skips the tests that need it on a developer machine, and fails them
+when ``CI`` is set (``CI=true``), so CI can never go green by skipping the real-server tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.servers import (
+    MissingServerBinary,
+    Server,
+    ServerStartError,
+    start_memcached,
+    start_postgres,
+    start_redis,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--db",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="database for the Django test database: sqlite (default, in memory) or "
+        "postgres (a throwaway cluster; `make test` runs `-m db_matrix --db=postgres`)",
+    )
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def start_or_skip(starter: Callable[[], Server]) -> Server:
+    """Start a server; skip (or, under CI, fail) when its binary is not installed."""
+    try:
+        return starter()
+    except MissingServerBinary as exc:
+        if in_ci():
+            pytest.fail(f"CI=true and {exc}", pytrace=False)
+        pytest.skip(str(exc))
+    except ServerStartError as exc:
+        # The binary is there but the server would not come up: always a real failure.
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[str]:
+    """A private memcached for the session, as ``"127.0.0.1:PORT"``."""
+    server = start_or_skip(start_memcached)
+    yield server.address
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    """A private Redis for the session, as ``"redis://127.0.0.1:PORT/0"``."""
+    server = start_or_skip(start_redis)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[dict[str, Any]]:
+    """A private PostgreSQL cluster for the session, as a ``DATABASES`` entry.
+
+    Use it as ``DATABASES["default"]`` or under any other alias; the database named by
+    ``NAME`` exists, and Django creates ``TEST["NAME"]`` for its test database.
+    """
+    server = start_or_skip(start_postgres)
+    dbname = server.extra["dbname"]
+    yield {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": dbname,
+        "USER": server.extra["user"],
+        "PASSWORD": "",
+        "HOST": server.host,
+        "PORT": str(server.port),
+        "TEST": {"NAME": f"test_{dbname}"},
+    }
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(request: pytest.FixtureRequest) -> None:
+    """With ``--db=postgres``, point the default database at ``postgres_server``.
+
+    pytest-django calls this session fixture just before it creates the test databases
+    (``django_db_setup``), so it is the documented place to change ``DATABASES``.
+    """
+    if request.config.getoption("--db") == "postgres":
+        from django.conf import settings
+        from django.db import connections
+
+        settings.DATABASES["default"] = request.getfixturevalue("postgres_server")
+        # Django caches the configured DATABASES and any connection already made to the
+        # old (SQLite) default; drop both so the next access sees PostgreSQL.
+        connections.__dict__.pop("settings", None)
+        for conn in connections.all(initialized_only=True):
+            conn.close()
+            del connections[conn.alias]
+    # What pytest-django's own fixture does (per-worker names under xdist and tox), done
+    # after the swap so it applies to the PostgreSQL test database too.
+    request.getfixturevalue("django_db_modify_db_settings_parallel_suffix")
