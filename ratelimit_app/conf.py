@@ -58,7 +58,7 @@ class Settings:
 
     @property
     def VIEW(self) -> str | Callable[..., Any] | None:
-        return _get("RATELIMIT_VIEW")  # type: ignore[no-any-return]
+        return _get("RATELIMIT_VIEW")
 
     @property
     def FAIL_OPEN(self) -> bool:
@@ -66,15 +66,15 @@ class Settings:
 
     @property
     def IP_META_KEY(self) -> str | Callable[..., Any] | None:
-        return _get("RATELIMIT_IP_META_KEY")  # type: ignore[no-any-return]
+        return _get("RATELIMIT_IP_META_KEY")
 
     @property
     def IPV4_MASK(self) -> int:
-        return _get("RATELIMIT_IPV4_MASK")  # type: ignore[no-any-return]
+        return _get("RATELIMIT_IPV4_MASK")
 
     @property
     def IPV6_MASK(self) -> int:
-        return _get("RATELIMIT_IPV6_MASK")  # type: ignore[no-any-return]
+        return _get("RATELIMIT_IPV6_MASK")
 
     @property
     def HASH(self) -> Callable[[bytes], Any]:
@@ -87,7 +87,7 @@ class Settings:
     @property
     def EXCEPTION_CLASS(self) -> type[Exception]:
         value = _get("RATELIMIT_EXCEPTION_CLASS")
-        return import_string(value) if isinstance(value, str) else value  # type: ignore[no-any-return]
+        return import_string(value) if isinstance(value, str) else value
 
     @property
     def TRUSTED_PROXIES(self) -> tuple[IPNetwork, ...]:
@@ -95,7 +95,7 @@ class Settings:
 
     @property
     def BUCKETS_PER_WINDOW(self) -> int:
-        return _get("RATELIMIT_BUCKETS_PER_WINDOW")  # type: ignore[no-any-return]
+        return _get("RATELIMIT_BUCKETS_PER_WINDOW")
 
     @property
     def HIERARCHICAL(self) -> bool:
@@ -111,7 +111,7 @@ class Settings:
 
     @property
     def BACKEND(self) -> str | None:
-        return _get("RATELIMIT_BACKEND")  # type: ignore[no-any-return]
+        return _get("RATELIMIT_BACKEND")
 
 
 conf = Settings()
@@ -122,7 +122,7 @@ def _hash_function(value: Any) -> Callable[[bytes], Any]:
     func = import_string(value) if isinstance(value, str) else value
     if not callable(func):
         raise ImproperlyConfigured(f"RATELIMIT_HASH_ALGORITHM {value!r} is not callable.")
-    return func  # type: ignore[no-any-return]
+    return func
 
 
 @lru_cache(maxsize=8)

@@ -176,9 +176,7 @@ def _hierarchical_plan(rates: tuple[Rate, ...], now: int) -> Plan:
     if longest:
         # A fine bucket is read (subtracted) up to one coarser bucket past the window.
         coarser = {3600: 0, 60: 3600, 1: 60}
-        writes = [
-            (f":h{lv}:{now // lv}", longest + lv + coarser[lv] + TTL_FUDGE) for lv in LEVELS
-        ]
+        writes = [(f":h{lv}:{now // lv}", longest + lv + coarser[lv] + TTL_FUDGE) for lv in LEVELS]
     read_list = tuple(reads)
     if uniform:
         extra = plan(uniform, now, 60)
@@ -200,8 +198,11 @@ def _hierarchical_plan(rates: tuple[Rate, ...], now: int) -> Plan:
 def _parts(rp: RatePlan, values: list[int]) -> list[tuple[float, int]]:
     """(time the events leave the window, how many), oldest first."""
     if rp.segments:
+        # A segment's true count is never negative; a reset or an evicted coarse bucket can
+        # make coarse - fine negative, and counting that would be lenient.
         return [
-            (seg.end, sum(values[i] * sign for i, sign in seg.terms)) for seg in rp.segments
+            (seg.end, max(0, sum(values[i] * sign for i, sign in seg.terms)))
+            for seg in rp.segments
         ]
     return [
         (rp.first_end + n * rp.width, values[i]) for n, i in enumerate(range(rp.start, rp.stop))
@@ -211,7 +212,7 @@ def _parts(rp: RatePlan, values: list[int]) -> list[tuple[float, int]]:
 def count(rp: RatePlan, values: list[int]) -> int:
     """Events in the rate's window."""
     if rp.segments:
-        return max(0, sum(values[i] * s for seg in rp.segments for i, s in seg.terms))
+        return sum(c for _, c in _parts(rp, values))
     return sum(values[rp.start : rp.stop])
 
 

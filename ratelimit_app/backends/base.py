@@ -1,0 +1,67 @@
+"""The counter backend interface and what every backend shares.
+
+A backend runs a :class:`~ratelimit_app.windows.Plan` for one subject in one round trip:
+increment the plan's write buckets (when counting), then read its buckets, and return the
+values in the order of ``plan.reads``. Any failure raises :class:`BackendError`; a backend
+never returns zeros it did not read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from ratelimit_app.conf import conf
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.windows import Plan
+
+logger = logging.getLogger("ratelimit_app")
+
+#: memcached reads a TTL over 30 days as a Unix timestamp.
+MEMCACHED_MAX_RELATIVE_TTL = 30 * 86400
+
+
+class Backend(ABC):
+    """Counts bucket hits for subjects. One instance per cache alias and process."""
+
+    #: True when a check is bounded loopback-class I/O an event loop may run inline.
+    inline_ok = False
+
+    def __init__(self, alias: str, cache: Any) -> None:
+        self.alias = alias
+        #: Prepended to every key: the cache's KEY_PREFIX and VERSION (as Django's key
+        #: function writes them) and ``RATELIMIT_CACHE_PREFIX``.
+        self.cache_prefix = str(cache.make_key(""))
+        #: ``RATELIMIT_CACHE_PREFIX``; keys are cache_prefix + rl_prefix + namespace + suffix.
+        self.rl_prefix = conf.CACHE_PREFIX
+        self._dead_until = 0.0
+
+    @abstractmethod
+    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
+        """Increment (if asked) and read the plan's buckets; raise BackendError on failure."""
+
+    def run_many(self, items: Sequence[tuple[str, Plan, bool]]) -> list[list[int]]:
+        """Several subjects at once (one round trip where the backend can)."""
+        return [self.run(ns, plan, inc) for ns, plan, inc in items]
+
+    @abstractmethod
+    def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
+        """Forget the given buckets of a subject."""
+
+    # -- circuit breaker: a dead server is skipped for RATELIMIT_DEAD_RETRY seconds ----------
+
+    def _check_alive(self) -> None:
+        if self._dead_until and time.monotonic() < self._dead_until:
+            raise BackendError(f"{self.alias}: server marked down, retrying later")
+
+    def _failed(self, exc: BaseException) -> BackendError:
+        self._dead_until = time.monotonic() + conf.DEAD_RETRY
+        logger.warning("ratelimit: backend %r failed: %s", self.alias, exc)
+        return BackendError(f"{self.alias}: {exc}")
+
+    def _succeeded(self) -> None:
+        if self._dead_until:
+            self._dead_until = 0.0

@@ -1,0 +1,43 @@
+"""Any Django cache (local memory for development and the demo): add + incr + get_many."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.core.cache import caches
+
+from ratelimit_app.backends.base import Backend
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.windows import Plan
+
+
+class CacheBackend(Backend):
+    """The generic path: correct on any cache with an atomic ``incr``, three calls a check."""
+
+    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
+        cache = caches[self.alias]  # Django's cache objects are per thread.
+        base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION
+        try:
+            written = {}
+            if increment:
+                for suffix, ttl in plan.writes:
+                    key = base + suffix
+                    cache.add(key, 0, ttl)
+                    written[suffix] = cache.incr(key)
+            found = cache.get_many([base + s for s in plan.reads])
+        except ValueError as exc:  # incr of a key that vanished: the write was lost
+            raise BackendError(f"{self.alias}: lost a counter write ({exc})") from exc
+        except Exception as exc:
+            raise BackendError(f"{self.alias}: {exc}") from exc
+        values = [int(found.get(base + s) or 0) for s in plan.reads]
+        for i, suffix in enumerate(plan.reads):
+            if suffix in written:
+                values[i] = max(values[i], written[suffix])
+        return values
+
+    def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
+        base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION
+        try:
+            caches[self.alias].delete_many([base + s for s in suffixes])
+        except Exception as exc:
+            raise BackendError(f"{self.alias}: {exc}") from exc

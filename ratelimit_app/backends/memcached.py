@@ -1,0 +1,121 @@
+"""memcached through pymemcache: one pipelined round trip a check.
+
+A check sends, in one write, a meta-arithmetic command per bucket to increment
+(``ma <key> N<ttl> J1 v``: create with TTL on a miss, return the new value) followed by one
+``get`` of every bucket the window reads. memcached answers commands of one connection in
+order, so the read sees this hit. The ``VA`` replies prove each write landed: a read that
+finds nothing after a failed write is an error, never a zero.
+
+All buckets of one subject live on one node (rendezvous hashing on the subject), so a check
+stays one round trip with several servers; a node that fails is skipped for
+``RATELIMIT_DEAD_RETRY`` seconds and its subjects move to the others (availability over
+accuracy, as the seeds suggest). Sockets set TCP_NODELAY and ``RATELIMIT_SOCKET_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pymemcache.client.base import PooledClient
+
+from ratelimit_app.backends.base import MEMCACHED_MAX_RELATIVE_TTL, Backend
+from ratelimit_app.conf import conf
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.windows import Plan
+
+_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+)\r\n")
+_VA = re.compile(rb"VA \d+[^\r]*\r\n(\d+)\r\n")
+
+
+def _servers(location: Any) -> list[str]:
+    if isinstance(location, str):
+        return [s.strip() for s in location.replace(";", ",").split(",") if s.strip()]
+    return list(location)
+
+
+def _address(server: str) -> Any:
+    if server.startswith("unix:"):
+        return server[5:]
+    host, _, port = server.rpartition(":")
+    return (host.strip("[]") or "127.0.0.1", int(port or 11211))
+
+
+class _Node:
+    def __init__(self, server: str, options: dict[str, Any]) -> None:
+        self.name = server
+        self.client = PooledClient(_address(server), **options)
+        self.dead_until = 0.0
+
+
+class MemcachedBackend(Backend):
+    inline_ok = True
+
+    def __init__(self, alias: str, cache: Any, location: Any, options: dict[str, Any]) -> None:
+        super().__init__(alias, cache)
+        timeout = conf.SOCKET_TIMEOUT
+        client_options = {
+            "connect_timeout": timeout,
+            "timeout": timeout,
+            "no_delay": True,
+            "max_pool_size": int(options.get("max_pool_size", 64)),
+            "allow_unicode_keys": False,
+        }
+        self.nodes = [_Node(s, client_options) for s in _servers(location)]
+        if not self.nodes:
+            raise BackendError(f"{alias}: no memcached server in LOCATION")
+
+    def _node(self, namespace: str) -> _Node:
+        now = time.monotonic()
+        if len(self.nodes) == 1:
+            node = self.nodes[0]
+            if node.dead_until > now:
+                raise BackendError(f"{self.alias}: {node.name} marked down, retrying later")
+            return node
+        alive = [n for n in self.nodes if n.dead_until <= now]
+        if not alive:
+            raise BackendError(f"{self.alias}: every memcached server is marked down")
+        return max(alive, key=lambda n: hashlib.blake2b(f"{n.name}|{namespace}".encode()).digest())
+
+    def _call(self, node: _Node, command: bytes, end: bytes) -> bytes:
+        try:
+            reply: bytes = node.client.raw_command(command, end)
+        except Exception as exc:
+            node.dead_until = time.monotonic() + conf.DEAD_RETRY
+            raise self._failed(exc) from exc
+        return reply
+
+    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
+        node = self._node(namespace)
+        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
+        parts = []
+        if increment:
+            wall = int(time.time())
+            for suffix, ttl in plan.writes:
+                if ttl > MEMCACHED_MAX_RELATIVE_TTL:
+                    ttl += wall
+                parts.append(b"ma %s%s N%d J1 v\r\n" % (base, suffix.encode(), ttl))
+        keys = [base + s.encode() for s in plan.reads]
+        parts.append(b"get " + b" ".join(keys))
+        reply = self._call(node, b"".join(parts), b"END\r\n")
+        found = dict(_VALUE.findall(reply))
+        values = [int(found.get(k, 0)) for k in keys]
+        if increment:
+            written = _VA.findall(reply)
+            if len(written) != len(plan.writes):
+                raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
+            index = {s: i for i, s in enumerate(plan.reads)}
+            for (suffix, _), value in zip(plan.writes, written, strict=True):
+                i = index.get(suffix)
+                if i is not None and values[i] < int(value):
+                    values[i] = int(value)
+        return values
+
+    def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
+        node = self._node(namespace)
+        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
+        command = b"".join(b"md %s%s q\r\n" % (base, s.encode()) for s in suffixes) + b"mn"
+        self._call(node, command, b"MN\r\n")

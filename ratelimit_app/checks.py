@@ -1,0 +1,146 @@
+"""System checks for every ``RATELIMIT_*`` setting and every ``@ratelimit``.
+
+IDs are defined once, in :data:`MESSAGES`, and listed in ``docs/checks.rst`` (a test keeps the
+two in step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.utils.module_loading import import_string
+
+from ratelimit_app.backends import MEMCACHED, REDIS
+from ratelimit_app.conf import DEFAULTS
+
+MESSAGES: dict[str, str] = {
+    "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
+    "E002": "The rate-limit cache cannot count: it stores nothing.",
+    "E003": "RATELIMIT_IPV4_MASK must be an integer from 0 to 32.",
+    "E004": "RATELIMIT_IPV6_MASK must be an integer from 0 to 128.",
+    "E005": "RATELIMIT_TRUSTED_PROXIES must be a list of IP addresses or CIDR networks.",
+    "E006": "RATELIMIT_HASH_ALGORITHM must be a hash constructor or its dotted path.",
+    "E007": "A RATELIMIT_* dotted path cannot be imported.",
+    "E008": "RATELIMIT_CACHE_PREFIX must be a short string without spaces or control characters.",
+    "E009": "RATELIMIT_BUCKETS_PER_WINDOW must be an integer from 1 to 600.",
+    "E010": "A @ratelimit decorator has an invalid rate or key.",
+    "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
+    "E012": "RATELIMIT_SOCKET_TIMEOUT and RATELIMIT_DEAD_RETRY must be positive numbers.",
+    "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
+    "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
+}
+
+_NOT_COUNTING = {"django.core.cache.backends.dummy.DummyCache"}
+_NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
+_NOT_ATOMIC = {
+    "django.core.cache.backends.filebased.FileBasedCache",
+    "django.core.cache.backends.db.DatabaseCache",
+}
+
+
+def _error(code: str, detail: str = "", hint: str | None = None) -> checks.CheckMessage:
+    level = checks.Warning if code.startswith("W") else checks.Error
+    msg = MESSAGES[code] + (f" {detail}" if detail else "")
+    return level(msg, hint=hint, id=f"ratelimit_app.{code}")
+
+
+def _setting(name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])
+
+
+def _importable(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        import_string(value)
+    except ImportError:
+        return False
+    return True
+
+
+@checks.register(checks.Tags.caches)
+def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    alias = _setting("RATELIMIT_USE_CACHE")
+    caches = getattr(settings, "CACHES", {})
+    if alias not in caches:
+        return [_error("E001", f"({alias!r}; CACHES has {', '.join(map(repr, caches))}).")]
+    backend = caches[alias].get("BACKEND", "")
+    if backend in _NOT_COUNTING:
+        return [_error("E002", f"({backend})", hint="Use memcached, Redis or LocMemCache.")]
+    if backend in _NOT_SHARED:
+        return [
+            _error(
+                "W001",
+                f"({alias!r} is {backend}).",
+                hint="Fine for development; use PyMemcacheCache or django-redis in production.",
+            )
+        ]
+    if backend in _NOT_ATOMIC:
+        return [_error("W002", f"({alias!r} is {backend}).", hint=f"Use {MEMCACHED} or {REDIS}.")]
+    return []
+
+
+def _check_settings() -> Iterable[checks.CheckMessage]:
+    for name, code, top in (
+        ("RATELIMIT_IPV4_MASK", "E003", 32),
+        ("RATELIMIT_IPV6_MASK", "E004", 128),
+    ):
+        value = _setting(name)
+        if type(value) is not int or not 0 <= value <= top:
+            yield _error(code, f"Got {value!r}.")
+    proxies = _setting("RATELIMIT_TRUSTED_PROXIES")
+    try:
+        if isinstance(proxies, str):
+            raise ValueError("a string, not a list")
+        for p in proxies:
+            ipaddress.ip_network(p, strict=False)
+    except (TypeError, ValueError) as exc:
+        yield _error("E005", f"({exc}).")
+    algorithm = _setting("RATELIMIT_HASH_ALGORITHM")
+    if not _importable(algorithm) or not (isinstance(algorithm, str) or callable(algorithm)):
+        yield _error("E006", f"Got {algorithm!r}.")
+    for name in ("RATELIMIT_VIEW", "RATELIMIT_EXCEPTION_CLASS", "RATELIMIT_BACKEND"):
+        if not _importable(_setting(name)):
+            yield _error("E007", f"{name} = {_setting(name)!r}.")
+    prefix = _setting("RATELIMIT_CACHE_PREFIX")
+    if not isinstance(prefix, str) or len(prefix) > 64 or re.search(r"[\s\x00-\x1f\x7f]", prefix):
+        yield _error("E008", f"Got {prefix!r}.")
+    per_window = _setting("RATELIMIT_BUCKETS_PER_WINDOW")
+    if type(per_window) is not int or not 1 <= per_window <= 600:
+        yield _error("E009", f"Got {per_window!r}.")
+    meta = _setting("RATELIMIT_IP_META_KEY")
+    meta_ok = meta is None or callable(meta) or (isinstance(meta, str) and _importable(meta))
+    if not meta_ok:
+        yield _error("E011", f"Got {meta!r}.")
+    for name in ("RATELIMIT_SOCKET_TIMEOUT", "RATELIMIT_DEAD_RETRY"):
+        value = _setting(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            yield _error("E012", f"{name} = {value!r}.")
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return list(_check_settings())
+
+
+@checks.register(checks.Tags.urls)
+def check_decorators(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from django.urls import get_resolver
+
+    from ratelimit_app.decorators import registry
+
+    # Importing the URLconf imports the views, which registers their decorators. A broken
+    # URLconf is reported by Django's own URL checks.
+    with contextlib.suppress(Exception):
+        get_resolver().url_patterns  # noqa: B018
+    return [
+        _error("E010", f"{entry['view']}: {problem}")
+        for entry in registry
+        for problem in entry["problems"]
+    ]

@@ -1,0 +1,125 @@
+"""``@ratelimit``: django-ratelimit 4.1's decorator, on sliding windows.
+
+Works on function views, async views, methods of class-based views (with or without
+``method_decorator``) and on view classes themselves (their ``dispatch`` is wrapped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+
+from ratelimit_app import ALL, UNSAFE, keys, rates
+from ratelimit_app.backends import get_backend
+from ratelimit_app.conf import conf
+from ratelimit_app.core import Method, get_usage, group_name
+
+__all__ = ["ratelimit"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Every decorated view's static configuration, for the system checks.
+registry: list[dict[str, Any]] = []
+
+
+def _validate(key: object, rate: object) -> list[str]:
+    problems = []
+    if isinstance(rate, str) and not rates.is_dotted_path(rate):
+        try:
+            rates.parse(rate)
+        except ImproperlyConfigured as exc:
+            problems.append(str(exc))
+    elif isinstance(rate, tuple):
+        try:
+            rates.normalize(rate)
+        except ImproperlyConfigured as exc:
+            problems.append(str(exc))
+    if not key:
+        problems.append("Ratelimit key must be specified.")
+    elif isinstance(key, str):
+        try:
+            keys.compile_key(key)
+        except ImproperlyConfigured as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _find_request(args: tuple[Any, ...]) -> HttpRequest:
+    # fn(request, ...) or, undecorated by method_decorator, fn(self, request, ...).
+    if args and hasattr(args[0], "META"):
+        return args[0]
+    if len(args) > 1 and hasattr(args[1], "META"):
+        return args[1]
+    raise TypeError("@ratelimit could not find the request among the view's arguments.")
+
+
+def ratelimit(
+    group: str | None = None,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+    block: bool = True,
+) -> Callable[[F], F]:
+    """Limit a view: django-ratelimit's arguments and meaning, sliding windows underneath.
+
+    ``request.limited`` tells the view whether it is over the limit; with ``block=True`` a
+    limited request raises ``RATELIMIT_EXCEPTION_CLASS`` (``Ratelimited``, a
+    ``PermissionDenied``) before the view runs.
+    """
+
+    def decorator(fn: F) -> F:
+        if isinstance(fn, type):
+            fn.dispatch = decorator(fn.dispatch)  # type: ignore[attr-defined]
+            return fn
+        problems = _validate(key, rate)
+        registry.append({"view": group_name(fn), "problems": problems})
+
+        def before(request: HttpRequest) -> None:
+            if problems:
+                raise ImproperlyConfigured(f"@ratelimit on {group_name(fn)}: {problems[0]}")
+            old_limited = getattr(request, "limited", False)
+            usage = get_usage(request, group, fn, key, rate, method, increment=True)
+            limited = bool(usage and usage["should_limit"])
+            request.limited = limited or old_limited  # type: ignore[attr-defined]
+            if limited and block:
+                raise _exception(usage)
+
+        if iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
+                request = _find_request(args)
+                if get_backend().inline_ok:
+                    before(request)  # one bounded round trip: cheaper than a thread hop
+                else:
+                    await sync_to_async(before)(request)
+                return await fn(*args, **kwargs)
+
+            return async_wrapped  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            before(_find_request(args))
+            return fn(*args, **kwargs)
+
+        return wrapped  # type: ignore[return-value]
+
+    return decorator
+
+
+def _exception(usage: dict[str, Any] | None) -> Exception:
+    cls = conf.EXCEPTION_CLASS
+    exc = cls()
+    with contextlib.suppress(AttributeError):  # a custom class may use __slots__
+        exc.usage = usage  # type: ignore[attr-defined]
+    return exc
+
+
+ratelimit.ALL = ALL  # type: ignore[attr-defined]
+ratelimit.UNSAFE = UNSAFE  # type: ignore[attr-defined]
