@@ -1,0 +1,107 @@
+# django-bucketry developer tasks. `make demo` and `make test` are the two set-up commands.
+#
+# Everything runs from the virtualenv in .venv; `make venv` creates it and re-installs only
+# when pyproject.toml changes. `make servers` installs memcached, Redis, PostgreSQL and
+# Chromium from Debian when they are missing (root only) and runs before the venv exists.
+
+PYTHON3 ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PY      := $(BIN)/python
+STAMP   := $(VENV)/.installed
+EXTRAS  := memcached,redis,celery,dev
+
+# CI=true turns "server binary missing" from a skip into a failure (tests/conftest.py).
+export CI
+
+.DEFAULT_GOAL := help
+.PHONY: help venv servers lint test docs bench demo clean distclean
+
+help:
+	@echo "make demo       run the demo site on http://127.0.0.1:8000/ (PORT=8001 make demo to change)"
+	@echo "make test       lint, pytest on SQLite, db_matrix tests on PostgreSQL, docs build"
+	@echo "make venv       create/refresh .venv (pip install -e '.[$(EXTRAS)]')"
+	@echo "make servers    install missing memcached/redis-server/postgresql/chromium (root)"
+	@echo "make lint       ruff check, ruff format --check, mypy"
+	@echo "make docs       sphinx-build -W into docs/_build/html"
+	@echo "make bench      python -m bench"
+	@echo "make clean      remove build, cache and demo files (distclean: also .venv)"
+
+venv: $(STAMP)
+
+# Order-only on the interpreter: re-creating it must not by itself trigger a re-install,
+# only a newer pyproject.toml does.
+$(STAMP): pyproject.toml | $(PY)
+	@echo "==> installing django-bucketry[$(EXTRAS)] into $(VENV)"
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@touch $@
+
+$(PY):
+	@echo "==> creating $(VENV) with $(PYTHON3)"
+	@if ! $(PYTHON3) -m venv $(VENV); then \
+	  rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "==> '$(PYTHON3) -m venv' failed (no ensurepip?): installing Debian package python3-venv"; \
+	    apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv && \
+	    $(PYTHON3) -m venv $(VENV) || exit 1; \
+	  else \
+	    echo "error: '$(PYTHON3) -m venv' failed: install the Debian package python3-venv" \
+	         "(sudo apt-get install python3-venv) and run make again" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+# Standard library only, so it works on a fresh machine before the venv exists.
+servers:
+	@$(PYTHON3) -m tests.servers --ensure
+
+lint: venv
+	@echo "==> ruff check"
+	@$(BIN)/ruff check .
+	@echo "==> ruff format --check"
+	@$(BIN)/ruff format --check .
+	@echo "==> mypy"
+	@$(BIN)/mypy
+
+# Every step runs even when an earlier one fails, so one run shows every problem; the
+# summary names the failed steps and the exit status is non-zero if any failed.
+test: venv servers
+	@failed=""; \
+	step() { name=$$1; shift; printf '\n==> %s\n' "$$name"; "$$@" || failed="$$failed $$name"; }; \
+	step lint $(MAKE) --no-print-directory lint; \
+	step pytest-sqlite $(BIN)/pytest; \
+	step pytest-postgres sh -c '$(BIN)/pytest -m db_matrix --db=postgres; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "(no db_matrix tests collected: fine)"; exit 0; fi; exit $$rc'; \
+	step docs $(MAKE) --no-print-directory docs; \
+	echo; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: all steps passed"
+
+docs: venv
+	@echo "==> sphinx-build -W docs"
+	@$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs built: docs/_build/html/index.html"
+
+bench: venv servers
+	$(PY) -m bench
+
+demo: venv
+	@$(PY) manage.py migrate --no-input -v 0
+	@$(PY) manage.py shell -v 0 -c "from django.contrib.auth import get_user_model; \
+	User = get_user_model(); \
+	created = not User.objects.filter(username='demo').exists(); \
+	created and User.objects.create_superuser('demo', 'demo@example.com', 'demo'); \
+	print('created superuser demo' if created else 'superuser demo exists')"
+	@echo "WARNING: the demo superuser's password is 'demo'. Keep this server on 127.0.0.1."
+	@echo "==> demo site: http://127.0.0.1:$${PORT:-8000}/   admin: http://127.0.0.1:$${PORT:-8000}/admin/   login: demo / demo"
+	$(PY) manage.py runserver 127.0.0.1:$${PORT:-8000}
+
+clean:
+	rm -rf docs/_build var build dist *.egg-info tests/artifacts \
+	       .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,66 @@
+"""The docs, README and changelog stay consistent (the HTML build itself runs in make test)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def toctree_entries() -> list[str]:
+    text = (DOCS / "index.rst").read_text(encoding="utf-8")
+    block = text.split(".. toctree::", 1)[1]
+    entries = []
+    for line in block.splitlines()[1:]:
+        if line and not line.startswith(" "):
+            break
+        item = line.strip()
+        if item and not item.startswith(":"):
+            entries.append(item)
+    return entries
+
+
+def test_every_toctree_entry_has_a_page() -> None:
+    entries = toctree_entries()
+    assert entries[0] == "quickstart"
+    assert entries[-1] == "changelog"
+    for entry in entries:
+        assert (DOCS / f"{entry}.rst").is_file(), entry
+
+
+def test_every_page_is_in_the_toctree() -> None:
+    pages = {p.stem for p in DOCS.glob("*.rst")} - {"index"}
+    assert pages <= set(toctree_entries())
+
+
+def test_readme_has_exactly_the_two_setup_commands() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quickstart = readme.split("## Quickstart", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", quickstart, re.DOTALL)
+    assert block is not None
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    assert commands == ["make demo", "make test"]
+
+
+def test_readme_links_point_at_real_files() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)#]+)\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert local
+    for link in local:
+        assert (ROOT / link).is_file(), link
+
+
+@pytest.mark.parametrize("target", ["demo", "test", "venv", "servers", "lint", "docs", "bench"])
+def test_makefile_has_target(target: str) -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
+
+
+def test_changelog_has_an_unreleased_section() -> None:
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert "\n## Unreleased\n" in changelog
