@@ -1,0 +1,1 @@
+"""Benchmarks (``make bench``): limiter latency vs django-ratelimit, window accuracy."""

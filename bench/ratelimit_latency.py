@@ -1,0 +1,247 @@
+"""Per-check latency: ratelimit_app vs django-ratelimit 4.1 on the same memcached and Redis.
+
+Both contenders run in one process against the same throwaway servers. The machine is
+expected to be noisy, so contenders are interleaved: every round times ``calls`` checks of
+each contender in turn (the order alternates between rounds), and the statistics pool the
+per-call timings of all rounds. Cases:
+
+* one rate ``1000000/m`` (never limited, so every check does its full work);
+* three rates on one key, ``1000000/m;1000000/h;1000000/d``, against django-ratelimit called
+  three times (what three stacked decorators do);
+* the same three rates with ``RATELIMIT_HIERARCHICAL = True``.
+
+Run: ``python -m bench.ratelimit_latency [--rounds 20 --calls 300]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import Servers, configure_django, quantile, table, throwaway_servers
+
+ONE_RATE = "1000000/m"
+THREE_RATES = ("1000000/m", "1000000/h", "1000000/d")
+#: Targets: our median check / django-ratelimit's median check.
+TARGETS = {"1 rate": 0.8, "3 rates": 0.5, "3 rates, hierarchical": 0.5}
+WARMUP = 5
+
+Check = Callable[[Any], Any]
+
+
+@dataclass
+class Contender:
+    name: str
+    check: Check
+    hierarchical: bool = False
+    samples: list[float] = field(default_factory=list)  # microseconds per check
+
+
+@dataclass
+class Row:
+    backend: str
+    case: str
+    ours_median: float
+    ours_p90: float
+    peer_median: float
+    peer_p90: float
+    samples: int
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_median / self.peer_median
+
+    @property
+    def target(self) -> float:
+        return TARGETS[self.case]
+
+    @property
+    def met(self) -> bool:
+        return self.ratio <= self.target
+
+
+def caches_for(servers: Servers) -> dict[str, dict[str, Any]]:
+    """One cache alias per server, configured as a project would."""
+    return {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "memcached": {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+            "LOCATION": servers.memcached,
+        },
+        "redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": servers.redis},
+    }
+
+
+def requests(n: int) -> list[Any]:
+    """``n`` GET requests from distinct client IPs."""
+    from django.test import RequestFactory
+
+    factory = RequestFactory()
+    return [
+        factory.get("/bench/", REMOTE_ADDR=f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
+        for i in range(1, n + 1)
+    ]
+
+
+def contenders(backend: str) -> list[Contender]:
+    from django_ratelimit.core import get_usage as peer_usage
+
+    from ratelimit_app.core import get_usage as our_usage
+
+    three = ";".join(THREE_RATES)
+    g = f"bench-{backend}"
+
+    def ours_one(request: Any) -> Any:
+        return [our_usage(request, group=g + "-o1", key="ip", rate=ONE_RATE, increment=True)]
+
+    def peer_one(request: Any) -> Any:
+        return [peer_usage(request, group=g + "-p1", key="ip", rate=ONE_RATE, increment=True)]
+
+    def ours_three(request: Any) -> Any:
+        return [our_usage(request, group=g + "-o3", key="ip", rate=three, increment=True)]
+
+    def ours_hier(request: Any) -> Any:
+        return [our_usage(request, group=g + "-oh", key="ip", rate=three, increment=True)]
+
+    def peer_three(request: Any) -> Any:
+        return [
+            peer_usage(request, group=g + "-p3", key="ip", rate=rate, increment=True)
+            for rate in THREE_RATES
+        ]
+
+    return [
+        Contender("ours 1", ours_one),
+        Contender("peer 1", peer_one),
+        Contender("ours 3", ours_three),
+        Contender("peer 3", peer_three),
+        Contender("ours 3h", ours_hier, hierarchical=True),
+    ]
+
+
+@contextmanager
+def _mode(hierarchical: bool) -> Iterator[None]:
+    if not hierarchical:
+        yield
+        return
+    from django.test import override_settings
+
+    with override_settings(RATELIMIT_HIERARCHICAL=True):
+        yield
+
+
+def _validate(name: str, results: Any) -> None:
+    """Every timed call must be a real, counted, unlimited check (not a silent failure)."""
+    for usage in results:
+        if not usage or usage["should_limit"] or usage["count"] < 1:
+            raise RuntimeError(f"{name}: unexpected usage {usage!r} (backend failing?)")
+
+
+def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list[Contender]:
+    """Interleaved rounds of every contender on one cache alias; returns the samples."""
+    from django.test import override_settings
+
+    runners = contenders(backend)
+    clock = time.perf_counter_ns
+    with override_settings(RATELIMIT_USE_CACHE=backend):
+        for r in range(rounds):
+            order = runners if r % 2 == 0 else runners[::-1]
+            for c in order:
+                with _mode(c.hierarchical):
+                    # Settings changes rebuild our backend: connect before timing.
+                    for i in range(WARMUP):
+                        _validate(c.name, c.check(pool[i % len(pool)]))
+                    check, samples = c.check, c.samples
+                    offset = r * calls
+                    for i in range(calls):
+                        request = pool[(offset + i) % len(pool)]
+                        start = clock()
+                        check(request)
+                        samples.append((clock() - start) / 1000)
+    return runners
+
+
+def run(
+    rounds: int = 20, calls: int = 300, ips: int = 100, servers: Servers | None = None
+) -> list[Row]:
+    """Time every case on memcached and Redis; start throwaway servers unless given."""
+    configure_django()
+    if servers is None:
+        with throwaway_servers() as started:
+            return run(rounds, calls, ips, started)
+    from django.test import override_settings
+
+    pool = requests(ips)
+    rows = []
+    with override_settings(CACHES=caches_for(servers)):
+        for backend in ("memcached", "redis"):
+            by_name = {c.name: c for c in time_backend(backend, rounds, calls, pool)}
+            for case, ours, peer in (
+                ("1 rate", "ours 1", "peer 1"),
+                ("3 rates", "ours 3", "peer 3"),
+                ("3 rates, hierarchical", "ours 3h", "peer 3"),
+            ):
+                o, p = by_name[ours].samples, by_name[peer].samples
+                rows.append(
+                    Row(
+                        backend=backend,
+                        case=case,
+                        ours_median=quantile(o, 0.5),
+                        ours_p90=quantile(o, 0.9),
+                        peer_median=quantile(p, 0.5),
+                        peer_p90=quantile(p, 0.9),
+                        samples=len(o),
+                    )
+                )
+    return rows
+
+
+def render(rows: list[Row], rounds: int, calls: int) -> str:
+    headers = [
+        "backend",
+        "case",
+        "ours med us",
+        "ours p90 us",
+        "django-rl med us",
+        "django-rl p90 us",
+        "ours/peer",
+        "target",
+        "met",
+    ]
+    body = [
+        [
+            r.backend,
+            r.case,
+            r.ours_median,
+            r.ours_p90,
+            r.peer_median,
+            r.peer_p90,
+            f"{r.ratio:.2f}x",
+            f"<= {r.target}x",
+            "yes" if r.met else "NO",
+        ]
+        for r in rows
+    ]
+    title = (
+        f"Per-check latency vs django-ratelimit 4.1 ({rounds} interleaved rounds x {calls} "
+        "checks; 3 rates = 3 stacked django-ratelimit checks)"
+    )
+    return table(title, headers, body)
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--ips", type=int, default=100)
+    args = parser.parse_args(argv)
+    rows = run(args.rounds, args.calls, args.ips)
+    print(render(rows, args.rounds, args.calls))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
