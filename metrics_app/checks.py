@@ -1,0 +1,96 @@
+"""System checks for the ``METRICS_*`` settings. Every ID is listed here, once.
+
+Documented in ``docs/metrics.rst`` (section "System checks").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from metrics_app.conf import DEFAULTS
+from metrics_app.retention import parse_retention
+
+#: Check ID -> what it means (docs/metrics.rst lists the same).
+CHECK_IDS: dict[str, str] = {
+    "metrics_app.E001": "METRICS_RETENTION does not parse or breaks whisper's rules.",
+    "metrics_app.E002": "METRICS_FLUSH_INTERVAL is not a number >= 0.",
+    "metrics_app.E003": "METRICS_MAX_BUFFERED_KEYS is not a positive integer.",
+    "metrics_app.E004": "METRICS_BUFFER is neither 'memory' nor 'redis'.",
+    "metrics_app.E005": "METRICS_BUFFER = 'redis' but METRICS_REDIS_CACHE is no django-redis "
+    "cache.",
+    "metrics_app.E006": "METRICS_BATCH_SIZE or METRICS_DOWNSAMPLE_BATCH_SIZE is not a "
+    "positive integer.",
+    "metrics_app.E007": "METRICS_LOCK_CACHE is not in CACHES.",
+    "metrics_app.E008": "METRICS_DATABASE is not in DATABASES.",
+    "metrics_app.E009": "METRICS_QUERY_DOWNSAMPLE is not 'celery', 'inline' or None.",
+    "metrics_app.W001": "METRICS_LOCK_CACHE is local to one process, so the downsample lock "
+    "does not stop two processes.",
+}
+
+_LOCAL_CACHES = (
+    "django.core.cache.backends.locmem.LocMemCache",
+    "django.core.cache.backends.dummy.DummyCache",
+)
+
+
+def _get(name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])
+
+
+def _error(check_id: str, detail: str) -> Error:
+    return Error(f"{CHECK_IDS[check_id]} {detail}", id=check_id)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    try:
+        parse_retention(_get("METRICS_RETENTION"))
+    except ValueError as exc:
+        messages.append(_error("metrics_app.E001", f"{_get('METRICS_RETENTION')!r}: {exc}"))
+    interval = _get("METRICS_FLUSH_INTERVAL")
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
+        messages.append(_error("metrics_app.E002", f"Got {interval!r}."))
+    if not _positive_int(_get("METRICS_MAX_BUFFERED_KEYS")):
+        messages.append(_error("metrics_app.E003", f"Got {_get('METRICS_MAX_BUFFERED_KEYS')!r}."))
+    buffer = _get("METRICS_BUFFER")
+    if buffer not in ("memory", "redis"):
+        messages.append(_error("metrics_app.E004", f"Got {buffer!r}."))
+    elif buffer == "redis":
+        alias = _get("METRICS_REDIS_CACHE")
+        backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+        if not backend.startswith("django_redis."):
+            messages.append(
+                _error(
+                    "metrics_app.E005",
+                    f"CACHES[{alias!r}] has BACKEND {backend!r}; the Redis buffer needs "
+                    "django_redis.cache.RedisCache for HINCRBY and its Lua script.",
+                )
+            )
+    for name in ("METRICS_BATCH_SIZE", "METRICS_DOWNSAMPLE_BATCH_SIZE"):
+        if not _positive_int(_get(name)):
+            messages.append(_error("metrics_app.E006", f"{name} = {_get(name)!r}."))
+    lock_alias = _get("METRICS_LOCK_CACHE")
+    if lock_alias not in settings.CACHES:
+        messages.append(_error("metrics_app.E007", f"Got {lock_alias!r}."))
+    elif settings.CACHES[lock_alias].get("BACKEND") in _LOCAL_CACHES:
+        messages.append(
+            Warning(
+                CHECK_IDS["metrics_app.W001"],
+                hint="Point METRICS_LOCK_CACHE at Redis or memcached when several processes "
+                "(Celery workers, beat, cron) may downsample.",
+                id="metrics_app.W001",
+            )
+        )
+    if _get("METRICS_DATABASE") not in settings.DATABASES:
+        messages.append(_error("metrics_app.E008", f"Got {_get('METRICS_DATABASE')!r}."))
+    if _get("METRICS_QUERY_DOWNSAMPLE") not in ("celery", "inline", None, False):
+        messages.append(_error("metrics_app.E009", f"Got {_get('METRICS_QUERY_DOWNSAMPLE')!r}."))
+    return messages

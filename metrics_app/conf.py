@@ -1,0 +1,121 @@
+"""Typed access to the ``METRICS_*`` settings, read on every access.
+
+Nothing is snapshotted at import, so ``override_settings`` just works. The parsed retention
+is cached and the cache is cleared by a ``setting_changed`` receiver. See ``docs/metrics.rst``
+for the meaning of each setting.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from metrics_app.retention import DEFAULT_RETENTION, Retention, parse_retention
+
+DEFAULTS: dict[str, Any] = {
+    "METRICS_FLUSH_INTERVAL": 10.0,
+    "METRICS_RETENTION": DEFAULT_RETENTION,
+    "METRICS_MAX_BUFFERED_KEYS": 100_000,
+    "METRICS_BUFFER": "memory",
+    "METRICS_REDIS_CACHE": "default",
+    "METRICS_REDIS_KEY": "metrics:buffer",
+    "METRICS_DATABASE": "default",
+    "METRICS_BATCH_SIZE": 1000,
+    "METRICS_DOWNSAMPLE_BATCH_SIZE": 20_000,
+    "METRICS_LOCK_CACHE": "default",
+    "METRICS_LOCK_TTL": 600,
+    "METRICS_LEDGER_DAYS": 7,
+    "METRICS_QUERY_DOWNSAMPLE": "celery",
+    "METRICS_HANDLE_SIGTERM": True,
+    "METRICS_MAX_RETRY_DELAY": 300.0,
+}
+
+
+def _get(name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])
+
+
+class Settings:
+    """One property per setting; see ``docs/metrics.rst`` for their meaning."""
+
+    @property
+    def FLUSH_INTERVAL(self) -> float:
+        return float(_get("METRICS_FLUSH_INTERVAL"))
+
+    @property
+    def RETENTION(self) -> Retention:
+        return _parsed_retention(str(_get("METRICS_RETENTION")))
+
+    @property
+    def MAX_BUFFERED_KEYS(self) -> int:
+        return int(_get("METRICS_MAX_BUFFERED_KEYS"))
+
+    @property
+    def BUFFER(self) -> str:
+        return str(_get("METRICS_BUFFER"))
+
+    @property
+    def REDIS_CACHE(self) -> str:
+        return str(_get("METRICS_REDIS_CACHE"))
+
+    @property
+    def REDIS_KEY(self) -> str:
+        return str(_get("METRICS_REDIS_KEY"))
+
+    @property
+    def DATABASE(self) -> str:
+        return str(_get("METRICS_DATABASE"))
+
+    @property
+    def BATCH_SIZE(self) -> int:
+        return int(_get("METRICS_BATCH_SIZE"))
+
+    @property
+    def DOWNSAMPLE_BATCH_SIZE(self) -> int:
+        return int(_get("METRICS_DOWNSAMPLE_BATCH_SIZE"))
+
+    @property
+    def LOCK_CACHE(self) -> str:
+        return str(_get("METRICS_LOCK_CACHE"))
+
+    @property
+    def LOCK_TTL(self) -> int:
+        return int(_get("METRICS_LOCK_TTL"))
+
+    @property
+    def LEDGER_DAYS(self) -> float:
+        return float(_get("METRICS_LEDGER_DAYS"))
+
+    @property
+    def QUERY_DOWNSAMPLE(self) -> str | None:
+        value = _get("METRICS_QUERY_DOWNSAMPLE")
+        return None if not value else str(value)
+
+    @property
+    def HANDLE_SIGTERM(self) -> bool:
+        return bool(_get("METRICS_HANDLE_SIGTERM"))
+
+    @property
+    def MAX_RETRY_DELAY(self) -> float:
+        return float(_get("METRICS_MAX_RETRY_DELAY"))
+
+
+conf = Settings()
+
+
+@lru_cache(maxsize=8)
+def _parsed_retention(value: str) -> Retention:
+    return parse_retention(value)
+
+
+@receiver(setting_changed)
+def _clear_caches(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith("METRICS_"):
+        _parsed_retention.cache_clear()
+        from metrics_app import buffer
+
+        buffer.settings_changed()

@@ -1,0 +1,77 @@
+"""Series, their time buckets, and the flush ledger."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from metrics_app.buffer import MAX_NAME_LENGTH
+
+
+class Series(models.Model):
+    """A named counter. ``total`` is the all-time count: retention never lowers it."""
+
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH, unique=True)
+    total = models.BigIntegerField(_("total"), default=0)
+    first_seen = models.DateTimeField(_("first seen"), null=True, blank=True)
+    last_seen = models.DateTimeField(_("last seen"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("series")
+        verbose_name_plural = _("series")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Bucket(models.Model):
+    """``count`` events of ``series`` in ``[start, start + resolution)``.
+
+    ``start`` is Unix seconds (UTC), aligned as :func:`metrics_app.retention.align` says; an
+    integer keeps alignment and downsampling plain integer arithmetic on every database.
+    """
+
+    series = models.ForeignKey(
+        Series, on_delete=models.CASCADE, related_name="buckets", verbose_name=_("series")
+    )
+    resolution = models.PositiveIntegerField(_("resolution (seconds)"))
+    start = models.BigIntegerField(_("start (Unix seconds)"))
+    count = models.BigIntegerField(_("count"))
+
+    class Meta:
+        verbose_name = _("bucket")
+        verbose_name_plural = _("buckets")
+        constraints = [
+            # The additive upsert's ON CONFLICT target; also serves per-series range reads.
+            models.UniqueConstraint(
+                fields=["series", "resolution", "start"], name="metrics_bucket_unique"
+            ),
+        ]
+        indexes = [
+            # Downsampling scans one resolution for everything older than a cutoff.
+            models.Index(fields=["resolution", "start"], name="metrics_bucket_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.series_id}@{self.resolution}s:{self.start}={self.count}"
+
+    @property
+    def start_datetime(self) -> datetime:
+        return datetime.fromtimestamp(self.start, tz=UTC)
+
+
+class FlushLedger(models.Model):
+    """One row per applied flush batch, so a retried batch is never applied twice."""
+
+    flush_id = models.CharField(_("flush id"), max_length=100, unique=True)
+    created = models.DateTimeField(_("created"))
+
+    class Meta:
+        verbose_name = _("flush ledger entry")
+        verbose_name_plural = _("flush ledger")
+
+    def __str__(self) -> str:
+        return self.flush_id

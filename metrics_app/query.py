@@ -1,0 +1,147 @@
+"""Reading series back: ``series``, ``total`` and ``top``.
+
+Queries read the database only; call :func:`metrics_app.flush` first to include what this
+process still buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from django.core.cache import caches
+from django.db.models import Sum
+
+from metrics_app import clock
+from metrics_app.conf import conf
+from metrics_app.models import Bucket, Series
+from metrics_app.retention import align
+
+logger = logging.getLogger("metrics_app")
+
+Point = tuple[datetime, int]
+
+
+def _seconds(value: datetime, label: str) -> int:
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ValueError(f"{label} must be an aware datetime, got {value!r}")
+    return int(value.timestamp() // 1)
+
+
+def series(
+    name: str, start: datetime, end: datetime, step: int | timedelta | None = None
+) -> list[Point]:
+    """Every bucket of ``[start, end)`` as ``(bucket start, count)``, zero-filled.
+
+    ``step`` (seconds or a timedelta) defaults to the finest step stored for the whole range:
+    the coarser of what the retention guarantees for ``start`` and the coarsest bucket found.
+    Buckets are whole and aligned (weeks on Mondays, UTC), so the first may start before
+    ``start``. A ``step`` that does not split into the stored buckets (finer than stored for
+    part of the range, or not a multiple of the finest tier) raises ``ValueError``.
+    """
+    lo, hi = _seconds(start, "start"), _seconds(end, "end")
+    if hi <= lo:
+        return []
+    now = clock.now()
+    retention = conf.RETENTION
+    widest = max(retention.precisions)
+    rows = list(
+        Bucket.objects.using(conf.DATABASE)
+        .filter(series__name=name, start__lt=hi, start__gt=lo - widest)
+        .values_list("resolution", "start", "count")
+    )
+    rows = [r for r in rows if r[1] + r[0] > lo]
+    found = {r[0] for r in rows}
+    if step is None:
+        size = max([retention.expected_step(lo, now), *found])
+    else:
+        size = int(step.total_seconds()) if isinstance(step, timedelta) else int(step)
+        if size <= 0 or size % retention.finest.precision:
+            raise ValueError(
+                f"step must be a positive multiple of the finest precision "
+                f"({retention.finest.precision}s), got {size}s"
+            )
+    coarser = sorted(r for r in found if size % r)
+    if coarser:
+        raise ValueError(
+            f"step {size}s is finer than the {coarser[-1]}s buckets stored for part of "
+            f"[{start.isoformat()}, {end.isoformat()}) of {name!r}; use a step that is a "
+            f"multiple of {coarser[-1]}s"
+        )
+    sums: dict[int, int] = {}
+    for _resolution, t, count in rows:
+        key = align(t, size)
+        sums[key] = sums.get(key, 0) + count
+    if _too_fine(rows, now):
+        schedule_downsample(name)
+    return [
+        (datetime.fromtimestamp(t, tz=UTC), sums.get(t, 0))
+        for t in range(align(lo, size), hi, size)
+    ]
+
+
+def _too_fine(rows: list[tuple[int, int, int]], now: float) -> bool:
+    """True if some bucket outlived its tier (the seeds' read-triggered "slimming")."""
+    retention = conf.RETENTION
+    cutoffs = {
+        tier.precision: (
+            retention.fold_cutoff(i, now)
+            if i < len(retention.tiers) - 1
+            else retention.expiry_cutoff(now)
+        )
+        for i, tier in enumerate(retention.tiers)
+    }
+    return any(t < cutoffs.get(resolution, t) for resolution, t, _ in rows)
+
+
+def schedule_downsample(name: str) -> None:
+    """Ask for ``downsample_series(name)``, at most once a minute per series.
+
+    ``METRICS_QUERY_DOWNSAMPLE`` says how: ``"celery"`` (default) sends the task,
+    ``"inline"`` runs it now, ``None`` does nothing.
+    """
+    mode = conf.QUERY_DOWNSAMPLE
+    if mode is None:
+        return
+    if not caches[conf.LOCK_CACHE].add(f"metrics_app:scheduled:{name}", 1, 60):
+        return
+    try:
+        if mode == "inline":
+            from metrics_app.rollup import downsample
+
+            downsample(series_names=[name])
+        else:
+            from metrics_app.tasks import downsample_series
+
+            downsample_series.apply_async((name,), retry=False)
+    except Exception as exc:  # a query must not fail because the broker is down
+        logger.warning("metrics: could not schedule downsample_series(%r): %s", name, exc)
+
+
+def total(name: str) -> int:
+    """All-time count of ``name`` (0 for an unknown series); retention never lowers it."""
+    value = Series.objects.using(conf.DATABASE).filter(name=name).values_list("total", flat=True)
+    return int(value[0]) if value else 0
+
+
+def top(n: int, since: datetime | None = None) -> list[tuple[str, int]]:
+    """The ``n`` busiest series: by all-time total, or by buckets starting at/after ``since``.
+
+    With ``since``, the answer is exact when ``since`` is aligned to the buckets stored
+    around it (a coarse bucket that starts before ``since`` is left out whole).
+    """
+    if since is None:
+        return list(
+            Series.objects.using(conf.DATABASE)
+            .order_by("-total", "name")
+            .values_list("name", "total")[:n]
+        )
+    lo = _seconds(since, "since")
+    rows = (
+        Bucket.objects.using(conf.DATABASE)
+        .filter(start__gte=lo)
+        .values("series__name")
+        .annotate(n=Sum("count"))
+        .order_by("-n", "series__name")[:n]
+    )
+    return [(r["series__name"], int(r["n"])) for r in rows]

@@ -1,0 +1,122 @@
+"""Writing buffered counts to the database: one transaction per flush.
+
+A flush is three kinds of statement, each a multi-row batch of at most
+``METRICS_BATCH_SIZE`` rows, so the number of statements is
+``1 + ceil(series / batch) + ceil(buckets / batch)`` whatever the traffic:
+
+1. the flush-ledger row, ``INSERT ... ON CONFLICT (flush_id) DO NOTHING``. When it inserts
+   nothing, this exact batch was committed before (the reply to its COMMIT was lost, say) and
+   the flush stops there: it is never counted twice;
+2. the series' totals, ``INSERT ... ON CONFLICT (name) DO UPDATE SET total = total +
+   EXCLUDED.total ... RETURNING id, name``;
+3. the buckets, ``INSERT ... ON CONFLICT (series_id, resolution, start) DO UPDATE SET
+   count = count + EXCLUDED.count``.
+
+PostgreSQL and SQLite (3.35+) both take this SQL. Rows are written in sorted order so that
+concurrent flushes from many processes lock rows in the same order and cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from django.db import connections, transaction
+
+from metrics_app import clock
+from metrics_app.conf import conf
+from metrics_app.models import Bucket, FlushLedger, Series
+from metrics_app.retention import align
+
+T = TypeVar("T")
+
+#: ``{(series name, minute index): count}``; minute index = Unix seconds // 60.
+Counts = Mapping[tuple[str, int], int]
+
+
+def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> bool:
+    """Add ``counts`` to the database in one transaction; False if ``flush_id`` was applied.
+
+    Minutes are aligned to the finest retention tier here (at write time), so the
+    in-process buffer never reads a setting.
+    """
+    alias = using or conf.DATABASE
+    precision = conf.RETENTION.finest.precision
+    batch = max(1, conf.BATCH_SIZE)
+    buckets: dict[tuple[str, int], int] = {}
+    series: dict[str, list[int]] = {}  # name -> [total, first start, last start]
+    for (name, minute), count in counts.items():
+        if not count:
+            continue
+        start = align(minute * 60, precision)
+        buckets[name, start] = buckets.get((name, start), 0) + count
+        row = series.get(name)
+        if row is None:
+            series[name] = [count, minute * 60, minute * 60]
+        else:
+            row[0] += count
+            row[1] = min(row[1], minute * 60)
+            row[2] = max(row[2], minute * 60)
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    ledger_t, series_t = (qn(m._meta.db_table) for m in (FlushLedger, Series))
+
+    def dt(seconds: float) -> Any:
+        return connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(seconds, tz=UTC))
+
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {ledger_t} ({qn('flush_id')}, {qn('created')}) VALUES (%s, %s) "
+            f"ON CONFLICT ({qn('flush_id')}) DO NOTHING",
+            [flush_id, dt(clock.now())],
+        )
+        if cursor.rowcount == 0:
+            return False
+        ids: dict[str, int] = {}
+        first, last = qn("first_seen"), qn("last_seen")
+        for part in chunks(sorted(series), batch):
+            params: list[Any] = []
+            for name in part:
+                total, lo, hi = series[name]
+                params += [name, total, dt(lo), dt(hi)]
+            cursor.execute(
+                f"INSERT INTO {series_t} ({qn('name')}, {qn('total')}, {first}, {last}) "
+                f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(part))} "
+                f"ON CONFLICT ({qn('name')}) DO UPDATE SET "
+                f"{qn('total')} = {series_t}.{qn('total')} + EXCLUDED.{qn('total')}, "
+                f"{first} = CASE WHEN {series_t}.{first} IS NULL "
+                f"OR EXCLUDED.{first} < {series_t}.{first} "
+                f"THEN EXCLUDED.{first} ELSE {series_t}.{first} END, "
+                f"{last} = CASE WHEN {series_t}.{last} IS NULL "
+                f"OR EXCLUDED.{last} > {series_t}.{last} "
+                f"THEN EXCLUDED.{last} ELSE {series_t}.{last} END "
+                f"RETURNING {qn('id')}, {qn('name')}",
+                params,
+            )
+            ids.update((name, pk) for pk, name in cursor.fetchall())
+        rows = sorted((ids[name], start, count) for (name, start), count in buckets.items())
+        for part_rows in chunks(rows, batch):
+            params = []
+            for series_id, start, count in part_rows:
+                params += [series_id, precision, start, count]
+            upsert_buckets(cursor, connection, len(part_rows), params)
+    return True
+
+
+def upsert_buckets(cursor: Any, connection: Any, n: int, params: list[Any]) -> None:
+    """Additive multi-row upsert of ``n`` ``(series_id, resolution, start, count)`` rows."""
+    qn = connection.ops.quote_name
+    bucket_t = qn(Bucket._meta.db_table)
+    cursor.execute(
+        f"INSERT INTO {bucket_t} ({qn('series_id')}, {qn('resolution')}, {qn('start')}, "
+        f"{qn('count')}) VALUES {', '.join(['(%s, %s, %s, %s)'] * n)} "
+        f"ON CONFLICT ({qn('series_id')}, {qn('resolution')}, {qn('start')}) DO UPDATE SET "
+        f"{qn('count')} = {bucket_t}.{qn('count')} + EXCLUDED.{qn('count')}",
+        params,
+    )
