@@ -57,27 +57,28 @@ $(PY):
 servers:
 	@$(PYTHON3) -m tests.servers --ensure
 
-lint: venv
-	@echo "==> ruff check"
-	@$(BIN)/ruff check .
-	@echo "==> ruff format --check"
-	@$(BIN)/ruff format --check .
-	@echo "==> mypy"
-	@$(BIN)/mypy
+# Run every step even when an earlier one fails, so one run shows every problem; the summary
+# names the failed steps and the exit status is non-zero if any failed.
+STEPS_BEGIN := failed=""; \
+	step() { name=$$1; shift; printf '\n==> %s\n' "$$name"; "$$@" || failed="$$failed $$name"; }
+STEPS_END = if [ -n "$$failed" ]; then printf '\nmake $@: FAILED:%s\n' "$$failed"; exit 1; fi; \
+	printf '\nmake $@: all steps passed\n'
 
-# Every step runs even when an earlier one fails, so one run shows every problem; the
-# summary names the failed steps and the exit status is non-zero if any failed.
+lint: venv
+	@$(STEPS_BEGIN); \
+	step ruff-check $(BIN)/ruff check --output-format=concise .; \
+	step ruff-format $(BIN)/ruff format --check .; \
+	step mypy $(BIN)/mypy; \
+	$(STEPS_END)
+
 test: venv servers
-	@failed=""; \
-	step() { name=$$1; shift; printf '\n==> %s\n' "$$name"; "$$@" || failed="$$failed $$name"; }; \
+	@$(STEPS_BEGIN); \
 	step lint $(MAKE) --no-print-directory lint; \
 	step pytest-sqlite $(BIN)/pytest; \
 	step pytest-postgres sh -c '$(BIN)/pytest -m db_matrix --db=postgres; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "(no db_matrix tests collected: fine)"; exit 0; fi; exit $$rc'; \
 	step docs $(MAKE) --no-print-directory docs; \
-	echo; \
-	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
-	echo "make test: all steps passed"
+	$(STEPS_END)
 
 docs: venv
 	@echo "==> sphinx-build -W docs"

@@ -68,6 +68,10 @@ CACHES = {
     },
 }
 
+# The demo counts in local memory on purpose (no servers needed); the check that warns
+# about an unshared cache is meant for real deployments.
+SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001"]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -397,15 +397,22 @@ def ensure_packages(binaries: Sequence[str] = tuple(PACKAGES)) -> int:
     if shutil.which("apt-get") is None:
         print(f"servers: missing {names} and no apt-get to install them", file=sys.stderr)
         return 1
-    print(f"servers: installing {names} with apt-get", flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-    ):
-        if subprocess.run(argv, env=env, check=False).returncode != 0:
-            print(f"servers: `{' '.join(argv)}` failed", file=sys.stderr)
-            return 1
+    # apt's progress output would bury the test output: keep it in a log, show it on failure.
+    with tempfile.NamedTemporaryFile(
+        "w+", prefix="bucketry-apt-", suffix=".log", delete=False
+    ) as log:
+        print(f"servers: installing {names} with apt-get (log: {log.name})", flush=True)
+        for argv in (
+            ["apt-get", "update", "-q"],
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        ):
+            result = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            if result.returncode != 0:
+                log.seek(0)
+                tail = "".join(log.readlines()[-40:])
+                print(f"{tail}servers: `{' '.join(argv)}` failed", file=sys.stderr)
+                return 1
     still = missing_packages(binaries)
     if still:
         print(f"servers: still missing after install: {' '.join(still)}", file=sys.stderr)
