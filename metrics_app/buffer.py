@@ -171,6 +171,16 @@ def settings_changed() -> None:
 
 
 def _run() -> None:
+    from django.db import connections
+
+    try:
+        _loop()
+    finally:
+        # This thread's own database connections; nobody else would close them.
+        connections.close_all()
+
+
+def _loop() -> None:
     from metrics_app.conf import conf
 
     delay = conf.FLUSH_INTERVAL
@@ -236,7 +246,7 @@ def flush(*, raise_errors: bool = True, blocking: bool = True) -> int | None:
         while _pending:
             batch = _pending[0]
             try:
-                storage.write_counts(batch.counts, batch.flush_id)
+                applied = storage.write_counts(batch.counts, batch.flush_id)
             except Exception as exc:
                 _failures += 1
                 logger.warning(
@@ -254,8 +264,9 @@ def flush(*, raise_errors: bool = True, blocking: bool = True) -> int | None:
             _pending.popleft()
             with _lock:
                 _pending_keys -= len(batch.counts)
-            written += len(batch.counts)
-            batches += 1
+            if applied:
+                written += len(batch.counts)
+                batches += 1
         _failures = 0
         flushed.send(sender=None, buckets=written, batches=batches)
         return written

@@ -1,0 +1,122 @@
+"""The in-process buffer: validation, threads, the bound, fork safety. No database."""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.test.utils import override_settings
+
+import metrics_app
+from metrics_app import buffer
+from metrics_app.signals import buffer_full
+from metrics_app.testing import FrozenClock
+
+
+def buffered() -> dict[tuple[str, int], int]:
+    with buffer._lock:
+        return dict(buffer._counts)
+
+
+def test_record_counts_by_event_minute(clock: FrozenClock) -> None:
+    metrics_app.record("a")
+    metrics_app.record("a", 2)
+    metrics_app.record("a", at=datetime(2024, 1, 1, 0, 0, 59, tzinfo=UTC))
+    metrics_app.record("b", at=clock.t - 61)
+    minute = int(clock.t // 60)
+    assert buffered() == {
+        ("a", minute): 3,
+        ("a", int(datetime(2024, 1, 1, tzinfo=UTC).timestamp() // 60)): 1,
+        ("b", minute - 2): 1,
+    }
+
+
+@pytest.mark.parametrize("name", ["", "x" * 201, None, b"bytes"])
+def test_bad_names_raise_naming_the_limit(name: Any) -> None:
+    with pytest.raises(ValueError, match="1 to 200 characters"):
+        metrics_app.record(name)
+
+
+def test_name_of_200_characters_is_fine() -> None:
+    metrics_app.record("x" * 200)
+    assert len(buffered()) == 1
+
+
+def test_bad_count_and_naive_datetime() -> None:
+    with pytest.raises(ValueError, match="non-negative int"):
+        metrics_app.record("a", -1)
+    with pytest.raises(ValueError, match="aware"):
+        metrics_app.record("a", at=datetime(2024, 1, 1))
+
+
+def test_record_is_thread_safe(clock: FrozenClock) -> None:
+    def work() -> None:
+        for _ in range(20_000):
+            metrics_app.record("hot")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(buffered().values()) == 160_000
+
+
+def test_bound_drops_new_keys_loudly(clock: FrozenClock, caplog: pytest.LogCaptureFixture) -> None:
+    sent: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    buffer_full.connect(receiver)
+    try:
+        with override_settings(METRICS_MAX_BUFFERED_KEYS=3):
+            for i in range(5):
+                metrics_app.record(f"s{i}")
+            metrics_app.record("s0", 10)  # existing keys still count at the bound
+    finally:
+        buffer_full.disconnect(receiver)
+    counts = buffered()
+    assert sorted(name for name, _ in counts) == ["s0", "s1", "s2"]
+    assert counts["s0", int(clock.t // 60)] == 11
+    assert buffer.stats()["dropped_events"] == 2
+    assert len(sent) == 1  # once per flush interval, not per call
+    assert sent[0]["name"] == "s3"
+    assert "metrics buffer full" in caplog.text
+
+
+def test_forked_child_starts_empty_and_parent_keeps_its_counts() -> None:
+    metrics_app.record("before-fork", 5)
+    parent_id = buffer._process_id
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (child)
+        try:
+            ok = buffered() == {} and buffer._process_id != parent_id
+            metrics_app.record("child")
+            ok = ok and list(buffered()) == [("child", list(buffered())[0][1])]
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    os.close(read)
+    assert status == 0
+    assert sum(buffered().values()) == 5
+
+
+def test_flusher_thread_starts_lazily_on_first_record() -> None:
+    with override_settings(METRICS_FLUSH_INTERVAL=3600):
+        buffer.reset()
+        assert buffer._thread is None
+        metrics_app.record("a")
+        thread = buffer._thread
+        assert thread is not None
+        assert thread.daemon
+        assert thread.is_alive()
+    buffer.reset()
+    assert not thread.is_alive()

@@ -1,0 +1,181 @@
+"""Flushing to the database: additive upserts, the ledger, bounded statements, DB down."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext, override_settings
+
+import metrics_app
+from metrics_app import buffer, storage
+from metrics_app.models import Bucket, FlushLedger, Series
+from metrics_app.query import total
+from metrics_app.signals import flush_failed
+from metrics_app.testing import FrozenClock
+
+pytestmark = [pytest.mark.db_matrix, pytest.mark.django_db]
+
+
+def bucket_counts() -> dict[tuple[str, int, int], int]:
+    return {
+        (name, res, start): count
+        for name, res, start, count in Bucket.objects.values_list(
+            "series__name", "resolution", "start", "count"
+        )
+    }
+
+
+def test_flush_is_additive_across_flushes(clock: FrozenClock) -> None:
+    metrics_app.record("a", 2)
+    metrics_app.record("b")
+    assert metrics_app.flush() == 2
+    metrics_app.record("a", 3)
+    metrics_app.record("a", at=clock.t - 60)
+    assert metrics_app.flush() == 2
+    minute = int(clock.t // 60) * 60
+    assert bucket_counts() == {
+        ("a", 60, minute): 5,
+        ("a", 60, minute - 60): 1,
+        ("b", 60, minute): 1,
+    }
+    a = Series.objects.get(name="a")
+    assert a.total == 6
+    assert a.first_seen is not None
+    assert a.last_seen is not None
+    assert a.first_seen.timestamp() == minute - 60
+    assert a.last_seen.timestamp() == minute
+    assert FlushLedger.objects.count() == 2
+
+
+def test_empty_flush_writes_nothing() -> None:
+    with CaptureQueriesContext(connection) as ctx:
+        assert metrics_app.flush() == 0
+    assert len(ctx.captured_queries) == 0
+
+
+@override_settings(METRICS_BATCH_SIZE=100)
+def test_statements_per_flush_bounded_by_batches(clock: FrozenClock) -> None:
+    for i in range(1000):
+        metrics_app.record(f"s{i}")
+        metrics_app.record(f"s{i}", at=clock.t - 60)
+    with CaptureQueriesContext(connection) as ctx:
+        assert metrics_app.flush() == 2000
+    writes = [q["sql"] for q in ctx.captured_queries if q["sql"].lstrip().startswith("INSERT")]
+    # 1 ledger row + 1000 series / 100 + 2000 buckets / 100, whatever the traffic.
+    assert len(writes) == 1 + 10 + 20
+    # The rest is transaction control (savepoints in a test, BEGIN/COMMIT otherwise).
+    assert len(ctx.captured_queries) <= len(writes) + 4
+    assert Series.objects.count() == 1000
+    assert Bucket.objects.count() == 2000
+
+
+@override_settings(METRICS_RETENTION="5m:1d,1h:2d")
+def test_finest_tier_coarser_than_a_minute(clock: FrozenClock) -> None:
+    for k in range(10):
+        metrics_app.record("a", at=clock.t + k * 60)
+    metrics_app.flush()
+    assert sorted(bucket_counts().values()) == [5, 5]
+    assert {res for (_, res, _) in bucket_counts()} == {300}
+
+
+def test_same_flush_id_is_applied_once() -> None:
+    counts = {("a", 28_000_000): 4}
+    assert storage.write_counts(counts, "proc:1") is True
+    assert storage.write_counts(counts, "proc:1") is False
+    assert storage.write_counts(counts, "proc:2") is True
+    assert total("a") == 8
+
+
+def test_lost_commit_reply_is_not_counted_twice(
+    clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT succeeds but the reply is lost: the retry must be a no-op."""
+    real = storage.write_counts
+    calls: list[str] = []
+
+    def commit_then_lose_reply(counts: Any, flush_id: str, **kw: Any) -> bool:
+        calls.append(flush_id)
+        applied = real(counts, flush_id, **kw)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return applied
+
+    monkeypatch.setattr(storage, "write_counts", commit_then_lose_reply)
+    metrics_app.record("a", 7)
+    with pytest.raises(OperationalError):
+        metrics_app.flush()
+    assert buffer.stats()["pending_batches"] == 1  # kept, with its id
+    metrics_app.record("a", 1)
+    assert metrics_app.flush() == 1
+    assert calls[0] == calls[1]  # the retry reused the flush id
+    assert total("a") == 8
+    assert sum(bucket_counts().values()) == 8
+    assert buffer.stats()["buffered_keys"] == 0
+
+
+@contextmanager
+def database_down() -> Iterator[None]:
+    """Make the metrics database unreachable for real (PostgreSQL) or refuse statements."""
+    if connection.vendor == "postgresql":
+        saved = connection.settings_dict["PORT"]
+        connection.close()
+        connection.settings_dict["PORT"] = "1"  # nothing listens there
+        try:
+            yield
+        finally:
+            connection.close()
+            connection.settings_dict["PORT"] = saved
+        return
+
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "metrics_app" in sql:
+            raise OperationalError("unable to open database file")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(refuse):
+        yield
+
+
+@pytest.mark.django_db(transaction=True)
+def test_database_down_keeps_counts_and_retries(clock: FrozenClock) -> None:
+    failures: list[dict[str, Any]] = []
+
+    def on_fail(**kwargs: Any) -> None:
+        failures.append(kwargs)
+
+    flush_failed.connect(on_fail)
+    try:
+        metrics_app.record("a", 3)
+        with database_down():
+            assert metrics_app.flush(raise_errors=False) is None
+            metrics_app.record("a", 2)
+            metrics_app.record("b", at=clock.t - 3600)
+            assert metrics_app.flush(raise_errors=False) is None
+            assert buffer.stats()["pending_batches"] == 2
+            assert buffer.stats()["failures"] == 2
+        assert metrics_app.flush() == 3  # back up: both queued batches, oldest first
+    finally:
+        flush_failed.disconnect(on_fail)
+    assert [f["attempt"] for f in failures] == [1, 2]
+    assert total("a") == 5
+    assert total("b") == 1
+    assert buffer.stats() == {
+        "buffered_keys": 0,
+        "pending_batches": 0,
+        "dropped_events": 0,
+        "failures": 0,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
+    from tests.metrics.conftest import wait_for
+
+    with override_settings(METRICS_FLUSH_INTERVAL=0.05):
+        metrics_app.record("threaded", 4)
+        assert wait_for(lambda: total("threaded") == 4, timeout=10)
+    buffer.reset()
