@@ -88,7 +88,9 @@ class Worker:
             self.call("tests.ping", timeout=30)
         except Exception:
             self.stop()
-            raise AssertionError(f"celery worker did not answer:\n{self.log.read_text()}")
+            raise AssertionError(
+                f"celery worker did not answer:\n{self.log.read_text()}"
+            ) from None
 
     def call(self, task: str, *args: Any, timeout: float = 30, **kwargs: Any) -> Any:
         result = self.app.send_task(task, args=args, kwargs=kwargs)

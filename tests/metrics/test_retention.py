@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 
 import pytest
@@ -86,8 +87,9 @@ def test_fold_cutoff_keeps_a_tier_for_at_least_its_age() -> None:
     precisions=st.sampled_from([(60, 300, 3600, 604800), (60, 3600, 86400), (120, 86400 * 7)]),
 )
 def test_alignment_nests(t: int, precisions: tuple[int, ...]) -> None:
-    for fine, coarse in zip(precisions, precisions[1:], strict=False):
+    for fine, coarse in itertools.pairwise(precisions):
         f, c = align(t, fine), align(t, coarse)
         assert f <= t < f + fine
-        assert c <= f and f + fine <= c + coarse  # a fine bucket nests in one coarse one
+        assert c <= f
+        assert f + fine <= c + coarse
         assert align(f, coarse) == c
