@@ -80,8 +80,18 @@ def check(
     t = clock.now()
     plan = windows.plan(rate_list, t, conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL)
     ns = namespace(group, *subject)
-    values = get_backend().run(ns, plan, increment)
-    return Result(windows.evaluate(plan, values, t), ns)
+    backend = get_backend()
+    values = backend.run(ns, plan, increment)
+    result = Result(windows.evaluate(plan, values, t, counted=increment), ns)
+    if increment and result.limited:
+        # A refused hit does not use up the quota: a client that keeps retrying gets in as
+        # soon as the window has room. Counting first and taking back after keeps the
+        # check one round trip for admitted hits and never lenient under concurrency.
+        try:
+            backend.undo(ns, plan)
+        except BackendError as exc:
+            logger.info("ratelimit: could not take back a refused hit: %s", exc)
+    return result
 
 
 def usage_dict(result: Result) -> dict[str, Any]:

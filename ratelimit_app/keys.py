@@ -61,7 +61,8 @@ def client_ip(request: HttpRequest) -> str | None:
     path). Otherwise ``REMOTE_ADDR``, and only when that peer is one of
     ``RATELIMIT_TRUSTED_PROXIES`` is ``X-Forwarded-For`` read, right to left, skipping the
     trusted proxies: the first untrusted address is the client. A client cannot spoof its way
-    past a proxy that appends to the header.
+    past a proxy that appends to the header. Returns ``None`` only when no valid address is
+    known at all.
     """
     meta_key = conf.IP_META_KEY
     if meta_key:
@@ -77,7 +78,9 @@ def client_ip(request: HttpRequest) -> str | None:
         forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
         for hop in reversed(forwarded.split(",")[-32:]):
             if hop.strip() and not _trusted(hop):
-                return _mask(hop)
+                # A proxy appends the address it saw, which is always valid; garbage here
+                # means a misconfigured proxy: count the proxy itself rather than no one.
+                return _mask(hop) or _mask(remote)
     return _mask(remote) if remote else None
 
 

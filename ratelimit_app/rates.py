@@ -61,7 +61,7 @@ def parse(spec: str) -> tuple[Rate, ...]:
     for part in parts:
         text = part.strip(" ")
         match = _RATE_RE.fullmatch(text)
-        if match is None:
+        if match is None or not (match["multi"] or match["unit"]):
             raise ImproperlyConfigured(
                 f"Invalid rate {spec!r}: expected 'count/period' such as '5/m', '100/10s' or "
                 f"'5/m;100/d' (units s, m, h, d in lower case, no spaces around '/')."

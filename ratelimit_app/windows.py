@@ -216,15 +216,20 @@ def count(rp: RatePlan, values: list[int]) -> int:
     return sum(values[rp.start : rp.stop])
 
 
-def evaluate(p: Plan, values: list[int], t: float) -> list[Usage]:
-    """Usage of every rate of ``p`` from ``values`` (aligned with ``p.reads``) at time ``t``."""
+def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> list[Usage]:
+    """Usage of every rate of ``p`` from ``values`` (aligned with ``p.reads``) at time ``t``.
+
+    ``counted``: ``values`` include this hit, which is taken back if it is refused, so the
+    times to wait are computed without it.
+    """
+    ns = [count(rp, values) for rp in p.rates]
+    refused = counted and any(n > rp.rate.count for n, rp in zip(ns, p.rates, strict=True))
     result = []
-    for rp in p.rates:
-        n = count(rp, values)
+    for rp, n in zip(p.rates, ns, strict=True):
         limit = rp.rate.count
         retry_after = reset = 0.0
         if n:
-            left = n
+            left = n - 1 if refused else n
             for leaves_at, c in _parts(rp, values):
                 if c <= 0:
                     continue

@@ -66,4 +66,6 @@ def _build(alias: str) -> Backend:
 def reset_backends() -> None:
     """Forget built backends (settings changed)."""
     with _lock:
+        for backend in _backends.values():
+            backend.close()
         _backends.clear()

@@ -48,8 +48,15 @@ class Backend(ABC):
         return [self.run(ns, plan, inc) for ns, plan, inc in items]
 
     @abstractmethod
+    def undo(self, namespace: str, plan: Plan) -> None:
+        """Take back the increments of a refused hit (best effort, need not wait)."""
+
+    @abstractmethod
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         """Forget the given buckets of a subject."""
+
+    def close(self) -> None:  # noqa: B027  (optional hook: most backends hold nothing)
+        """Release connections (settings changed, or the process is forking)."""
 
     # -- circuit breaker: a dead server is skipped for RATELIMIT_DEAD_RETRY seconds ----------
 

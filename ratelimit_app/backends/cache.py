@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from django.core.cache import caches
@@ -34,6 +35,13 @@ class CacheBackend(Backend):
             if suffix in written:
                 values[i] = max(values[i], written[suffix])
         return values
+
+    def undo(self, namespace: str, plan: Plan) -> None:
+        cache = caches[self.alias]
+        base = self.rl_prefix + namespace
+        for suffix, _ in plan.writes:
+            with contextlib.suppress(Exception):
+                cache.decr(base + suffix)
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION

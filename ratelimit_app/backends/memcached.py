@@ -114,6 +114,16 @@ class MemcachedBackend(Backend):
                     values[i] = int(value)
         return values
 
+    def undo(self, namespace: str, plan: Plan) -> None:
+        node = self._node(namespace)
+        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
+        command = b"".join(b"ma %s%s MD q\r\n" % (base, s.encode()) for s, _ in plan.writes)
+        self._call(node, command + b"mn", b"MN\r\n")
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.client.close()
+
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         node = self._node(namespace)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()

@@ -60,6 +60,17 @@ class RedisBackend(Backend):
                 values[i] = int(value)
         return values
 
+    def undo(self, namespace: str, plan: Plan) -> None:
+        self._check_alive()
+        base = self.cache_prefix + self.rl_prefix + namespace
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for suffix, _ in plan.writes:
+                pipe.decr(base + suffix)
+            pipe.execute()
+        except Exception as exc:
+            raise self._failed(exc) from exc
+
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         self._check_alive()
         base = self.cache_prefix + self.rl_prefix + namespace

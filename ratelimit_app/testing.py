@@ -1,0 +1,43 @@
+"""Helpers for your own test suite.
+
+``frozen_clock`` moves ratelimit_app's clock (and only its clock) so a test can travel
+through a day in milliseconds::
+
+    from ratelimit_app.testing import frozen_clock
+
+    with frozen_clock(1_700_000_000) as clock:
+        client.post("/login/", ...)
+        clock.advance(61)  # one minute later
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
+
+from ratelimit_app import clock as clock_module
+
+
+class FrozenClock:
+    """A clock that stands still until told to move."""
+
+    def __init__(self, t: float) -> None:
+        self.t = float(t)
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+    def set(self, t: float) -> None:
+        self.t = float(t)
+
+
+@contextmanager
+def frozen_clock(t: float) -> Iterator[FrozenClock]:
+    """Patch :func:`ratelimit_app.clock.now` to a :class:`FrozenClock` at time ``t``."""
+    fake = FrozenClock(t)
+    with mock.patch.object(clock_module, "now", fake):
+        yield fake

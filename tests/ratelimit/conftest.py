@@ -1,0 +1,60 @@
+"""Fixtures for ratelimit_app: one cache per backend, on real servers."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.cache import caches
+from django.test import RequestFactory, override_settings
+
+from ratelimit_app.backends import get_backend, reset_backends
+
+BACKENDS = ("locmem", "memcached", "redis")
+_unique = itertools.count()
+
+
+def cache_config(kind: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    if kind == "memcached":
+        return {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+            "LOCATION": request.getfixturevalue("memcached_server"),
+        }
+    if kind == "redis":
+        return {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": request.getfixturevalue("redis_server"),
+        }
+    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "rl-tests"}
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_kind(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each test using it runs against local memory, real memcached and real Redis."""
+    kind: str = request.param
+    config = cache_config(kind, request)
+    caches_setting = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    caches_setting["rl"] = config
+    with override_settings(CACHES=caches_setting, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        yield kind
+        caches["rl"].clear()
+    reset_backends()
+
+
+@pytest.fixture
+def backend(backend_kind: str) -> Any:
+    return get_backend()
+
+
+@pytest.fixture
+def rf() -> RequestFactory:
+    return RequestFactory()
+
+
+@pytest.fixture
+def group() -> str:
+    """A fresh group per test, so counters of other tests never interfere."""
+    return f"test-group-{next(_unique)}"

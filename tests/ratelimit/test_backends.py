@@ -1,0 +1,188 @@
+"""One contract, every backend: local memory, real memcached, real Redis."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.cache import caches
+from django.test import override_settings
+
+from ratelimit_app import windows
+from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.core import check, namespace
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.rates import parse
+from ratelimit_app.testing import frozen_clock
+
+T0 = 1_800_000_000.5
+
+
+def remaining_ttl(kind: str, key: str) -> float:
+    cache: Any = caches["rl"]
+    if kind == "redis":
+        return float(cache.client.get_client().ttl(key))
+    if kind == "memcached":
+        server = get_backend().nodes[0].client  # type: ignore[attr-defined]
+        reply = server.raw_command(f"mg {key} t".encode()).decode()
+        return float(reply.split()[1][1:])
+    return cache._expire_info[key] - time.time()
+
+
+class TestContract:
+    def test_increment_then_read_sees_the_hit(self, backend: Any, group: str) -> None:
+        plan = windows.plan(parse("5/m"), T0)
+        ns = namespace(group, "ip", "192.0.2.1")
+        for expected in (1, 2, 3):
+            values = backend.run(ns, plan, True)
+            assert sum(values) == expected
+            assert values[-1] == expected  # the current bucket is the newest read
+        assert sum(backend.run(ns, plan, False)) == 3  # a peek writes nothing
+
+    def test_subjects_and_groups_are_separate(self, backend: Any, group: str) -> None:
+        plan = windows.plan(parse("5/m"), T0)
+        backend.run(namespace(group, "ip", "192.0.2.1"), plan, True)
+        assert sum(backend.run(namespace(group, "ip", "192.0.2.2"), plan, False)) == 0
+        assert sum(backend.run(namespace(group + "x", "ip", "192.0.2.1"), plan, False)) == 0
+
+    def test_undo_and_delete(self, backend: Any, group: str) -> None:
+        plan = windows.plan(parse("5/m;100/d"), T0)
+        ns = namespace(group, "ip", "192.0.2.3")
+        backend.run(ns, plan, True)
+        backend.run(ns, plan, True)
+        backend.undo(ns, plan)
+        assert sum(backend.run(ns, plan, False)) == 2  # one per rate
+        backend.delete(ns, plan.reads)
+        assert sum(backend.run(ns, plan, False)) == 0
+
+    def test_keys_hashed_short_and_with_ttls(self, backend_kind: str, group: str) -> None:
+        backend = get_backend()
+        plan = windows.plan(parse("5/m;10/h;100/d"), time.time())
+        ns = namespace(group, "email", "alice@example.com")
+        backend.run(ns, plan, True)
+        for suffix, ttl in plan.writes:
+            key = backend.cache_prefix + backend.rl_prefix + ns + suffix
+            assert "alice" not in key and "example" not in key
+            assert len(key.encode()) < 250 and not any(c.isspace() or ord(c) < 33 for c in key)
+            # The counter is on the server under exactly that key, with the TTL planned.
+            assert ttl - 2 <= remaining_ttl(backend_kind, key) <= ttl + 1
+
+    def test_a_corrupt_counter_is_an_error_not_a_zero(self, backend_kind: str, group: str) -> None:
+        backend = get_backend()
+        plan = windows.plan(parse("5/m"), time.time())
+        ns = namespace(group, "ip", "192.0.2.9")
+        suffix = plan.writes[0][0]
+        full_key = backend.rl_prefix + ns + suffix
+        if backend_kind == "redis":
+            caches["rl"].client.get_client().set(backend.cache_prefix + full_key, "x")
+        elif backend_kind == "memcached":
+            node = backend.nodes[0].client  # type: ignore[attr-defined]
+            node.set(backend.cache_prefix + full_key, b"not-a-number")
+        else:
+            caches["rl"].set(full_key, "not-a-number")
+        with pytest.raises(BackendError):
+            backend.run(ns, plan, True)
+
+    def test_threads_never_admit_more_than_the_limit(self, backend: Any, group: str) -> None:
+        admitted = []
+        barrier = threading.Barrier(8)
+
+        def worker() -> None:
+            barrier.wait()
+            for _ in range(25):
+                result = check(group, ("ip", "192.0.2.50"), parse("20/m"), True)
+                if not result.limited:
+                    admitted.append(1)
+
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(admitted) <= 20
+        assert len(admitted) >= 1
+
+    def test_time_travel_through_a_day(self, backend: Any, group: str) -> None:
+        rate = parse("10/d")
+        with frozen_clock(T0) as clock:
+            outcomes = []
+            for _ in range(24):  # one hit an hour, two days... limit 10 a day
+                outcomes.append(check(group, ("ip", "192.0.2.60"), rate, True).limited)
+                clock.advance(3600)
+            # The first 10 pass, the next 14 in that day are refused.
+            assert outcomes == [False] * 10 + [True] * 14
+            clock.advance(86400)
+            assert not check(group, ("ip", "192.0.2.60"), rate, True).limited
+
+
+def _process_worker(args: tuple[str, str, int]) -> int:
+    group, ip, hits = args
+    reset_backends()  # never share a parent's sockets after fork
+    return sum(not check(group, ("ip", ip), parse("30/m"), True).limited for _ in range(hits))
+
+
+@pytest.mark.parametrize("kind", ["memcached", "redis"])
+def test_processes_never_admit_more_than_the_limit(kind: str, request: Any, group: str) -> None:
+    from tests.ratelimit.conftest import cache_config
+
+    config = cache_config(kind, request)
+    with override_settings(CACHES={"default": config, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        context = multiprocessing.get_context("fork")
+        with context.Pool(4) as pool:
+            admitted = pool.map(_process_worker, [(group, "192.0.2.70", 40)] * 4)
+        assert sum(admitted) == 30  # all within one minute: exactly the limit
+
+
+@pytest.fixture
+def blackhole() -> Any:
+    """A TCP server that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    yield f"127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+def _refused_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("kind", ["memcached", "redis"])
+@pytest.mark.parametrize("server", ["refused", "blackhole"])
+def test_dead_servers_fail_fast(kind: str, server: str, blackhole: str, group: str) -> None:
+    address = blackhole if server == "blackhole" else f"127.0.0.1:{_refused_port()}"
+    if kind == "memcached":
+        config = {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+            "LOCATION": address,
+        }
+    else:
+        config = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://{address}/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.05, "SOCKET_TIMEOUT": 0.05},
+        }
+    settings = {"CACHES": {"default": config, "rl": config}, "RATELIMIT_USE_CACHE": "rl"}
+    with override_settings(**settings, RATELIMIT_SOCKET_TIMEOUT=0.05, RATELIMIT_DEAD_RETRY=60):
+        reset_backends()
+        started = time.perf_counter()
+        with pytest.raises(BackendError):
+            check(group, ("ip", "192.0.2.80"), parse("5/m"), True)
+        first = time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(100):
+            with pytest.raises(BackendError):
+                check(group, ("ip", "192.0.2.80"), parse("5/m"), True)
+        later = (time.perf_counter() - started) / 100
+    reset_backends()
+    assert first < 0.5
+    assert later < 0.002  # the dead server is skipped, not retried on every request

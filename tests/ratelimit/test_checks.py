@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from ratelimit_app import checks
+from ratelimit_app.decorators import ratelimit, registry
+
+LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+
+
+MEMCACHED = {
+    "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+    "LOCATION": "127.0.0.1:11211",  # never contacted: checks only read the settings
+}
+
+
+@pytest.fixture(autouse=True)
+def good_baseline() -> Any:
+    with override_settings(CACHES={"default": MEMCACHED}):
+        yield
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+def all_messages() -> list[Any]:
+    return checks.check_cache() + checks.check_settings() + checks.check_decorators()
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"RATELIMIT_USE_CACHE": "missing"}, "ratelimit_app.E001"),
+        (
+            {"CACHES": {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}},
+            "ratelimit_app.E002",
+        ),
+        ({"RATELIMIT_IPV4_MASK": 33}, "ratelimit_app.E003"),
+        ({"RATELIMIT_IPV6_MASK": "64"}, "ratelimit_app.E004"),
+        ({"RATELIMIT_TRUSTED_PROXIES": ["10.0.0.0/33"]}, "ratelimit_app.E005"),
+        ({"RATELIMIT_TRUSTED_PROXIES": "10.0.0.1"}, "ratelimit_app.E005"),
+        ({"RATELIMIT_HASH_ALGORITHM": "hashlib.nope"}, "ratelimit_app.E006"),
+        ({"RATELIMIT_VIEW": "no.such.view"}, "ratelimit_app.E007"),
+        ({"RATELIMIT_EXCEPTION_CLASS": "no.such.Class"}, "ratelimit_app.E007"),
+        ({"RATELIMIT_CACHE_PREFIX": "rl: "}, "ratelimit_app.E008"),
+        ({"RATELIMIT_BUCKETS_PER_WINDOW": 0}, "ratelimit_app.E009"),
+        ({"RATELIMIT_IP_META_KEY": 5}, "ratelimit_app.E011"),
+        ({"RATELIMIT_SOCKET_TIMEOUT": 0}, "ratelimit_app.E012"),
+        ({"RATELIMIT_DEAD_RETRY": "5"}, "ratelimit_app.E012"),
+        ({"CACHES": {"default": LOCMEM}}, "ratelimit_app.W001"),
+        (
+            {
+                "CACHES": {
+                    "default": {
+                        "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+                        "LOCATION": "/tmp/x",
+                    }
+                }
+            },
+            "ratelimit_app.W002",
+        ),
+    ],
+)
+def test_each_check(settings: dict[str, Any], expected: str) -> None:
+    assert expected not in ids(all_messages())
+    with override_settings(**settings):
+        assert expected in ids(all_messages())
+
+
+def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:
+    before = len(registry)
+    try:
+
+        @ratelimit(key="ip", rate="10/M")
+        def bad_rate(request: Any) -> None:
+            pass
+
+        @ratelimit(key="cookie:x", rate="10/m")
+        def bad_key(request: Any) -> None:
+            pass
+
+        errors = [m for m in checks.check_decorators() if m.id == "ratelimit_app.E010"]
+        assert len(errors) == 2
+        assert "bad_rate" in errors[0].msg and "'10/M'" in errors[0].msg
+        assert "bad_key" in errors[1].msg and "cookie:x" in errors[1].msg
+    finally:
+        del registry[before:]
+
+
+def test_manage_py_check_passes_with_good_settings() -> None:
+    call_command("check", fail_level="WARNING")
+
+
+def test_every_id_is_documented_once() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "checks.rst").read_text()
+    documented = re.findall(r"^``ratelimit_app\.([EW]\d{3})``", text, re.M)
+    assert sorted(documented) == sorted(checks.MESSAGES)

@@ -1,0 +1,181 @@
+from __future__ import annotations
+
+import zlib
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import RequestFactory, override_settings
+from django_ratelimit.core import get_usage as peer_get_usage
+
+from ratelimit_app import ALL, UNSAFE
+from ratelimit_app.backends import reset_backends
+from ratelimit_app.core import get_usage, is_ratelimited, reset
+from ratelimit_app.signals import backend_failed
+from ratelimit_app.testing import frozen_clock
+
+pytestmark = pytest.mark.usefixtures("backend_kind")
+
+rf = RequestFactory()
+T0 = 1_800_000_000.0
+
+
+def hit(group: str, ip: str = "192.0.2.10", rate: str = "3/m", **kw: Any) -> dict[str, Any]:
+    usage = get_usage(rf.get("/", REMOTE_ADDR=ip), group=group, key="ip", rate=rate, **kw)
+    assert usage is not None
+    return usage
+
+
+def test_usage_dict(group: str) -> None:
+    with frozen_clock(T0 + 10):
+        first = hit(group, increment=True)
+        assert first == {
+            "count": 1,
+            "limit": 3,
+            "should_limit": False,
+            "time_left": 61,
+            "remaining": 2,
+            "reset": 61,
+            "retry_after": 0,
+            "rate": "3/m",
+            "rates": [
+                {
+                    "rate": "3/m",
+                    "count": 1,
+                    "limit": 3,
+                    "remaining": 2,
+                    "reset": 61,
+                    "should_limit": False,
+                }
+            ],
+        }
+        hit(group, increment=True)
+        hit(group, increment=True)
+        over = hit(group, increment=True)
+        assert over["should_limit"] and over["count"] == 4 and over["remaining"] == 0
+        assert over["retry_after"] == 61
+        assert hit(group)["count"] == 3  # the refused hit was taken back
+
+
+def test_same_answers_as_django_ratelimit_inside_one_window(group: str) -> None:
+    request = rf.get("/", REMOTE_ADDR="192.0.2.11")
+    ours = [
+        is_ratelimited(request, group=group, key="ip", rate="5/m", increment=True)
+        for _ in range(8)
+    ]
+    theirs = []
+    for _ in range(8):
+        usage = peer_get_usage(request, group=group, key="ip", rate="5/h", increment=True)
+        theirs.append(bool(usage and usage["should_limit"]))
+    assert ours == theirs == [False] * 5 + [True] * 3
+
+
+def test_arguments_like_django_ratelimit(group: str) -> None:
+    request = rf.get("/", REMOTE_ADDR="192.0.2.12")
+    with pytest.raises(ImproperlyConfigured):
+        get_usage(request, key="ip", rate="5/m")  # neither group nor fn
+    with pytest.raises(ImproperlyConfigured):
+        get_usage(request, group=group, rate="5/m")  # no key
+    assert get_usage(request, group=group, key="ip", rate=None) is None
+    assert get_usage(request, group=group, key="ip", rate="5/m", method="POST") is None
+    assert get_usage(request, group=group, key="ip", rate="5/m", method=UNSAFE) is None
+    assert get_usage(request, group=group, key="ip", rate="5/m", method=ALL) is not None
+    assert get_usage(request, group=group, key="ip", rate=lambda g, r: None) is None
+
+    def view(request: Any) -> None:
+        pass
+
+    usage = get_usage(request, fn=view, key="ip", rate="5/m", increment=True)
+    assert usage is not None and usage["count"] == 1
+    again = get_usage(request, group=f"{__name__}.{view.__qualname__}", key="ip", rate="5/m")
+    assert again is not None and again["count"] == 1  # default group: module.qualname
+
+
+def test_several_rates_every_one_enforced(group: str) -> None:
+    with frozen_clock(T0) as clock:
+        results = []
+        for _ in range(12):
+            results.append(hit(group, rate="5/m;8/h", increment=True)["should_limit"])
+            clock.advance(20)
+        # 3 per minute pass the 5/m rate; the 8/h rate stops the 9th hit.
+        assert results == [False] * 8 + [True] * 4
+        last = hit(group, rate="5/m;8/h")
+        assert last["rate"] == "8/h" and [r["rate"] for r in last["rates"]] == ["5/m", "8/h"]
+
+
+def test_edge_bursts_never_admit_2n(group: str) -> None:
+    """django-ratelimit's fixed windows admit 2N across an edge; sliding windows do not."""
+    n, edge = 10, T0 + 3600  # an hour boundary
+    times = [edge - 0.5] * n * 2 + [edge + 0.5] * n * 2
+    with frozen_clock(times[0]) as clock:
+        ours = 0
+        for t in times:
+            clock.set(t)
+            ours += not hit(group, rate=f"{n}/m", increment=True)["should_limit"]
+    assert ours == n
+    # django-ratelimit's windows end at crc32(key) % period past a multiple of the period,
+    # inclusive: the next window starts one second later.
+    peer_edge = T0 + 3600 + zlib.crc32(b"192.0.2.10") % 60 + 1
+    request = rf.get("/", REMOTE_ADDR="192.0.2.10")
+    theirs = 0
+    for t in [peer_edge - 0.5] * n * 2 + [peer_edge + 0.5] * n * 2:
+        with mock.patch("django_ratelimit.core.time.time", return_value=t):
+            usage = peer_get_usage(
+                request, group=group + "p", key="ip", rate=f"{n}/m", increment=True
+            )
+            theirs += not (usage and usage["should_limit"])
+    assert theirs == 2 * n
+
+
+def test_reset_clears_a_subject(group: str) -> None:
+    for _ in range(4):
+        hit(group, ip="192.0.2.13", increment=True)
+    assert hit(group, ip="192.0.2.13")["count"] == 3
+    assert reset(group, "ip", "192.0.2.13", "3/m")
+    assert hit(group, ip="192.0.2.13")["count"] == 0
+    assert not reset(group, "ip", "", "3/m")
+
+
+def test_reset_normalises_emails(group: str) -> None:
+    request = rf.post("/", {"email": "Alice@Example.com"})
+    get_usage(request, group=group, key="email", rate="3/m", increment=True)
+    assert reset(group, "email", "  ALICE@example.COM", "3/m")
+    usage = get_usage(request, group=group, key="email", rate="3/m")
+    assert usage is not None and usage["count"] == 0
+
+
+@override_settings(RATELIMIT_HIERARCHICAL=True)
+def test_hierarchical_mode_end_to_end(group: str) -> None:
+    with frozen_clock(T0) as clock:
+        for _ in range(5):
+            assert not hit(group, rate="5/d", increment=True)["should_limit"]
+            clock.advance(3000)
+        assert hit(group, rate="5/d", increment=True)["should_limit"]
+        clock.set(T0 + 86400 + 1)  # the first hit has left the day window
+        assert not hit(group, rate="5/d", increment=True)["should_limit"]
+
+
+def test_backend_failure_signal_and_fail_modes(group: str) -> None:
+    dead = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": "redis://127.0.0.1:9/0",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.05, "SOCKET_TIMEOUT": 0.05},
+    }
+    received = []
+
+    def on_failure(sender: Any, **kwargs: Any) -> None:
+        received.append(kwargs)
+
+    backend_failed.connect(on_failure)
+    try:
+        with override_settings(CACHES={"default": dead, "rl": dead}, RATELIMIT_USE_CACHE="rl"):
+            reset_backends()
+            closed = hit(group, increment=True)
+            assert closed["should_limit"] and closed["limit"] == 0  # django-ratelimit's
+            with override_settings(RATELIMIT_FAIL_OPEN=True):
+                assert get_usage(rf.get("/"), group=group, key="ip", rate="3/m") is None
+    finally:
+        backend_failed.disconnect(on_failure)
+        reset_backends()
+    assert received and received[0]["alias"] == "rl"
