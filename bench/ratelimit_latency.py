@@ -8,7 +8,9 @@ per-call timings of all rounds. Cases:
 * one rate ``1000000/m`` (never limited, so every check does its full work);
 * three rates on one key, ``1000000/m;1000000/h;1000000/d``, against django-ratelimit called
   three times (what three stacked decorators do);
-* the same three rates with ``RATELIMIT_HIERARCHICAL = True``.
+* the same three rates with ``RATELIMIT_HIERARCHICAL = True``;
+* one rate ``1/h`` that every timed check exceeds (what a flood of refused requests costs:
+  ours takes a refused hit back, django-ratelimit just counts it). No target.
 
 Run: ``python -m bench.ratelimit_latency [--rounds 20 --calls 300]``.
 """
@@ -25,9 +27,15 @@ from typing import Any
 from bench.common import Servers, configure_django, quantile, table, throwaway_servers
 
 ONE_RATE = "1000000/m"
+OVER_RATE = "1/h"
 THREE_RATES = ("1000000/m", "1000000/h", "1000000/d")
 #: Targets: our median check / django-ratelimit's median check.
-TARGETS = {"1 rate": 0.8, "3 rates": 0.5, "3 rates, hierarchical": 0.5}
+TARGETS: dict[str, float | None] = {
+    "1 rate": 0.8,
+    "3 rates": 0.5,
+    "3 rates, hierarchical": 0.5,
+    "1 rate, over the limit": None,
+}
 WARMUP = 5
 
 Check = Callable[[Any], Any]
@@ -38,6 +46,7 @@ class Contender:
     name: str
     check: Check
     hierarchical: bool = False
+    limited: bool = False  # every timed check is over the limit
     samples: list[float] = field(default_factory=list)  # microseconds per check
 
 
@@ -56,12 +65,12 @@ class Row:
         return self.ours_median / self.peer_median
 
     @property
-    def target(self) -> float:
+    def target(self) -> float | None:
         return TARGETS[self.case]
 
     @property
-    def met(self) -> bool:
-        return self.ratio <= self.target
+    def met(self) -> bool | None:
+        return None if self.target is None else self.ratio <= self.target
 
 
 def caches_for(servers: Servers) -> dict[str, dict[str, Any]]:
@@ -107,6 +116,12 @@ def contenders(backend: str) -> list[Contender]:
     def ours_hier(request: Any) -> Any:
         return [our_usage(request, group=g + "-oh", key="ip", rate=three, increment=True)]
 
+    def ours_over(request: Any) -> Any:
+        return [our_usage(request, group=g + "-ox", key="ip", rate=OVER_RATE, increment=True)]
+
+    def peer_over(request: Any) -> Any:
+        return [peer_usage(request, group=g + "-px", key="ip", rate=OVER_RATE, increment=True)]
+
     def peer_three(request: Any) -> Any:
         return [
             peer_usage(request, group=g + "-p3", key="ip", rate=rate, increment=True)
@@ -119,6 +134,8 @@ def contenders(backend: str) -> list[Contender]:
         Contender("ours 3", ours_three),
         Contender("peer 3", peer_three),
         Contender("ours 3h", ours_hier, hierarchical=True),
+        Contender("ours over", ours_over, limited=True),
+        Contender("peer over", peer_over, limited=True),
     ]
 
 
@@ -133,11 +150,12 @@ def _mode(hierarchical: bool) -> Iterator[None]:
         yield
 
 
-def _validate(name: str, results: Any) -> None:
-    """Every timed call must be a real, counted, unlimited check (not a silent failure)."""
+def _validate(c: Contender, results: Any) -> None:
+    """A warm-up call must be a real check with the expected outcome, not a silent failure
+    (a failing backend reports ``count`` 0 and ``limit`` 0)."""
     for usage in results:
-        if not usage or usage["should_limit"] or usage["count"] < 1:
-            raise RuntimeError(f"{name}: unexpected usage {usage!r} (backend failing?)")
+        if not usage or usage["limit"] < 1 or bool(usage["should_limit"]) != c.limited:
+            raise RuntimeError(f"{c.name}: unexpected usage {usage!r} (backend failing?)")
 
 
 def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list[Contender]:
@@ -152,8 +170,11 @@ def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list
             for c in order:
                 with _mode(c.hierarchical):
                     # Settings changes rebuild our backend: connect before timing.
+                    if c.limited and r == 0:  # put every subject over the limit
+                        for request in pool:
+                            c.check(request)
                     for i in range(WARMUP):
-                        _validate(c.name, c.check(pool[i % len(pool)]))
+                        _validate(c, c.check(pool[i % len(pool)]))
                     check, samples = c.check, c.samples
                     offset = r * calls
                     for i in range(calls):
@@ -183,6 +204,7 @@ def run(
                 ("1 rate", "ours 1", "peer 1"),
                 ("3 rates", "ours 3", "peer 3"),
                 ("3 rates, hierarchical", "ours 3h", "peer 3"),
+                ("1 rate, over the limit", "ours over", "peer over"),
             ):
                 o, p = by_name[ours].samples, by_name[peer].samples
                 rows.append(
@@ -220,8 +242,8 @@ def render(rows: list[Row], rounds: int, calls: int) -> str:
             r.peer_median,
             r.peer_p90,
             f"{r.ratio:.2f}x",
-            f"<= {r.target}x",
-            "yes" if r.met else "NO",
+            "-" if r.target is None else f"<= {r.target}x",
+            {None: "-", True: "yes", False: "NO"}[r.met],
         ]
         for r in rows
     ]

@@ -1,0 +1,44 @@
+"""``python -m bench`` (``make bench``): every benchmark, one table each.
+
+Options: ``--quick`` for a short run (fewer rounds, shorter simulated time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+
+from bench import accuracy, ratelimit_latency
+from bench.common import machine
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (smoke check)")
+    args = parser.parse_args(argv)
+    info = machine()
+    print(
+        f"machine: {info['cores']} cores, {info['cpu']}; Python {info['python']}; "
+        f"{info['memcached']}; {info['redis']}\n"
+    )
+    started = time.monotonic()
+    if args.quick:
+        rounds, calls, scale = 4, 50, 0.1
+    else:
+        rounds, calls, scale = 20, 300, 1.0
+    rows = ratelimit_latency.run(rounds=rounds, calls=calls)
+    print(ratelimit_latency.render(rows, rounds, calls), end="\n\n")
+    print(accuracy.render(accuracy.run(scale=scale)), end="\n\n")
+    try:
+        bench_metrics = importlib.import_module("bench.bench_metrics")
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench.bench_metrics":
+            raise
+    else:
+        bench_metrics.main()
+    print(f"\n(all benchmarks: {time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

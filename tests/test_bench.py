@@ -1,0 +1,67 @@
+"""Smoke test of the benchmarks (``bench/``) with tiny sizes, so the bench code cannot rot.
+
+The full runs are ``make bench``; here every bench runs for real (real servers, the real
+bucket logic) and its outputs are checked, not only that it does not crash.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import accuracy, common, ratelimit_latency
+
+
+def test_quantile_and_table() -> None:
+    assert common.quantile([3, 1, 2], 0.5) == 2
+    assert common.quantile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.9) == pytest.approx(9.1)
+    text = common.table("T", ["name", "n"], [["a", 1.5], ["bb", 20]])
+    assert text.splitlines() == ["T", "=", "name     n", "----  ----", "a     1.50", "bb      20"]
+
+
+def test_latency_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    rows = ratelimit_latency.run(rounds=2, calls=5, ips=3, servers=servers)
+    assert [(r.backend, r.case) for r in rows] == [
+        (backend, case) for backend in ("memcached", "redis") for case in ratelimit_latency.TARGETS
+    ]
+    for row in rows:
+        assert row.samples == 2 * 5
+        assert 0 < row.ours_median <= row.ours_p90
+        assert 0 < row.peer_median <= row.peer_p90
+        assert row.ratio == pytest.approx(row.ours_median / row.peer_median)
+    text = ratelimit_latency.render(rows, 2, 5)
+    assert "ours/peer" in text
+    assert "<= 0.8x" in text
+    assert "<= 0.5x" in text
+
+
+def test_accuracy_guarantees() -> None:
+    results = accuracy.run(scale=0.1)
+    by = {(r.scenario, r.limiter): r for r in results}
+    ideal, fixed = accuracy.SlidingLog.name, accuracy.FixedWindow.name
+    ours = [r for r in results if r.limiter.startswith("ours")]
+    assert ours
+    for r in results:
+        assert 0 < r.admitted <= r.offered
+        if r.limiter != fixed:
+            # Never lenient: no window of length W admits more than N.
+            assert r.max_window <= r.limit, r
+    for r in ours:
+        # Tight: ours blocks at most one bucket earlier than the exact log with its rule
+        # (a bucket of a 100-per-second burst is up to 100 requests: hence 0.8 at this size).
+        assert 0.8 <= r.admitted / r.reference <= 1.0, r
+    edge = "burst on window edges"
+    assert by[(edge, fixed)].max_window == 2 * by[(edge, ideal)].limit
+    assert by[(edge, ideal)].max_window == by[(edge, ideal)].limit
+    assert "max in any W" in accuracy.render(results)
+
+
+def test_accuracy_is_deterministic() -> None:
+    assert accuracy.scenarios(0.05) == accuracy.scenarios(0.05)
+    assert accuracy.run(scale=0.05) == accuracy.run(scale=0.05)
+
+
+def test_max_in_window() -> None:
+    assert accuracy.max_in_window([0, 1, 2, 60, 61], 60) == 3  # (0, 60] holds 1, 2, 60
+    assert accuracy.max_in_window([0, 59.9, 60], 60) == 2
+    assert accuracy.max_in_window([], 60) == 0
