@@ -1,8 +1,9 @@
-"""Typed access to the ``RATELIMIT_*`` settings, read on every access.
+"""Typed access to the ``RATELIMIT_*`` settings.
 
-Nothing is snapshotted at import, so ``override_settings`` just works. Parsed values that are
-costly to build (trusted proxy networks, the hash function) are cached and the cache is
-cleared by a ``setting_changed`` receiver.
+Nothing is read at import. A value is read from ``django.conf.settings`` on first use and
+remembered, because the limiter reads about ten settings per request and Django's settings
+object is slow to ask; the ``setting_changed`` receiver below forgets everything, so
+``override_settings`` and pytest-django's ``settings`` fixture just work.
 """
 
 from __future__ import annotations
@@ -41,8 +42,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_values: dict[str, Any] = {}
+
+
 def _get(name: str) -> Any:
-    return getattr(settings, name, DEFAULTS[name])
+    try:
+        return _values[name]
+    except KeyError:
+        value = _values[name] = getattr(settings, name, DEFAULTS[name])
+        return value
 
 
 class Settings:
@@ -136,6 +144,7 @@ def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 @receiver(setting_changed)
 def _clear_caches(*, setting: str, **kwargs: Any) -> None:
     if setting.startswith("RATELIMIT_") or setting == "CACHES":
+        _values.clear()
         _hash_function.cache_clear()
         _networks.cache_clear()
         from ratelimit_app.backends import reset_backends

@@ -36,13 +36,19 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u20
 
 
 def _mask(ip: str) -> str | None:
+    return _masked(ip, conf.IPV4_MASK, conf.IPV6_MASK)
+
+
+@lru_cache(maxsize=4096)
+def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
+    # Parsing an address costs microseconds; the same clients come back, so remember.
     try:
         addr = ipaddress.ip_address(ip.strip())
     except ValueError:
         return None
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
-    mask = conf.IPV6_MASK if addr.version == 6 else conf.IPV4_MASK
+    mask = v6_mask if addr.version == 6 else v4_mask
     return str(ipaddress.ip_network(f"{addr}/{mask}", strict=False).network_address)
 
 

@@ -216,6 +216,19 @@ def count(rp: RatePlan, values: list[int]) -> int:
     return sum(values[rp.start : rp.stop])
 
 
+def _newest_end(rp: RatePlan, values: list[int]) -> float:
+    """When the newest counted events leave the window (0 if there are none)."""
+    if rp.segments:
+        for seg in reversed(rp.segments):
+            if sum(values[i] * sign for i, sign in seg.terms) > 0:
+                return seg.end
+        return 0.0
+    for n in range(rp.stop - rp.start - 1, -1, -1):
+        if values[rp.start + n] > 0:
+            return rp.first_end + n * rp.width
+    return 0.0
+
+
 def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> list[Usage]:
     """Usage of every rate of ``p`` from ``values`` (aligned with ``p.reads``) at time ``t``.
 
@@ -228,8 +241,12 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     for rp, n in zip(p.rates, ns, strict=True):
         limit = rp.rate.count
         retry_after = reset = 0.0
-        if n:
-            left = n - 1 if refused else n
+        left = n - 1 if refused else n
+        if 0 < left < limit:
+            # The common case, kept cheap: nothing to wait for, and the window is empty
+            # once its newest events have left it.
+            reset = max(0.0, _newest_end(rp, values) - t)
+        elif left > 0 or (n and limit == 0):
             for leaves_at, c in _parts(rp, values):
                 if c <= 0:
                     continue

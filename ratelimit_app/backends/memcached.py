@@ -51,6 +51,18 @@ class _Node:
         self.dead_until = 0.0
 
 
+class _Encoded:
+    """A plan's key suffixes as bytes, and where each one sits in ``plan.reads``."""
+
+    __slots__ = ("index", "plan", "reads", "writes")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.reads = [s.encode() for s in plan.reads]
+        self.writes = [(s.encode(), ttl) for s, ttl in plan.writes]
+        self.index = {s: i for i, s in enumerate(self.reads)}
+
+
 class MemcachedBackend(Backend):
     inline_ok = True
 
@@ -65,6 +77,7 @@ class MemcachedBackend(Backend):
             "allow_unicode_keys": False,
         }
         self.nodes = [_Node(s, client_options) for s in _servers(location)]
+        self._encodings: dict[int, _Encoded] = {}
         if not self.nodes:
             raise BackendError(f"{alias}: no memcached server in LOCATION")
 
@@ -88,28 +101,43 @@ class MemcachedBackend(Backend):
             raise self._failed(exc) from exc
         return reply
 
+    def _encoded(self, plan: Plan) -> _Encoded:
+        # Plans are memoised and shared by every subject, so their byte forms are too: the
+        # per-request work is then one join, whatever the number of buckets.
+        entry = self._encodings.get(id(plan))
+        if entry is None or entry.plan is not plan:
+            if len(self._encodings) > 1024:
+                self._encodings.clear()
+            entry = _Encoded(plan)
+            self._encodings[id(plan)] = entry
+        return entry
+
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
         node = self._node(namespace)
+        enc = self._encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        parts = []
+        command = b"get " + base + (b" " + base).join(enc.reads)
         if increment:
             wall = int(time.time())
-            for suffix, ttl in plan.writes:
+            writes = []
+            for suffix, ttl in enc.writes:
                 if ttl > MEMCACHED_MAX_RELATIVE_TTL:
                     ttl += wall
-                parts.append(b"ma %s%s N%d J1 v\r\n" % (base, suffix.encode(), ttl))
-        keys = [base + s.encode() for s in plan.reads]
-        parts.append(b"get " + b" ".join(keys))
-        reply = self._call(node, b"".join(parts), b"END\r\n")
-        found = dict(_VALUE.findall(reply))
-        values = [int(found.get(k, 0)) for k in keys]
+                writes.append(b"ma %s%s N%d J1 v\r\n" % (base, suffix, ttl))
+            command = b"".join(writes) + command
+        reply = self._call(node, command, b"END\r\n")
+        values = [0] * len(enc.reads)
+        skip = len(base)
+        for key, value in _VALUE.findall(reply):
+            i = enc.index.get(key[skip:])
+            if i is not None:
+                values[i] = int(value)
         if increment:
             written = _VA.findall(reply)
-            if len(written) != len(plan.writes):
+            if len(written) != len(enc.writes):
                 raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
-            index = {s: i for i, s in enumerate(plan.reads)}
-            for (suffix, _), value in zip(plan.writes, written, strict=True):
-                i = index.get(suffix)
+            for (suffix, _), value in zip(enc.writes, written, strict=True):
+                i = enc.index.get(suffix)
                 if i is not None and values[i] < int(value):
                     values[i] = int(value)
         return values
