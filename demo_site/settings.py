@@ -30,6 +30,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "ratelimit_app.middleware.RatelimitMiddleware",
 ]
 
 ROOT_URLCONF = "demo_site.urls"
@@ -60,16 +61,33 @@ DATABASES = {
     },
 }
 
-# Local memory keeps the demo free of servers; counters live per process.
+# Counters: local memory by default, so the demo needs no server (each process counts on
+# its own). MEMCACHED_SERVERS="127.0.0.1:11211,..." or REDIS_URL="redis://..." switch the
+# limiter to a shared store.
+MEMCACHED_SERVERS = [s for s in os.environ.get("MEMCACHED_SERVERS", "").split(",") if s.strip()]
+REDIS_URL = os.environ.get("REDIS_URL", "").strip()
+if MEMCACHED_SERVERS:
+    RATELIMIT_CACHE = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": MEMCACHED_SERVERS,
+    }
+elif REDIS_URL:
+    RATELIMIT_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL}
+else:
+    RATELIMIT_CACHE = {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "bucketry-demo-ratelimit",
+    }
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
         "LOCATION": "bucketry-demo",
     },
+    "ratelimit": RATELIMIT_CACHE,
 }
+RATELIMIT_USE_CACHE = "ratelimit"
+RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
 
-# The demo counts in local memory on purpose (no servers needed); the check that warns
-# about an unshared cache is meant for real deployments.
 SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

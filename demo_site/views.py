@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse
 
+from ratelimit_app.core import get_usage
+from ratelimit_app.decorators import ratelimit
 
+HOME_RATE = "5/m;20/h"
+
+
+@ratelimit(group="demo:home", key="ip", rate=HOME_RATE)
 def hello(request: HttpRequest) -> HttpResponse:
-    """The home page: a plain view for the rate-limit examples to decorate."""
-    return HttpResponse("Hello from the django-bucketry demo.\n", content_type="text/plain")
+    """The home page, limited per IP to 5 a minute and 20 an hour (429 beyond)."""
+    usage = get_usage(request, group="demo:home", key="ip", rate=HOME_RATE) or {}
+    lines = [
+        "Hello from the django-bucketry demo.",
+        "",
+        f"This page admits {HOME_RATE} per IP (sliding windows). Reload it a few times.",
+    ]
+    lines += [
+        f"  {r['rate']:>6}: {r['count']} used, {r['remaining']} left, "
+        f"empty again in {r['reset']} s"
+        for r in usage.get("rates", [])
+    ]
+    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain")

@@ -20,7 +20,7 @@ from ratelimit_app import ALL, UNSAFE, clock, keys, rates, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.signals import backend_failed
+from ratelimit_app.signals import backend_failed, ratelimited
 
 __all__ = ["ALL", "UNSAFE", "get_usage", "is_ratelimited", "reset"]
 
@@ -178,7 +178,12 @@ def get_usage(
         if conf.FAIL_OPEN if fail_open is None else fail_open:
             return None
         return failure_dict()
-    return usage_dict(result)
+    usage = usage_dict(result)
+    if increment and result.limited:
+        ratelimited.send(
+            sender=None, group=group, subject=result.namespace, usage=usage, request=request
+        )
+    return usage
 
 
 def is_ratelimited(

@@ -113,7 +113,6 @@ class MemcachedBackend(Backend):
         return entry
 
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
-        node = self._node(namespace)
         enc = self._encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
         command = b"get " + base + (b" " + base).join(enc.reads)
@@ -125,7 +124,16 @@ class MemcachedBackend(Backend):
                     ttl += wall
                 writes.append(b"ma %s%s N%d J1 v\r\n" % (base, suffix, ttl))
             command = b"".join(writes) + command
-        reply = self._call(node, command, b"END\r\n")
+        for attempt in range(len(self.nodes)):
+            # A failed node is marked down; the next choice is another node, which takes
+            # over this subject (its earlier counts stay behind on the dead node).
+            node = self._node(namespace)
+            try:
+                reply = self._call(node, command, b"END\r\n")
+                break
+            except BackendError:
+                if attempt == len(self.nodes) - 1:
+                    raise
         values = [0] * len(enc.reads)
         skip = len(base)
         for key, value in _VALUE.findall(reply):

@@ -186,3 +186,76 @@ def test_dead_servers_fail_fast(kind: str, server: str, blackhole: str, group: s
     reset_backends()
     assert first < 0.5
     assert later < 0.002  # the dead server is skipped, not retried on every request
+
+
+@pytest.fixture
+def two_memcached(memcached_server: str) -> Any:
+    from tests.servers import start_memcached
+
+    second = start_memcached()
+    yield [memcached_server, second]
+    second.stop()
+
+
+def test_several_memcached_nodes(two_memcached: list[Any], group: str) -> None:
+    first, second = two_memcached
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": [first, second.address],
+    }
+    with override_settings(
+        CACHES={"default": config, "rl": config},
+        RATELIMIT_USE_CACHE="rl",
+        RATELIMIT_SOCKET_TIMEOUT=0.05,
+    ):
+        reset_backends()
+        backend: Any = get_backend()
+        plan = windows.plan(parse("5/m;10/h;100/d"), time.time())
+        homes = []
+        for n in range(40):
+            ns = namespace(group, "ip", f"192.0.2.{n}")
+            backend.run(ns, plan, True)
+            keys = [
+                (backend.cache_prefix + backend.rl_prefix + ns + s).encode()
+                for s, _ in plan.writes
+            ]
+            holders = [
+                sum(node.client.raw_command(b"mg " + k + b" v").startswith(b"VA") for k in keys)
+                for node in backend.nodes
+            ]
+            # Every bucket of one subject is on one node: a check is one round trip.
+            assert sorted(holders) == [0, len(keys)]
+            homes.append(holders.index(len(keys)))
+        assert set(homes) == {0, 1}  # subjects spread over both nodes
+
+        second.stop()
+        started = time.perf_counter()
+        for n in range(40):  # the subjects of the lost node move; nobody sees an error
+            check(group, ("ip", f"192.0.2.{n}"), parse("5/m"), True)
+        assert time.perf_counter() - started < 1.0
+    reset_backends()
+
+
+def test_ratelimited_signal_carries_no_raw_subject(backend: Any, group: str) -> None:
+    from django.test import RequestFactory
+
+    from ratelimit_app.core import get_usage
+    from ratelimit_app.signals import ratelimited
+
+    seen: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    ratelimited.connect(receiver)
+    try:
+        request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.150")
+        for _ in range(3):
+            get_usage(request, group=group, key="ip", rate="2/m", increment=True)
+    finally:
+        ratelimited.disconnect(receiver)
+    assert len(seen) == 1
+    assert seen[0]["group"] == group
+    assert seen[0]["request"] is request
+    assert "192.0.2.150" not in seen[0]["subject"]
+    assert seen[0]["usage"]["should_limit"]

@@ -1,0 +1,42 @@
+"""The demo site's limited home page, through the real URLconf and middleware."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client, override_settings
+
+from ratelimit_app.backends import reset_backends
+
+DEMO = {
+    "ROOT_URLCONF": "demo_site.urls",
+    "MIDDLEWARE": [
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "ratelimit_app.middleware.RatelimitMiddleware",
+    ],
+    "CACHES": {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "ratelimit": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "demo-test",
+        },
+    },
+    "RATELIMIT_USE_CACHE": "ratelimit",
+}
+
+
+@pytest.fixture(autouse=True)
+def demo_settings() -> object:
+    with override_settings(**DEMO):
+        reset_backends()
+        yield
+    reset_backends()
+
+
+def test_home_page_shows_usage_then_answers_429() -> None:
+    client = Client(REMOTE_ADDR="192.0.2.99")
+    pages = [client.get("/") for _ in range(6)]
+    assert [p.status_code for p in pages] == [200] * 5 + [429]
+    assert b"5/m: 1 used, 4 left" in pages[0].content
+    assert b"5/m: 5 used, 0 left" in pages[4].content
+    assert int(pages[5]["Retry-After"]) > 0
