@@ -35,8 +35,8 @@ def series(
 
     ``step`` (seconds or a timedelta) defaults to the finest step stored for the whole range:
     the coarser of what the retention guarantees for ``start`` and the coarsest bucket found.
-    Buckets are whole and aligned (weeks on Mondays, UTC), so the first may start before
-    ``start``. A ``step`` that does not split into the stored buckets (finer than stored for
+    Buckets are whole and aligned (weeks on Mondays, UTC): the first may start before
+    ``start`` and the last may end after ``end``, and each count covers its whole bucket. A ``step`` that does not split into the stored buckets (finer than stored for
     part of the range, or not a multiple of the finest tier) raises ``ValueError``.
     """
     lo, hi = _seconds(start, "start"), _seconds(end, "end")
@@ -44,24 +44,20 @@ def series(
         return []
     now = clock.now()
     retention = conf.RETENTION
-    widest = max(retention.precisions)
-    rows = list(
+    size = None if step is None else _step_seconds(step, retention.finest.precision)
+    margin = max(max(retention.precisions), size or 0)
+    fetched = list(
         Bucket.objects.using(conf.DATABASE)
-        .filter(series__name=name, start__lt=hi, start__gt=lo - widest)
+        .filter(series__name=name, start__lt=hi + margin, start__gt=lo - margin)
         .values_list("resolution", "start", "count")
     )
-    rows = [r for r in rows if r[1] + r[0] > lo]
-    found = {r[0] for r in rows}
-    if step is None:
+    if size is None:
+        found = {r for r, t, _ in fetched if t < hi and t + r > lo}
         size = max([retention.expected_step(lo, now), *found])
-    else:
-        size = int(step.total_seconds()) if isinstance(step, timedelta) else int(step)
-        if size <= 0 or size % retention.finest.precision:
-            raise ValueError(
-                f"step must be a positive multiple of the finest precision "
-                f"({retention.finest.precision}s), got {size}s"
-            )
-    coarser = sorted(r for r in found if size % r)
+    # Buckets are whole: the answer covers [align(lo), end of the bucket holding hi - 1).
+    out_lo, out_hi = align(lo, size), align(hi - 1, size) + size
+    rows = [row for row in fetched if row[1] < out_hi and row[1] + row[0] > out_lo]
+    coarser = sorted({r for r, _, _ in rows if size % r})
     if coarser:
         raise ValueError(
             f"step {size}s is finer than the {coarser[-1]}s buckets stored for part of "
@@ -75,9 +71,17 @@ def series(
     if _too_fine(rows, now):
         schedule_downsample(name)
     return [
-        (datetime.fromtimestamp(t, tz=UTC), sums.get(t, 0))
-        for t in range(align(lo, size), hi, size)
+        (datetime.fromtimestamp(t, tz=UTC), sums.get(t, 0)) for t in range(out_lo, out_hi, size)
     ]
+
+
+def _step_seconds(step: int | timedelta, finest: int) -> int:
+    size = int(step.total_seconds()) if isinstance(step, timedelta) else int(step)
+    if size <= 0 or size % finest:
+        raise ValueError(
+            f"step must be a positive multiple of the finest precision ({finest}s), got {size}s"
+        )
+    return size
 
 
 def _too_fine(rows: list[tuple[int, int, int]], now: float) -> bool:

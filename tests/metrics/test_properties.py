@@ -1,0 +1,153 @@
+"""Property tests: every query answer equals a brute-force count of the recorded events.
+
+Hypothesis drives a random history of records (at random past times), flushes, clock jumps
+and downsampling runs; the model is the plain list of events. After each step and at the end,
+``query.series`` (any range, any step it accepts, or the default step), ``query.total`` and
+the stored sums must match the model exactly, on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import pytest
+from django.core.cache import cache
+from django.test.utils import override_settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import metrics_app
+from metrics_app import buffer, query, rollup
+from metrics_app.conf import conf
+from metrics_app.models import Bucket, FlushLedger, Series
+from metrics_app.retention import align
+from metrics_app.testing import frozen_clock
+
+pytestmark = [pytest.mark.db_matrix, pytest.mark.django_db]
+
+HOUR, DAY, WEEK = 3600, 86400, 604800
+RETENTIONS = {
+    # Small tiers so that a few simulated days exercise every fold and the expiry.
+    "1m:1h,5m:3h,1h:1d,1d:4d": 6 * DAY,
+    "1m:2h,1h:1w,1w:4w": 6 * WEEK,
+    "1m:1d,5m:2d,1h:31d,1w:1y": 60 * DAY,
+}
+START = datetime(2024, 3, 6, 12, 0, tzinfo=UTC).timestamp()
+
+NAMES = ("a", "b")
+
+
+@dataclass
+class Model:
+    buffered: list[tuple[str, float, int]] = field(default_factory=list)
+    stored: list[tuple[str, float, int]] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def flush(self) -> None:
+        for name, t, count in self.buffered:
+            self.totals[name] = self.totals.get(name, 0) + count
+        self.stored += self.buffered
+        self.buffered = []
+
+    def expire(self, now: float) -> None:
+        cutoff = conf.RETENTION.expiry_cutoff(now)
+        self.stored = [e for e in self.stored if e[1] >= cutoff]
+
+    def count(self, name: str, lo: float, hi: float) -> int:
+        return sum(c for n, t, c in self.stored if n == name and lo <= t < hi)
+
+
+def op_strategy(span: int) -> st.SearchStrategy[tuple]:
+    return st.one_of(
+        st.tuples(
+            st.just("record"),
+            st.sampled_from(NAMES),
+            st.integers(0, span),
+            st.integers(1, 5),
+        ),
+        st.tuples(st.just("flush")),
+        st.tuples(st.just("advance"), st.integers(1, span // 3)),
+        st.tuples(st.just("downsample")),
+    )
+
+
+def check_queries(model: Model, now: float, span: int, data: st.DataObject) -> None:
+    retention = conf.RETENTION
+    for name in NAMES:
+        assert query.total(name) == model.totals.get(name, 0)
+        stored = sum(Bucket.objects.filter(series__name=name).values_list("count", flat=True))
+        assert stored == model.count(name, 0, float("inf"))
+        lo = data.draw(st.integers(int(now) - span - WEEK, int(now)), label="lo")
+        hi = data.draw(st.integers(lo + 1, int(now) + HOUR), label="hi")
+        step = data.draw(
+            st.one_of(
+                st.none(),
+                st.sampled_from(retention.precisions),
+                st.sampled_from(retention.precisions).map(lambda p: 2 * p),
+            ),
+            label="step",
+        )
+        start = datetime.fromtimestamp(lo, tz=UTC)
+        end = datetime.fromtimestamp(hi, tz=UTC)
+        try:
+            points = query.series(name, start, end, step=step)
+        except ValueError:
+            assert step is not None  # the default step is always answerable
+            widest = max(retention.precisions)
+            resolutions = Bucket.objects.filter(
+                series__name=name, start__lt=hi, start__gt=lo - widest
+            ).values_list("resolution", "start")
+            assert any(step % r and s + r > lo for r, s in resolutions)
+            continue
+        size = int((points[1][0] - points[0][0]).total_seconds()) if len(points) > 1 else None
+        if step is not None and size is not None:
+            assert size == step
+        assert points[0][0].timestamp() <= lo
+        assert points[-1][0].timestamp() < hi
+        width = size or step
+        if width is None:  # a single bucket: its width is the default step
+            continue
+        first = points[0][0].timestamp()
+        assert first == align(first, width)
+        expected: dict[float, int] = {}
+        for n, t, c in model.stored:
+            if n == name and first <= t < first + width * len(points):
+                key = float(align(t, width))
+                expected[key] = expected.get(key, 0) + c
+        got = {when.timestamp(): c for when, c in points if c}
+        assert got == expected, width
+
+
+@pytest.mark.parametrize("retention", list(RETENTIONS))
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data(), offset=st.integers(0, WEEK))
+def test_queries_match_brute_force(retention: str, data: st.DataObject, offset: int) -> None:
+    span = RETENTIONS[retention]
+    Bucket.objects.all().delete()
+    Series.objects.all().delete()
+    FlushLedger.objects.all().delete()
+    buffer.reset()
+    cache.clear()
+    model = Model()
+    ops = data.draw(st.lists(op_strategy(span), min_size=1, max_size=15), label="ops")
+    with override_settings(METRICS_RETENTION=retention), frozen_clock(START + offset) as clock:
+        for op in [*ops, ("flush",), ("downsample",)]:
+            if op[0] == "record":
+                _, name, ago, count = op
+                t = clock.t - ago
+                metrics_app.record(name, count, at=t)
+                model.buffered.append((name, t, count))
+            elif op[0] == "flush":
+                metrics_app.flush()
+                model.flush()
+            elif op[0] == "advance":
+                clock.advance(op[1])
+            else:
+                rollup.downsample(batch_size=data.draw(st.sampled_from([3, 1000])))
+                model.expire(clock.t)
+        check_queries(model, clock.t, span, data)
