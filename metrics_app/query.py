@@ -36,8 +36,9 @@ def series(
     ``step`` (seconds or a timedelta) defaults to the finest step stored for the whole range:
     the coarser of what the retention guarantees for ``start`` and the coarsest bucket found.
     Buckets are whole and aligned (weeks on Mondays, UTC): the first may start before
-    ``start`` and the last may end after ``end``, and each count covers its whole bucket. A ``step`` that does not split into the stored buckets (finer than stored for
-    part of the range, or not a multiple of the finest tier) raises ``ValueError``.
+    ``start`` and the last may end after ``end``, and each count covers its whole bucket.
+    A ``step`` that does not split into the stored buckets (finer than stored for part of
+    the range, or not a multiple of the finest tier) raises ``ValueError``.
     """
     lo, hi = _seconds(start, "start"), _seconds(end, "end")
     if hi <= lo:

@@ -45,7 +45,7 @@ class Model:
     totals: dict[str, int] = field(default_factory=dict)
 
     def flush(self) -> None:
-        for name, t, count in self.buffered:
+        for name, _t, count in self.buffered:
             self.totals[name] = self.totals.get(name, 0) + count
         self.stored += self.buffered
         self.buffered = []
