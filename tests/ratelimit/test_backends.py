@@ -180,12 +180,13 @@ def test_dead_servers_fail_fast(kind: str, server: str, blackhole: str, group: s
         first = time.perf_counter() - started
         started = time.perf_counter()
         for _ in range(100):
-            with pytest.raises(BackendError):
+            # The dead server is skipped, not asked again on every request.
+            with pytest.raises(BackendError, match="marked down"):
                 check(group, ("ip", "192.0.2.80"), parse("5/m"), True)
         later = (time.perf_counter() - started) / 100
     reset_backends()
     assert first < 0.5
-    assert later < 0.002  # the dead server is skipped, not retried on every request
+    assert later < 0.01  # loose: this machine is shared; the match above is the real check
 
 
 @pytest.fixture
