@@ -61,12 +61,12 @@ def flush() -> int:
         for field, value in conn.hgetall(member).items():
             minute, _, name = field.decode().partition(":")
             counts[name, int(minute)] = int(value)
-        storage.write_counts(counts, "redis:" + member_name.rsplit(":", 1)[-1])
+        applied = storage.write_counts(counts, "redis:" + member_name.rsplit(":", 1)[-1])
         pipe = conn.pipeline()
         pipe.delete(member)
         pipe.srem(pending, member)
         pipe.execute()
-        written += len(counts)
+        written += len(counts) if applied else 0
     return written
 
 
