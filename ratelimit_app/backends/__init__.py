@@ -49,15 +49,16 @@ def _build(alias: str) -> Backend:
     if conf.BACKEND:
         return import_string(conf.BACKEND)(alias, cache)
     path = config.get("BACKEND", "")
+    location = config.get("LOCATION", "")
+    options = cast(dict[str, Any], config.get("OPTIONS") or {})
     if path == MEMCACHED:
         from ratelimit_app.backends.memcached import MemcachedBackend
 
-        options = cast(dict[str, Any], config.get("OPTIONS") or {})
-        return MemcachedBackend(alias, cache, config.get("LOCATION", ""), options)
+        return MemcachedBackend(alias, cache, location, options)
     if path == REDIS:
         from ratelimit_app.backends.redis import RedisBackend
 
-        return RedisBackend(alias, cache)
+        return RedisBackend(alias, cache, location, options)
     from ratelimit_app.backends.cache import CacheBackend
 
     return CacheBackend(alias, cache)

@@ -2,7 +2,8 @@
 
 The script increments the write buckets (setting their TTL on creation) and reads every
 bucket of the window, atomically, in one round trip. Keys of one subject share a hash tag
-(``{...}``), so the script also runs on Redis Cluster. Bucket indexes come from the client's
+(``{...}``), so the script also runs on Redis Cluster. Connections come from django-redis's
+connection factory with bounded socket timeouts. Bucket indexes come from the client's
 clock (:func:`ratelimit_app.clock.now`), never the server's.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratelimit_app.backends.base import Backend
+from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
@@ -32,11 +34,18 @@ return {written, values}
 class RedisBackend(Backend):
     inline_ok = True
 
-    def __init__(self, alias: str, cache: Any) -> None:
+    def __init__(self, alias: str, cache: Any, location: Any, options: dict[str, Any]) -> None:
         super().__init__(alias, cache)
-        from django_redis import get_redis_connection
+        from django_redis.pool import get_connection_factory
 
-        self.client = get_redis_connection(alias)
+        # django-redis's own connection factory, on a pool of our own: without a timeout a
+        # server that stops answering would hang every request, so RATELIMIT_SOCKET_TIMEOUT
+        # applies unless the cache's OPTIONS set SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT.
+        options = dict(options)
+        options.setdefault("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT)
+        options.setdefault("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT)
+        url = location if isinstance(location, str) else list(location)[0]  # the primary
+        self.client = get_connection_factory(options).connect(url.split(",")[0])
         self.script = self.client.register_script(SCRIPT)
 
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
@@ -70,6 +79,9 @@ class RedisBackend(Backend):
             pipe.execute()
         except Exception as exc:
             raise self._failed(exc) from exc
+
+    def close(self) -> None:
+        self.client.connection_pool.disconnect()
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         self._check_alive()

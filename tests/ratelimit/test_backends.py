@@ -168,8 +168,7 @@ def test_dead_servers_fail_fast(kind: str, server: str, blackhole: str, group: s
     else:
         config = {
             "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": f"redis://{address}/0",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.05, "SOCKET_TIMEOUT": 0.05},
+            "LOCATION": f"redis://{address}/0",  # no timeouts set: ours apply
         }
     settings = {"CACHES": {"default": config, "rl": config}, "RATELIMIT_USE_CACHE": "rl"}
     with override_settings(**settings, RATELIMIT_SOCKET_TIMEOUT=0.05, RATELIMIT_DEAD_RETRY=60):
