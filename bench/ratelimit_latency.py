@@ -12,6 +12,11 @@ per-call timings of all rounds. Cases:
 * one rate ``1/h`` that every timed check exceeds (what a flood of refused requests costs:
   ours takes a refused hit back, django-ratelimit just counts it). No target.
 
+Before timing, every bucket our checks read is filled (by checks at earlier times, through
+the real API with the clock moved back), as for a subject that has been busy for a day: the
+cost of a check depends on how many of its buckets hold a value. A check that fails (the
+backend raised; ``limit`` 0 in the usage) is counted in the ``failed`` column.
+
 Run: ``python -m bench.ratelimit_latency [--rounds 20 --calls 300]``.
 """
 
@@ -47,7 +52,9 @@ class Contender:
     check: Check
     hierarchical: bool = False
     limited: bool = False  # every timed check is over the limit
+    windows: tuple[int, ...] = ()  # fill every bucket of these windows before timing
     samples: list[float] = field(default_factory=list)  # microseconds per check
+    failures: int = 0
 
 
 @dataclass
@@ -59,6 +66,8 @@ class Row:
     peer_median: float
     peer_p90: float
     samples: int
+    ours_failed: int = 0
+    peer_failed: int = 0
 
     @property
     def ratio(self) -> float:
@@ -129,11 +138,11 @@ def contenders(backend: str) -> list[Contender]:
         ]
 
     return [
-        Contender("ours 1", ours_one),
+        Contender("ours 1", ours_one, windows=(60,)),
         Contender("peer 1", peer_one),
-        Contender("ours 3", ours_three),
+        Contender("ours 3", ours_three, windows=(60, 3600, 86400)),
         Contender("peer 3", peer_three),
-        Contender("ours 3h", ours_hier, hierarchical=True),
+        Contender("ours 3h", ours_hier, hierarchical=True, windows=(60, 3600, 86400)),
         Contender("ours over", ours_over, limited=True),
         Contender("peer over", peer_over, limited=True),
     ]
@@ -150,12 +159,33 @@ def _mode(hierarchical: bool) -> Iterator[None]:
         yield
 
 
+def _failed(results: Any) -> bool:
+    return any(not u or u["limit"] < 1 for u in results)
+
+
+def _fill(c: Contender, pool: list[Any]) -> None:
+    """Check every subject at times that put a hit in every bucket its windows read."""
+    from unittest import mock
+
+    from ratelimit_app import clock
+
+    now = time.time()
+    times = {now - j for j in range(1, 62)} | {now - 60 * j for j in range(1, 62)}
+    for w in c.windows:
+        times |= {now - (j + 0.5) * w / 60 for j in range(61)}
+        times |= {now - 3600 * j for j in range(1, w // 3600 + 1)}
+    for t in sorted(times):
+        with mock.patch.object(clock, "now", return_value=t):
+            for request in pool:
+                c.check(request)
+
+
 def _validate(c: Contender, results: Any) -> None:
     """A warm-up call must be a real check with the expected outcome, not a silent failure
     (a failing backend reports ``count`` 0 and ``limit`` 0)."""
     for usage in results:
-        if not usage or usage["limit"] < 1 or bool(usage["should_limit"]) != c.limited:
-            raise RuntimeError(f"{c.name}: unexpected usage {usage!r} (backend failing?)")
+        if usage and usage["limit"] >= 1 and bool(usage["should_limit"]) != c.limited:
+            raise RuntimeError(f"{c.name}: unexpected usage {usage!r}")
 
 
 def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list[Contender]:
@@ -170,6 +200,8 @@ def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list
             for c in order:
                 with _mode(c.hierarchical):
                     # Settings changes rebuild our backend: connect before timing.
+                    if r == 0 and c.windows:
+                        _fill(c, pool)
                     if c.limited and r == 0:  # put every subject over the limit
                         for request in pool:
                             c.check(request)
@@ -177,11 +209,14 @@ def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list
                         _validate(c, c.check(pool[i % len(pool)]))
                     check, samples = c.check, c.samples
                     offset = r * calls
+                    failures = 0
                     for i in range(calls):
                         request = pool[(offset + i) % len(pool)]
                         start = clock()
-                        check(request)
+                        results = check(request)
                         samples.append((clock() - start) / 1000)
+                        failures += _failed(results)
+                    c.failures += failures
     return runners
 
 
@@ -216,6 +251,8 @@ def run(
                         peer_median=quantile(p, 0.5),
                         peer_p90=quantile(p, 0.9),
                         samples=len(o),
+                        ours_failed=by_name[ours].failures,
+                        peer_failed=by_name[peer].failures,
                     )
                 )
     return rows
@@ -232,6 +269,7 @@ def render(rows: list[Row], rounds: int, calls: int) -> str:
         "ours/peer",
         "target",
         "met",
+        "failed",
     ]
     body = [
         [
@@ -244,6 +282,9 @@ def render(rows: list[Row], rounds: int, calls: int) -> str:
             f"{r.ratio:.2f}x",
             "-" if r.target is None else f"<= {r.target}x",
             {None: "-", True: "yes", False: "NO"}[r.met],
+            f"{r.ours_failed}/{r.samples} ours, {r.peer_failed} peer"
+            if r.ours_failed or r.peer_failed
+            else "0",
         ]
         for r in rows
     ]

@@ -44,7 +44,7 @@ class RedisBackend(Backend):
         options = dict(options)
         options.setdefault("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT)
         options.setdefault("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT)
-        url = location if isinstance(location, str) else list(location)[0]  # the primary
+        url = location if isinstance(location, str) else next(iter(location))  # the primary
         self.client = get_connection_factory(options).connect(url.split(",")[0])
         self.script = self.client.register_script(SCRIPT)
 
