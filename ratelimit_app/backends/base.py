@@ -24,6 +24,37 @@ logger = logging.getLogger("ratelimit_app")
 MEMCACHED_MAX_RELATIVE_TTL = 30 * 86400
 
 
+class Encoded:
+    """A plan's key suffixes as bytes, and where each one sits in ``plan.reads``.
+
+    Plans are memoised and shared by every subject (:mod:`ratelimit_app.windows`), so their
+    byte forms are computed once, and a check's per-request work does not grow with the
+    number of buckets it reads.
+    """
+
+    __slots__ = ("index", "plan", "reads", "reads_line", "write_index", "writes", "writes_line")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.reads = [s.encode() for s in plan.reads]
+        self.writes = [(s.encode(), ttl) for s, ttl in plan.writes]
+        self.index = {s: i for i, s in enumerate(self.reads)}
+        #: For each write, the position of the same bucket in the reads (or -1).
+        self.write_index = [self.index.get(s, -1) for s, _ in self.writes]
+        self.reads_line = b" ".join(self.reads)
+        self.writes_line = b" ".join(b"%s %d" % (s, ttl) for s, ttl in self.writes)
+
+    def merge(self, values: list[int], written: Sequence[int | bytes | str]) -> None:
+        """Raise each written bucket's read value to what its increment returned.
+
+        The increment's reply is proof of the write; a read that found less (an eviction
+        between the two, a replica) must not make the check more lenient than that proof.
+        """
+        for i, value in zip(self.write_index, written, strict=True):
+            if i >= 0 and values[i] < int(value):
+                values[i] = int(value)
+
+
 class Backend(ABC):
     """Counts bucket hits for subjects. One instance per cache alias and process."""
 
@@ -38,6 +69,17 @@ class Backend(ABC):
         #: ``RATELIMIT_CACHE_PREFIX``; keys are cache_prefix + rl_prefix + namespace + suffix.
         self.rl_prefix = conf.CACHE_PREFIX
         self._dead_until = 0.0
+        self._encodings: dict[int, Encoded] = {}
+
+    def encoded(self, plan: Plan) -> Encoded:
+        """The byte form of ``plan``, cached by identity (plans are memoised objects)."""
+        entry = self._encodings.get(id(plan))
+        if entry is None or entry.plan is not plan:
+            if len(self._encodings) > 1024:
+                self._encodings.clear()
+            entry = Encoded(plan)
+            self._encodings[id(plan)] = entry
+        return entry
 
     @abstractmethod
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:

@@ -19,21 +19,20 @@ class CacheBackend(Backend):
         cache = caches[self.alias]  # Django's cache objects are per thread.
         base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION
         try:
-            written = {}
+            written = []
             if increment:
                 for suffix, ttl in plan.writes:
                     key = base + suffix
                     cache.add(key, 0, ttl)
-                    written[suffix] = cache.incr(key)
+                    written.append(cache.incr(key))
             found = cache.get_many([base + s for s in plan.reads])
+            values = [int(found.get(base + s) or 0) for s in plan.reads]
         except ValueError as exc:  # incr of a key that vanished: the write was lost
             raise BackendError(f"{self.alias}: lost a counter write ({exc})") from exc
         except Exception as exc:
             raise BackendError(f"{self.alias}: {exc}") from exc
-        values = [int(found.get(base + s) or 0) for s in plan.reads]
-        for i, suffix in enumerate(plan.reads):
-            if suffix in written:
-                values[i] = max(values[i], written[suffix])
+        if increment:
+            self.encoded(plan).merge(values, written)
         return values
 
     def undo(self, namespace: str, plan: Plan) -> None:

@@ -44,23 +44,31 @@ def _address(server: str) -> Any:
     return (host.strip("[]") or "127.0.0.1", int(port or 11211))
 
 
+def _exchange(client: Any, command: bytes, end: bytes) -> bytes:
+    """One round trip on a pymemcache connection, for replies of any length.
+
+    pymemcache's ``raw_command`` keeps only the last socket read of a reply (4 KiB), which
+    cuts the multi-get of a busy subject, so the limiter reads on the client's socket itself.
+    A failure propagates, and the pool then drops the connection.
+    """
+    if client.sock is None:
+        client.version()  # connects, with the client's timeouts and TCP_NODELAY
+    sock = client.sock
+    sock.sendall(command + b"\r\n")
+    reply = sock.recv(65536)
+    while not reply.endswith(end):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise BackendError("memcached closed the connection mid-reply")
+        reply += chunk
+    return reply
+
+
 class _Node:
     def __init__(self, server: str, options: dict[str, Any]) -> None:
         self.name = server
         self.client = PooledClient(_address(server), **options)
         self.dead_until = 0.0
-
-
-class _Encoded:
-    """A plan's key suffixes as bytes, and where each one sits in ``plan.reads``."""
-
-    __slots__ = ("index", "plan", "reads", "writes")
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.reads = [s.encode() for s in plan.reads]
-        self.writes = [(s.encode(), ttl) for s, ttl in plan.writes]
-        self.index = {s: i for i, s in enumerate(self.reads)}
 
 
 class MemcachedBackend(Backend):
@@ -77,7 +85,6 @@ class MemcachedBackend(Backend):
             "allow_unicode_keys": False,
         }
         self.nodes = [_Node(s, client_options) for s in _servers(location)]
-        self._encodings: dict[int, _Encoded] = {}
         if not self.nodes:
             raise BackendError(f"{alias}: no memcached server in LOCATION")
 
@@ -94,26 +101,16 @@ class MemcachedBackend(Backend):
         return max(alive, key=lambda n: hashlib.blake2b(f"{n.name}|{namespace}".encode()).digest())
 
     def _call(self, node: _Node, command: bytes, end: bytes) -> bytes:
+        """Send ``command`` on a pooled connection and read the reply up to ``end``."""
         try:
-            reply: bytes = node.client.raw_command(command, end)
+            with node.client.client_pool.get_and_release(destroy_on_fail=True) as client:
+                return _exchange(client, command, end)
         except Exception as exc:
             node.dead_until = time.monotonic() + conf.DEAD_RETRY
             raise self._failed(exc) from exc
-        return reply
-
-    def _encoded(self, plan: Plan) -> _Encoded:
-        # Plans are memoised and shared by every subject, so their byte forms are too: the
-        # per-request work is then one join, whatever the number of buckets.
-        entry = self._encodings.get(id(plan))
-        if entry is None or entry.plan is not plan:
-            if len(self._encodings) > 1024:
-                self._encodings.clear()
-            entry = _Encoded(plan)
-            self._encodings[id(plan)] = entry
-        return entry
 
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
-        enc = self._encoded(plan)
+        enc = self.encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
         command = b"get " + base + (b" " + base).join(enc.reads)
         if increment:
@@ -144,10 +141,7 @@ class MemcachedBackend(Backend):
             written = _VA.findall(reply)
             if len(written) != len(enc.writes):
                 raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
-            for (suffix, _), value in zip(enc.writes, written, strict=True):
-                i = enc.index.get(suffix)
-                if i is not None and values[i] < int(value):
-                    values[i] = int(value)
+            enc.merge(values, written)
         return values
 
     def undo(self, namespace: str, plan: Plan) -> None:

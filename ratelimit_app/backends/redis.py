@@ -17,17 +17,32 @@ from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
+#: KEYS[1] routes the call (it carries the subject's hash tag); ARGV[1] is the subject's key
+#: base, ARGV[2] "suffix ttl ..." to increment, ARGV[3] "suffix ..." to read. Building the keys
+#: here keeps the request and redis-py's work small; every key shares KEYS[1]'s hash tag, so
+#: all live in its slot on Redis Cluster. The reply lists only the buckets that hold a value.
 SCRIPT = """
-local nw = tonumber(ARGV[1])
+local base = ARGV[1]
 local written = {}
-for i = 1, nw do
-  local v = redis.call('INCR', KEYS[i])
-  if v == 1 then redis.call('EXPIRE', KEYS[i], ARGV[i + 1]) end
-  written[i] = v
+for suffix, ttl in string.gmatch(ARGV[2], "(%S+) (%d+)") do
+  local key = base .. suffix
+  local v = redis.call('INCR', key)
+  if v == 1 then redis.call('EXPIRE', key, ttl) end
+  written[#written + 1] = v
 end
-local values = {}
-if #KEYS > nw then values = redis.call('MGET', unpack(KEYS, nw + 1, #KEYS)) end
-return {written, values}
+local keys = {}
+for suffix in string.gmatch(ARGV[3], "%S+") do keys[#keys + 1] = base .. suffix end
+local found = {}
+if #keys > 0 then
+  local values = redis.call('MGET', unpack(keys))
+  for i = 1, #keys do
+    if values[i] then
+      found[#found + 1] = i - 1
+      found[#found + 1] = values[i]
+    end
+  end
+end
+return {written, found}
 """
 
 
@@ -50,23 +65,23 @@ class RedisBackend(Backend):
 
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
         self._check_alive()
-        base = self.cache_prefix + self.rl_prefix + namespace
-        writes = plan.writes if increment else ()
-        keys = [base + s for s, _ in writes] + [base + s for s in plan.reads]
-        args = [len(writes), *(ttl for _, ttl in writes)]
+        enc = self.encoded(plan)
+        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
+        writes = enc.writes_line if increment else b""
         try:
-            written, found = self.script(keys=keys, args=args)
-        except Exception as exc:
+            written, found = self.script(
+                keys=[base + enc.reads[-1]], args=[base, writes, enc.reads_line]
+            )
+            values = [0] * len(enc.reads)
+            for n in range(0, len(found), 2):
+                values[found[n]] = int(found[n + 1])
+        except Exception as exc:  # includes a counter that is not a number
             raise self._failed(exc) from exc
         self._succeeded()
-        if len(written) != len(writes):
+        if len(written) != (len(enc.writes) if increment else 0):
             raise BackendError(f"{self.alias}: lost counter writes")
-        values = [int(v or 0) for v in found]
-        index = {s: i for i, s in enumerate(plan.reads)}
-        for (suffix, _), value in zip(writes, written, strict=True):
-            i = index.get(suffix)
-            if i is not None and values[i] < int(value):
-                values[i] = int(value)
+        if increment:
+            enc.merge(values, written)
         return values
 
     def undo(self, namespace: str, plan: Plan) -> None:
