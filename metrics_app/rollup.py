@@ -120,13 +120,18 @@ def _downsample(
         cutoff = retention.expiry_cutoff(now) if last else retention.fold_cutoff(i, now)
         coarse = 0 if last else tiers[i + 1].precision
         done_here = 0
+        floor: int | None = None  # keyset: batches walk ``start`` upwards
         while True:
             with transaction.atomic(using=alias):
                 if last:
-                    n = _expire_batch(alias, tier.precision, cutoff, series_ids, size)
+                    n, floor = _expire_batch(
+                        alias, tier.precision, cutoff, floor, series_ids, size
+                    )
                     result.expired += n
                 else:
-                    n = _fold_batch(alias, tier.precision, coarse, cutoff, series_ids, size)
+                    n, floor = _fold_batch(
+                        alias, tier.precision, coarse, cutoff, floor, series_ids, size
+                    )
                     result.folded += n
             done_here += n
             if n:
@@ -148,40 +153,64 @@ def _downsample(
     return result
 
 
-def _where(qn: Callable[[str], str], series_ids: list[int] | None) -> tuple[str, list[Any]]:
-    sql = f"{qn('resolution')} = %s AND {qn('start')} < %s"
-    if series_ids is None:
-        return sql, []
-    return sql + f" AND {qn('series_id')} IN ({', '.join(['%s'] * len(series_ids))})", [
-        *series_ids
-    ]
+def _select_ids(
+    qn: Callable[[str], str],
+    table: str,
+    resolution: int,
+    cutoff: int,
+    floor: int | None,
+    series_ids: list[int] | None,
+    size: int,
+) -> tuple[str, list[Any]]:
+    """The ids of the next batch, oldest first.
+
+    Batches walk ``start`` upwards from the previous batch's last start (keyset pagination):
+    re-scanning from the bottom would step over the index entries of every row already
+    deleted, which makes a long catch-up quadratic on PostgreSQL.
+    """
+    sql = f"SELECT {qn('id')} FROM {table} WHERE {qn('resolution')} = %s AND {qn('start')} < %s"
+    params: list[Any] = [resolution, cutoff]
+    if floor is not None:
+        sql += f" AND {qn('start')} >= %s"
+        params.append(floor)
+    if series_ids is not None:
+        sql += f" AND {qn('series_id')} IN ({', '.join(['%s'] * len(series_ids))})"
+        params += series_ids
+    sql += f" ORDER BY {qn('start')} LIMIT %s"
+    return sql, [*params, size]
 
 
 def _fold_batch(
-    alias: str, fine: int, coarse: int, cutoff: int, series_ids: list[int] | None, size: int
-) -> int:
+    alias: str,
+    fine: int,
+    coarse: int,
+    cutoff: int,
+    floor: int | None,
+    series_ids: list[int] | None,
+    size: int,
+) -> tuple[int, int | None]:
     connection = connections[alias]
     qn = connection.ops.quote_name
     table = qn(Bucket._meta.db_table)
-    where, extra = _where(qn, series_ids)
-    select_ids = f"SELECT {qn('id')} FROM {table} WHERE {where} LIMIT %s"
-    params: list[Any] = [fine, cutoff, *extra, size]
+    select_ids, params = _select_ids(qn, table, fine, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            start = qn("start")
             cursor.execute(
                 f"WITH moved AS (DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
-                f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}), "
+                f"RETURNING {qn('series_id')}, {start}, {qn('count')}), "
                 f"ins AS (INSERT INTO {table} ({qn('series_id')}, {qn('resolution')}, "
-                f"{qn('start')}, {qn('count')}) "
+                f"{start}, {qn('count')}) "
                 f"SELECT {qn('series_id')}, %s, "
-                f"{qn('start')} - (({qn('start')} - {EPOCH_MONDAY}) %% %s), SUM({qn('count')}) "
+                f"{start} - (({start} - {EPOCH_MONDAY}) %% %s), SUM({qn('count')}) "
                 f"FROM moved GROUP BY 1, 3 "
-                f"ON CONFLICT ({qn('series_id')}, {qn('resolution')}, {qn('start')}) "
+                f"ON CONFLICT ({qn('series_id')}, {qn('resolution')}, {start}) "
                 f"DO UPDATE SET {qn('count')} = {table}.{qn('count')} + EXCLUDED.{qn('count')}) "
-                f"SELECT COUNT(*) FROM moved",
+                f"SELECT COUNT(*), MAX({start}) FROM moved",
                 [*params, coarse, coarse],
             )
-            return int(cursor.fetchone()[0])
+            n, top = cursor.fetchone()
+            return int(n), (floor if top is None else int(top))
         cursor.execute(
             f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
             f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}",
@@ -189,29 +218,34 @@ def _fold_batch(
         )
         moved = cursor.fetchall()
         sums: dict[tuple[int, int], int] = {}
-        for series_id, start, count in moved:
-            key = (series_id, start - ((start - EPOCH_MONDAY) % coarse))
+        for series_id, start_s, count in moved:
+            key = (series_id, start_s - ((start_s - EPOCH_MONDAY) % coarse))
             sums[key] = sums.get(key, 0) + count
         rows = sorted(sums.items())
         for part in storage.chunks(rows, conf.BATCH_SIZE):
             flat: list[Any] = []
-            for (series_id, start), count in part:
-                flat += [series_id, coarse, start, count]
+            for (series_id, start_s), count in part:
+                flat += [series_id, coarse, start_s, count]
             storage.upsert_buckets(cursor, connection, len(part), flat)
-        return len(moved)
+        return len(moved), max((m[1] for m in moved), default=floor)
 
 
 def _expire_batch(
-    alias: str, precision: int, cutoff: int, series_ids: list[int] | None, size: int
-) -> int:
+    alias: str,
+    precision: int,
+    cutoff: int,
+    floor: int | None,
+    series_ids: list[int] | None,
+    size: int,
+) -> tuple[int, int | None]:
     connection = connections[alias]
     qn = connection.ops.quote_name
     table = qn(Bucket._meta.db_table)
-    where, extra = _where(qn, series_ids)
+    select_ids, params = _select_ids(qn, table, precision, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"DELETE FROM {table} WHERE {qn('id')} IN "
-            f"(SELECT {qn('id')} FROM {table} WHERE {where} LIMIT %s)",
-            [precision, cutoff, *extra, size],
+            f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) RETURNING {qn('start')}",
+            params,
         )
-        return int(cursor.rowcount)
+        starts = [row[0] for row in cursor.fetchall()]
+        return len(starts), max(starts, default=floor)
