@@ -32,6 +32,7 @@ MESSAGES: dict[str, str] = {
     "E010": "A @ratelimit decorator has an invalid rate or key.",
     "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
     "E012": "RATELIMIT_SOCKET_TIMEOUT and RATELIMIT_DEAD_RETRY must be positive numbers.",
+    "E013": "The rate-limit cache has no LOCATION: no server to count on.",
     "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
     "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
 }
@@ -55,7 +56,7 @@ def _setting(name: str) -> Any:
 
 
 def _importable(value: object) -> bool:
-    if not isinstance(value, str):
+    if not isinstance(value, str) or "." not in value:
         return True
     try:
         import_string(value)
@@ -71,6 +72,8 @@ def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     if alias not in caches:
         return [_error("E001", f"({alias!r}; CACHES has {', '.join(map(repr, caches))}).")]
     backend = caches[alias].get("BACKEND", "")
+    if backend in (MEMCACHED, REDIS) and not caches[alias].get("LOCATION"):
+        return [_error("E013", f"({alias!r} is {backend}).")]
     if backend in _NOT_COUNTING:
         return [_error("E002", f"({backend})", hint="Use memcached, Redis or LocMemCache.")]
     if backend in _NOT_SHARED:
@@ -115,6 +118,7 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
     if type(per_window) is not int or not 1 <= per_window <= 600:
         yield _error("E009", f"Got {per_window!r}.")
     meta = _setting("RATELIMIT_IP_META_KEY")
+    # A string is a META key ("HTTP_X_REAL_IP") unless it is a dotted path to a function.
     meta_ok = meta is None or callable(meta) or (isinstance(meta, str) and _importable(meta))
     if not meta_ok:
         yield _error("E011", f"Got {meta!r}.")
@@ -140,7 +144,7 @@ def check_decorators(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     with contextlib.suppress(Exception):
         get_resolver().url_patterns  # noqa: B018
     return [
-        _error("E010", f"{entry['view']}: {problem}")
-        for entry in registry
-        for problem in entry["problems"]
+        _error("E010", f"{view}: {problem}")
+        for view, problems in registry.items()
+        for problem in problems
     ]

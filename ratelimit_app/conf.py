@@ -93,6 +93,11 @@ class Settings:
         return str(_get("RATELIMIT_CACHE_PREFIX"))
 
     @property
+    def SALT(self) -> str:
+        """Mixed into every hashed key; derived from ``SECRET_KEY``, never stored."""
+        return _salt(str(getattr(settings, "SECRET_KEY", "")))
+
+    @property
     def EXCEPTION_CLASS(self) -> type[Exception]:
         value = _get("RATELIMIT_EXCEPTION_CLASS")
         return import_string(value) if isinstance(value, str) else value
@@ -133,6 +138,11 @@ def _hash_function(value: Any) -> Callable[[bytes], Any]:
     return func
 
 
+@lru_cache(maxsize=4)
+def _salt(secret: str) -> str:
+    return hashlib.sha256(f"django-bucketry ratelimit\x00{secret}".encode()).hexdigest()[:16]
+
+
 @lru_cache(maxsize=8)
 def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
     try:
@@ -143,7 +153,7 @@ def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 
 @receiver(setting_changed)
 def _clear_caches(*, setting: str, **kwargs: Any) -> None:
-    if setting.startswith("RATELIMIT_") or setting == "CACHES":
+    if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
         _values.clear()
         _hash_function.cache_clear()
         _networks.cache_clear()

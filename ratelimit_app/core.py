@@ -49,9 +49,25 @@ def group_name(fn: Callable[..., Any]) -> str:
 
 
 def namespace(group: str, kind: str, value: str) -> str:
-    """The hashed, hash-tagged part of a key: no raw IP or email ever reaches the cache."""
-    raw = f"{group}\x00{kind}\x00{value}".encode()
+    """The hashed, hash-tagged part of a key: no raw IP or email ever reaches the cache.
+
+    The hash is salted with a value derived from ``SECRET_KEY``, so a key read off the cache
+    cannot be reversed by hashing every IPv4 address.
+    """
+    raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
     return "{" + conf.HASH(raw).hexdigest()[:32] + "}"
+
+
+def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
+    """What counters are kept apart by, as django-ratelimit keys them: the group, the methods
+    and the rates (two stacked decorators on one view never share a counter)."""
+    if method == ALL or method is None:
+        methods = ""
+    elif isinstance(method, str):
+        methods = method.upper()
+    else:
+        methods = ",".join(sorted(m.upper() for m in method if m))
+    return f"{group}\x00{methods}\x00{';'.join(map(str, rate_list))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +152,10 @@ def failure_dict() -> dict[str, Any]:
 
 
 def report_failure(exc: BackendError) -> None:
-    backend = get_backend()
-    logger.warning("ratelimit: counter backend %r failed: %s", backend.alias, exc)
-    backend_failed.send(sender=type(backend), alias=backend.alias, error=exc)
+    """Log and signal a backend failure (the backend itself may not exist: bad settings)."""
+    alias = conf.USE_CACHE
+    logger.warning("ratelimit: counter backend %r failed: %s", alias, exc)
+    backend_failed.send(sender=BackendError, alias=alias, error=exc)
 
 
 def get_usage(
@@ -172,7 +189,7 @@ def get_usage(
     if subject is None:
         return None
     try:
-        result = check(group, subject, rate_list, increment)
+        result = check(scope(group, method, rate_list), subject, rate_list, increment)
     except BackendError as exc:
         report_failure(exc)
         if conf.FAIL_OPEN if fail_open is None else fail_open:
@@ -200,26 +217,31 @@ def is_ratelimited(
     return bool(usage and usage["should_limit"])
 
 
-def reset(group: str, key: keys.KeySpec, value: str, rate: rates.RateSpec) -> bool:
+#: Buckets deleted per backend call by :func:`reset`.
+RESET_BATCH = 5000
+
+
+def reset(
+    group: str, key: keys.KeySpec, value: str, rate: rates.RateSpec, method: Method = ALL
+) -> bool:
     """Clear the counters of one subject (e.g. an IP or an email) for ``group``.
 
     ``value`` is what a person would type: it is normalised as the key would (emails case
-    folded, IPs masked). Returns False when the value is empty or invalid.
+    folded, IPs masked). ``rate`` and ``method`` are the decorator's (a callable rate cannot
+    be resolved without a request: pass the rate it returns). Returns False when there is
+    nothing to reset; raises ``BackendError`` when the backend fails.
     """
     normalized = keys.normalize_value(key, value)
-    if normalized is None or rate is None:
+    if normalized is None or rate is None or callable(rate) or rates.is_dotted_path(rate):
         return False
-    rate_list = rates.normalize(rate) if not callable(rate) else ()
-    if not rate_list:
-        return False
-    t = clock.now()
-    suffixes: set[str] = set()
-    for hierarchical in (False, True):
-        suffixes.update(windows.plan(rate_list, t, conf.BUCKETS_PER_WINDOW, hierarchical).reads)
-    kinds = {keys.kind(key), "ip"}
+    rate_list = rates.normalize(rate)
+    suffixes = sorted(windows.stored_suffixes(rate_list, clock.now(), conf.BUCKETS_PER_WINDOW))
     backend = get_backend()
-    for kind in kinds:
-        backend.delete(namespace(group, kind, normalized), sorted(suffixes))
+    group_scope = scope(group, method, rate_list)
+    for kind in {keys.kind(key), "ip"}:  # the key's own values, and its IP fallback
+        ns = namespace(group_scope, kind, normalized)
+        for start in range(0, len(suffixes), RESET_BATCH):
+            backend.delete(ns, suffixes[start : start + RESET_BATCH])
     return True
 
 

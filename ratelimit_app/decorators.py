@@ -24,8 +24,9 @@ __all__ = ["ratelimit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Every decorated view's static configuration, for the system checks.
-registry: list[dict[str, Any]] = []
+#: Decorated views whose static configuration is invalid, for the system checks. Keyed by
+#: view, so ``method_decorator`` (which decorates again on every request) adds nothing.
+registry: dict[str, list[str]] = {}
 
 
 def _validate(key: object, rate: object) -> list[str]:
@@ -75,10 +76,14 @@ def ratelimit(
 
     def decorator(fn: F) -> F:
         if isinstance(fn, type):
-            fn.dispatch = decorator(fn.dispatch)  # type: ignore[attr-defined]
+            # Each view class gets its own default group, even when it inherits dispatch.
+            own_group = group if group is not None else f"{fn.__module__}.{fn.__qualname__}"
+            wrap = ratelimit(own_group, key, rate, method, block)
+            fn.dispatch = wrap(fn.dispatch)  # type: ignore[attr-defined]
             return fn
         problems = _validate(key, rate)
-        registry.append({"view": group_name(fn), "problems": problems})
+        if problems:
+            registry[group_name(fn)] = problems
 
         def before(request: HttpRequest) -> None:
             if problems:

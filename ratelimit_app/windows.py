@@ -71,7 +71,7 @@ class Usage:
     rate: Rate
     count: int  # events in the window, this one included when it was counted
     remaining: int  # how many more the window admits now
-    limited: bool  # count > limit
+    limited: bool  # counted: count > limit; a look: count >= limit (no room for one more)
     retry_after: float  # seconds until one more event would be admitted (0 if now)
     reset: float  # seconds until every counted event has left the window
 
@@ -81,7 +81,7 @@ def plan(
 ) -> Plan:
     """The plan for checking ``rates`` at time ``t``."""
     if hierarchical:
-        return _hierarchical_plan(rates, math.floor(t))
+        return _hierarchical_plan(rates, math.floor(t), per_window)
     indexes = tuple(int(t * per_window // r.seconds) for r in rates)
     return _uniform_plan(rates, indexes, per_window)
 
@@ -121,26 +121,32 @@ def _negated(segments: list[RawSegment]) -> tuple[RawTerm, ...]:
     return tuple((lv, k, -sign) for _, _, terms in segments for lv, k, sign in terms)
 
 
-def _with_coarse(lo: int, hi: int, size: int, c: int, finer: tuple[int, ...]) -> RawSegment:
-    """``[lo, hi)`` as the coarse bucket ``[c, c + size)`` minus what lies outside it."""
-    outside = _cover(c, lo, finer) + _cover(hi, c + size, finer)
+def _with_coarse(
+    lo: int, hi: int, size: int, c: int, finer: tuple[int, ...], now: int
+) -> RawSegment:
+    """``[lo, hi)`` as the coarse bucket ``[c, c + size)`` minus what lies outside it.
+
+    What lies at or after ``now`` has not happened yet, so it is not read: a client whose
+    clock runs ahead could have written there, and counting that is the safe direction.
+    """
+    outside = _cover(c, lo, finer, now) + _cover(hi, min(c + size, now), finer, now)
     return (lo, hi, ((size, c // size, 1), *_negated(outside)))
 
 
-def _part(lo: int, hi: int, levels: tuple[int, ...]) -> list[RawSegment]:
+def _part(lo: int, hi: int, levels: tuple[int, ...], now: int) -> list[RawSegment]:
     """Cheapest exact cover of ``[lo, hi)``, which lies inside one bucket of ``levels[0]``."""
     if lo >= hi:
         return []
     size, finer = levels[0], levels[1:]
-    inner = _cover(lo, hi, finer)
     c = lo // size * size
     if hi - lo == size:
         return [(lo, hi, ((size, c // size, 1),))]
-    alternative = _with_coarse(lo, hi, size, c, finer)
+    inner = _cover(lo, hi, finer, now)
+    alternative = _with_coarse(lo, hi, size, c, finer, now)
     return inner if _size(inner) <= len(alternative[2]) else [alternative]
 
 
-def _cover(lo: int, hi: int, levels: tuple[int, ...]) -> list[RawSegment]:
+def _cover(lo: int, hi: int, levels: tuple[int, ...], now: int) -> list[RawSegment]:
     """Exact signed cover of the whole seconds ``[lo, hi)``, oldest first."""
     if lo >= hi:
         return []
@@ -150,13 +156,13 @@ def _cover(lo: int, hi: int, levels: tuple[int, ...]) -> list[RawSegment]:
     a = -(-lo // size) * size  # first boundary at or after lo
     b = hi // size * size  # last boundary at or before hi
     if a > b:  # inside one bucket
-        return _part(lo, hi, levels)
+        return _part(lo, hi, levels, now)
     middle = [(k * size, (k + 1) * size, ((size, k, 1),)) for k in range(a // size, b // size)]
-    return _part(lo, a, levels) + middle + _part(b, hi, levels)
+    return _part(lo, a, levels, now) + middle + _part(b, hi, levels, now)
 
 
 @lru_cache(maxsize=128)
-def _hierarchical_plan(rates: tuple[Rate, ...], now: int) -> Plan:
+def _hierarchical_plan(rates: tuple[Rate, ...], now: int, per_window: int) -> Plan:
     longest = max((r.seconds for r in rates if r.seconds <= HIERARCHICAL_MAX), default=0)
     reads: dict[str, int] = {}
     rate_plans: list[RatePlan] = []
@@ -165,7 +171,7 @@ def _hierarchical_plan(rates: tuple[Rate, ...], now: int) -> Plan:
         if rate.seconds > HIERARCHICAL_MAX:
             continue
         segments = []
-        for start, end, terms in _cover(now - rate.seconds, now + 1, LEVELS):
+        for start, end, terms in _cover(now - rate.seconds, now + 1, LEVELS, now + 1):
             del start
             indexed = tuple(
                 (reads.setdefault(f":h{lv}:{k}", len(reads)), sign) for lv, k, sign in terms
@@ -179,7 +185,7 @@ def _hierarchical_plan(rates: tuple[Rate, ...], now: int) -> Plan:
         writes = [(f":h{lv}:{now // lv}", longest + lv + coarser[lv] + TTL_FUDGE) for lv in LEVELS]
     read_list = tuple(reads)
     if uniform:
-        extra = plan(uniform, now, 60)
+        extra = plan(uniform, now, per_window)
         offset = len(read_list)
         read_list += extra.reads
         writes += extra.writes
@@ -190,6 +196,22 @@ def _hierarchical_plan(rates: tuple[Rate, ...], now: int) -> Plan:
     order = {r: i for i, r in enumerate(rates)}
     rate_plans.sort(key=lambda rp: order[rp.rate])
     return Plan(tuple(writes), read_list, tuple(rate_plans))
+
+
+def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> set[str]:
+    """Every bucket, in either layout, that can hold a hit from before ``t`` and still be read.
+
+    Forgetting a subject (a reset) deletes these; for a one-day hierarchical window that is
+    about 88,000 second buckets, which is fine for an operation a person starts.
+    """
+    now = math.floor(t)
+    found = set(plan(rates, t, per_window).reads)
+    longest = max((r.seconds for r in rates if r.seconds <= HIERARCHICAL_MAX), default=0)
+    if longest:
+        found.update(plan(rates, t, per_window, hierarchical=True).reads)
+        for lv, span in ((1, longest + 61), (60, longest + 3661), (3600, longest + 3601)):
+            found.update(f":h{lv}:{k}" for k in range((now - span) // lv, now // lv + 1))
+    return found
 
 
 # -- evaluation -----------------------------------------------------------------------------
@@ -232,11 +254,13 @@ def _newest_end(rp: RatePlan, values: list[int]) -> float:
 def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> list[Usage]:
     """Usage of every rate of ``p`` from ``values`` (aligned with ``p.reads``) at time ``t``.
 
-    ``counted``: ``values`` include this hit, which is taken back if it is refused, so the
-    times to wait are computed without it.
+    ``counted``: ``values`` include this hit, which is refused when a count is over its limit
+    and then taken back, so the times to wait are computed without it. Otherwise (a look that
+    counts nothing) a rate is limited when it has no room left for one more hit.
     """
     ns = [count(rp, values) for rp in p.rates]
     refused = counted and any(n > rp.rate.count for n, rp in zip(ns, p.rates, strict=True))
+    slack = 0 if counted else 1
     result = []
     for rp, n in zip(p.rates, ns, strict=True):
         limit = rp.rate.count
@@ -258,5 +282,6 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
                     break
             if limit == 0:
                 retry_after = reset
-        result.append(Usage(rp.rate, n, max(0, limit - n), n > limit, retry_after, reset))
+        limited = n + slack > limit
+        result.append(Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset))
     return result

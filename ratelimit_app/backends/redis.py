@@ -46,6 +46,18 @@ return {written, found}
 """
 
 
+#: Take back a refused hit: decrement, and drop a bucket that is back to zero (or that had
+#: vanished, which DECR would otherwise recreate at -1 with no TTL).
+UNDO = """
+local base = ARGV[1]
+for suffix in string.gmatch(ARGV[2], "%S+") do
+  local key = base .. suffix
+  if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
+end
+return 1
+"""
+
+
 class RedisBackend(Backend):
     inline_ok = True
 
@@ -62,6 +74,7 @@ class RedisBackend(Backend):
         url = location if isinstance(location, str) else next(iter(location))  # the primary
         self.client = get_connection_factory(options).connect(url.split(",")[0])
         self.script = self.client.register_script(SCRIPT)
+        self.undo_script = self.client.register_script(UNDO)
 
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
         self._check_alive()
@@ -86,12 +99,11 @@ class RedisBackend(Backend):
 
     def undo(self, namespace: str, plan: Plan) -> None:
         self._check_alive()
-        base = self.cache_prefix + self.rl_prefix + namespace
+        enc = self.encoded(plan)
+        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
+        suffixes = b" ".join(s for s, _ in enc.writes)
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for suffix, _ in plan.writes:
-                pipe.decr(base + suffix)
-            pipe.execute()
+            self.undo_script(keys=[base + enc.reads[-1]], args=[base, suffixes])
         except Exception as exc:
             raise self._failed(exc) from exc
 

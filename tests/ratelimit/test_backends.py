@@ -59,6 +59,15 @@ class TestContract:
         backend.delete(ns, plan.reads)
         assert sum(backend.run(ns, plan, False)) == 0
 
+    def test_undo_of_a_vanished_bucket_leaves_nothing(self, backend: Any, group: str) -> None:
+        plan = windows.plan(parse("5/m"), T0)
+        ns = namespace(group, "ip", "192.0.2.4")
+        backend.run(ns, plan, True)
+        backend.delete(ns, plan.reads)  # evicted, or reset, between the hit and its undo
+        backend.undo(ns, plan)
+        assert backend.run(ns, plan, False) == [0] * len(plan.reads)
+        assert sum(backend.run(ns, plan, True)) == 1
+
     def test_keys_hashed_short_and_with_ttls(self, backend_kind: str, group: str) -> None:
         backend = get_backend()
         plan = windows.plan(parse("5/m;10/h;100/d"), time.time())

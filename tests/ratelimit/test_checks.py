@@ -52,6 +52,18 @@ def all_messages() -> list[Any]:
         ({"RATELIMIT_CACHE_PREFIX": "rl: "}, "ratelimit_app.E008"),
         ({"RATELIMIT_BUCKETS_PER_WINDOW": 0}, "ratelimit_app.E009"),
         ({"RATELIMIT_IP_META_KEY": 5}, "ratelimit_app.E011"),
+        ({"RATELIMIT_IP_META_KEY": "no.such.function"}, "ratelimit_app.E011"),
+        (
+            {
+                "CACHES": {
+                    "default": {
+                        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+                        "LOCATION": "",
+                    }
+                }
+            },
+            "ratelimit_app.E013",
+        ),
         ({"RATELIMIT_SOCKET_TIMEOUT": 0}, "ratelimit_app.E012"),
         ({"RATELIMIT_DEAD_RETRY": "5"}, "ratelimit_app.E012"),
         ({"CACHES": {"default": LOCMEM}}, "ratelimit_app.W001"),
@@ -75,7 +87,7 @@ def test_each_check(settings: dict[str, Any], expected: str) -> None:
 
 
 def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:
-    before = len(registry)
+    before = dict(registry)
     try:
 
         @ratelimit(key="ip", rate="10/M")
@@ -91,7 +103,13 @@ def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:
         assert "bad_rate" in errors[0].msg and "'10/M'" in errors[0].msg
         assert "bad_key" in errors[1].msg and "cookie:x" in errors[1].msg
     finally:
-        del registry[before:]
+        registry.clear()
+        registry.update(before)
+
+
+@override_settings(RATELIMIT_IP_META_KEY="HTTP_X_REAL_IP")
+def test_a_plain_meta_key_is_fine() -> None:
+    assert "ratelimit_app.E011" not in ids(all_messages())
 
 
 def test_manage_py_check_passes_with_good_settings() -> None:

@@ -179,3 +179,62 @@ def test_backend_failure_signal_and_fail_modes(group: str) -> None:
         backend_failed.disconnect(on_failure)
         reset_backends()
     assert received and received[0]["alias"] == "rl"
+
+
+def test_look_then_count_failures_like_django_ratelimit(group: str) -> None:
+    """The classic pattern: look before the view, count only failed attempts."""
+    request = rf.post("/", {"email": "bob@example.com"})
+    allowed = 0
+    for _ in range(20):
+        if is_ratelimited(request, group=group, key="email", rate="5/m"):
+            continue
+        allowed += 1  # ... the password was wrong: count it
+        is_ratelimited(request, group=group, key="email", rate="5/m", increment=True)
+    assert allowed == 5
+    usage = get_usage(request, group=group, key="email", rate="5/m")
+    assert usage is not None
+    assert usage["should_limit"]
+    assert 0 < usage["retry_after"] <= 61
+
+
+def test_stacked_limits_on_one_view_keep_their_own_counters(group: str) -> None:
+    get, post = rf.get("/", REMOTE_ADDR="192.0.2.14"), rf.post("/", REMOTE_ADDR="192.0.2.14")
+    for _ in range(6):
+        get_usage(get, group=group, key="ip", rate="100/m", method="GET", increment=True)
+    usage = get_usage(post, group=group, key="ip", rate="5/m", method="POST", increment=True)
+    assert usage is not None
+    assert usage["count"] == 1  # the GETs are not counted against the POST limit
+
+
+@override_settings(RATELIMIT_HIERARCHICAL=True)
+def test_reset_is_complete_in_hierarchical_mode(group: str) -> None:
+    with frozen_clock(T0 + 1234) as clock:
+        for _ in range(3):
+            hit(group, ip="192.0.2.15", rate="5/d", increment=True)
+            clock.advance(7)
+        assert reset(group, "ip", "192.0.2.15", "5/d")
+        for step in (0, 60, 3600, 7200):
+            clock.advance(step)
+            assert hit(group, ip="192.0.2.15", rate="5/d")["count"] == 0, step
+
+
+def test_reset_needs_a_concrete_rate(group: str) -> None:
+    assert not reset(group, "ip", "192.0.2.16", "tests.ratelimit.test_rates.rate_for")
+    assert not reset(group, "ip", "192.0.2.16", lambda g, r: "5/m")
+
+
+def test_keys_change_with_the_secret_key(group: str) -> None:
+    from ratelimit_app.core import namespace
+
+    before = namespace(group, "ip", "192.0.2.17")
+    with override_settings(SECRET_KEY="another-secret"):
+        assert namespace(group, "ip", "192.0.2.17") != before
+    assert namespace(group, "ip", "192.0.2.17") == before
+
+
+def test_a_cache_without_location_fails_closed_without_raising(group: str) -> None:
+    empty = {"BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache", "LOCATION": ""}
+    with override_settings(CACHES={"default": empty, "rl": empty}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        assert hit(group, increment=True)["should_limit"]
+    reset_backends()

@@ -101,3 +101,17 @@ def test_fail_closed_by_default_and_open_when_asked(client: Client) -> None:
         with override_settings(RATELIMIT_FAIL_OPEN=True):
             assert client.get("/blocking/").status_code == 200
     reset_backends()
+
+
+def test_view_classes_have_their_own_default_groups(client: Client) -> None:
+    assert statuses(client, "/class-decorated/", 2) == [200, 200]
+    # Another decorated class inheriting the same dispatch does not share its counter.
+    assert client.get("/async-class/").status_code == 200
+
+
+def test_method_decorator_does_not_grow_the_registry(client: Client) -> None:
+    from ratelimit_app.decorators import registry
+
+    size = len(registry)
+    statuses(client, "/method-decorated/", 3)
+    assert len(registry) == size
