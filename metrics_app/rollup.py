@@ -197,7 +197,9 @@ def _fold_batch(
         if connection.vendor == "postgresql":
             start = qn("start")
             cursor.execute(
-                f"WITH moved AS (DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
+                # = ANY(ARRAY(...)) makes PostgreSQL fetch the batch by primary key instead
+                # of hash-joining it against a scan of the whole table.
+                f"WITH moved AS (DELETE FROM {table} WHERE {qn('id')} = ANY(ARRAY({select_ids})) "
                 f"RETURNING {qn('series_id')}, {start}, {qn('count')}), "
                 f"ins AS (INSERT INTO {table} ({qn('series_id')}, {qn('resolution')}, "
                 f"{start}, {qn('count')}) "
@@ -243,8 +245,10 @@ def _expire_batch(
     table = qn(Bucket._meta.db_table)
     select_ids, params = _select_ids(qn, table, precision, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
+        match = "= ANY(ARRAY({}))" if connection.vendor == "postgresql" else "IN ({})"
         cursor.execute(
-            f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) RETURNING {qn('start')}",
+            f"DELETE FROM {table} WHERE {qn('id')} {match.format(select_ids)} "
+            f"RETURNING {qn('start')}",
             params,
         )
         starts = [row[0] for row in cursor.fetchall()]
