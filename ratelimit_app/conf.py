@@ -95,7 +95,15 @@ class Settings:
     @property
     def SALT(self) -> str:
         """Mixed into every hashed key; derived from ``SECRET_KEY``, never stored."""
-        return _salt(str(getattr(settings, "SECRET_KEY", "")))
+        try:
+            return _values["SALT"]
+        except KeyError:
+            try:
+                secret = str(settings.SECRET_KEY)
+            except ImproperlyConfigured:  # an empty SECRET_KEY: a script, not a site
+                secret = ""
+            salt = _values["SALT"] = _salt(secret)
+            return salt
 
     @property
     def EXCEPTION_CLASS(self) -> type[Exception]:

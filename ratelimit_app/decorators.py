@@ -77,17 +77,19 @@ def ratelimit(
     def decorator(fn: F) -> F:
         if isinstance(fn, type):
             # Each view class gets its own default group, even when it inherits dispatch.
-            own_group = group if group is not None else f"{fn.__module__}.{fn.__qualname__}"
-            wrap = ratelimit(own_group, key, rate, method, block)
-            fn.dispatch = wrap(fn.dispatch)  # type: ignore[attr-defined]
+            name = f"{fn.__module__}.{fn.__qualname__}"
+            fn.dispatch = _wrap(fn.dispatch, group or name, name)  # type: ignore[attr-defined]
             return fn
+        return _wrap(fn, group, group_name(fn))
+
+    def _wrap(fn: F, group: str | None, view_name: str) -> F:
         problems = _validate(key, rate)
         if problems:
-            registry[group_name(fn)] = problems
+            registry[view_name] = problems
 
         def before(request: HttpRequest) -> None:
             if problems:
-                raise ImproperlyConfigured(f"@ratelimit on {group_name(fn)}: {problems[0]}")
+                raise ImproperlyConfigured(f"@ratelimit on {view_name}: {problems[0]}")
             old_limited = getattr(request, "limited", False)
             usage = get_usage(request, group, fn, key, rate, method, increment=True)
             limited = bool(usage and usage["should_limit"])
@@ -100,7 +102,7 @@ def ratelimit(
             @functools.wraps(fn)
             async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
                 request = _find_request(args)
-                if get_backend().inline_ok:
+                if _inline_ok():
                     before(request)  # one bounded round trip: cheaper than a thread hop
                 else:
                     await sync_to_async(before)(request)
@@ -116,6 +118,13 @@ def ratelimit(
         return wrapped  # type: ignore[return-value]
 
     return decorator
+
+
+def _inline_ok() -> bool:
+    try:
+        return get_backend().inline_ok
+    except Exception:  # cannot be built: get_usage reports it, off the event loop
+        return False
 
 
 def _exception(usage: dict[str, Any] | None) -> Exception:

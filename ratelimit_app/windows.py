@@ -282,6 +282,8 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
                     break
             if limit == 0:
                 retry_after = reset
+        elif limit == 0:  # never admits: wait a whole window, and then again
+            retry_after = float(rp.rate.seconds)
         limited = n + slack > limit
         result.append(Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset))
     return result

@@ -20,6 +20,7 @@ from django.utils.module_loading import import_string
 
 from ratelimit_app.backends.base import Backend
 from ratelimit_app.conf import conf
+from ratelimit_app.exceptions import BackendError
 
 MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"
 REDIS = "django_redis.cache.RedisCache"
@@ -34,8 +35,15 @@ def get_backend(alias: str | None = None) -> Backend:
     backend = _backends.get(alias)
     if backend is None:
         with _lock:
-            backend = _backends.get(alias) or _build(alias)
-            _backends[alias] = backend
+            backend = _backends.get(alias)
+            if backend is None:
+                try:
+                    backend = _build(alias)
+                except ImproperlyConfigured:
+                    raise
+                except Exception as exc:  # a bad LOCATION: a failure like any other
+                    raise BackendError(f"{alias}: cannot connect ({exc!r})") from exc
+                _backends[alias] = backend
     return backend
 
 

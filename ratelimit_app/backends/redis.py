@@ -20,7 +20,8 @@ from ratelimit_app.windows import Plan
 #: KEYS[1] routes the call (it carries the subject's hash tag); ARGV[1] is the subject's key
 #: base, ARGV[2] "suffix ttl ..." to increment, ARGV[3] "suffix ..." to read. Building the keys
 #: here keeps the request and redis-py's work small; every key shares KEYS[1]'s hash tag, so
-#: all live in its slot on Redis Cluster. The reply lists only the buckets that hold a value.
+#: all live in its slot on Redis Cluster. The values come back as one string ("3 0 1 ..."):
+#: redis-py parses a reply element by element in Python, a string in one piece.
 SCRIPT = """
 local base = ARGV[1]
 local written = {}
@@ -35,14 +36,9 @@ for suffix in string.gmatch(ARGV[3], "%S+") do keys[#keys + 1] = base .. suffix 
 local found = {}
 if #keys > 0 then
   local values = redis.call('MGET', unpack(keys))
-  for i = 1, #keys do
-    if values[i] then
-      found[#found + 1] = i - 1
-      found[#found + 1] = values[i]
-    end
-  end
+  for i = 1, #keys do found[i] = values[i] or '0' end
 end
-return {written, found}
+return {written, table.concat(found, ' ')}
 """
 
 
@@ -65,14 +61,21 @@ class RedisBackend(Backend):
         super().__init__(alias, cache)
         from django_redis.pool import get_connection_factory
 
-        # django-redis's own connection factory, on a pool of our own: without a timeout a
-        # server that stops answering would hang every request, so RATELIMIT_SOCKET_TIMEOUT
-        # applies unless the cache's OPTIONS set SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT.
+        # django-redis's own connection factory (the cache's OPTIONS: password, parser, pool
+        # class...), on a pool of our own: django-redis shares one pool per URL, whose
+        # timeouts whoever came first decided, and without a timeout a server that stops
+        # answering would hang every request. RATELIMIT_SOCKET_TIMEOUT applies unless the
+        # cache's OPTIONS set SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT.
         options = dict(options)
         options.setdefault("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT)
         options.setdefault("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT)
         url = location if isinstance(location, str) else next(iter(location))  # the primary
-        self.client = get_connection_factory(options).connect(url.split(",")[0])
+        factory = get_connection_factory(options)
+        pool = factory.get_connection_pool(factory.make_connection_params(url.split(",")[0]))
+        self.client = factory.redis_client_cls(
+            connection_pool=pool,
+            **factory.redis_client_cls_kwargs,
+        )
         self.script = self.client.register_script(SCRIPT)
         self.undo_script = self.client.register_script(UNDO)
 
@@ -85,9 +88,7 @@ class RedisBackend(Backend):
             written, found = self.script(
                 keys=[base + enc.reads[-1]], args=[base, writes, enc.reads_line]
             )
-            values = [0] * len(enc.reads)
-            for n in range(0, len(found), 2):
-                values[found[n]] = int(found[n + 1])
+            values = list(map(int, found.split()))
         except Exception as exc:  # includes a counter that is not a number
             raise self._failed(exc) from exc
         self._succeeded()

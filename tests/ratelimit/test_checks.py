@@ -98,8 +98,14 @@ def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:
         def bad_key(request: Any) -> None:
             pass
 
+        @ratelimit(key="ip", rate="1/x")
+        class BadClass:
+            def dispatch(self, request: Any) -> None:
+                pass
+
         errors = [m for m in checks.check_decorators() if m.id == "ratelimit_app.E010"]
-        assert len(errors) == 2
+        assert len(errors) == 3
+        assert "BadClass" in errors[2].msg
         assert "bad_rate" in errors[0].msg and "'10/M'" in errors[0].msg
         assert "bad_key" in errors[1].msg and "cookie:x" in errors[1].msg
     finally:

@@ -238,3 +238,24 @@ def test_a_cache_without_location_fails_closed_without_raising(group: str) -> No
         reset_backends()
         assert hit(group, increment=True)["should_limit"]
     reset_backends()
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": ""},
+        {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "nonsense://x"},
+        {"BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache", "LOCATION": ""},
+    ],
+)
+async def test_an_unbuildable_backend_fails_like_a_dead_one(cache: dict[str, Any]) -> None:
+    from tests.ratelimit import views
+
+    with override_settings(CACHES={"default": cache, "rl": cache}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        usage = get_usage(rf.get("/"), group="g", key="ip", rate="3/m", increment=True)
+        assert usage is not None
+        assert usage["should_limit"]  # fail closed, as django-ratelimit
+        with pytest.raises(views.Ratelimited):
+            await views.async_view(rf.get("/"))
+    reset_backends()
