@@ -32,7 +32,7 @@ class Encoded:
     number of buckets it reads.
     """
 
-    __slots__ = ("index", "plan", "reads", "reads_line", "write_index", "writes", "writes_line")
+    __slots__ = ("index", "plan", "reads", "write_index", "writes")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -41,8 +41,6 @@ class Encoded:
         self.index = {s: i for i, s in enumerate(self.reads)}
         #: For each write, the position of the same bucket in the reads (or -1).
         self.write_index = [self.index.get(s, -1) for s, _ in self.writes]
-        self.reads_line = b" ".join(self.reads)
-        self.writes_line = b" ".join(b"%s %d" % (s, ttl) for s, ttl in self.writes)
 
     def merge(self, values: list[int], written: Sequence[int | bytes | str]) -> None:
         """Raise each written bucket's read value to what its increment returned.
@@ -60,6 +58,8 @@ class Backend(ABC):
 
     #: True when a check is bounded loopback-class I/O an event loop may run inline.
     inline_ok = False
+    #: How this backend encodes a plan (see :meth:`encoded`).
+    encoding: type[Encoded] = Encoded
 
     def __init__(self, alias: str, cache: Any) -> None:
         self.alias = alias
@@ -77,7 +77,7 @@ class Backend(ABC):
         if entry is None or entry.plan is not plan:
             if len(self._encodings) > 1024:
                 self._encodings.clear()
-            entry = Encoded(plan)
+            entry = self.encoding(plan)
             self._encodings[id(plan)] = entry
         return entry
 

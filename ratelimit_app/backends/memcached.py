@@ -18,6 +18,7 @@ import hashlib
 import re
 import time
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 from pymemcache.client.base import PooledClient
@@ -26,9 +27,6 @@ from ratelimit_app.backends.base import MEMCACHED_MAX_RELATIVE_TTL, Backend
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
-
-_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+)\r\n")
-_VA = re.compile(rb"VA \d+[^\r]*\r\n(\d+)\r\n")
 
 
 def _servers(location: Any) -> list[str]:
@@ -62,6 +60,11 @@ def _exchange(client: Any, command: bytes, end: bytes) -> bytes:
             raise BackendError("memcached closed the connection mid-reply")
         reply += chunk
     return reply
+
+
+# A hit of the multi-get as (bucket suffix, count). The suffix (":W/G:index" or ":hL:index")
+# follows the "}" that ends the subject's hash tag; a "}" in KEY_PREFIX is not followed by ":".
+_VALUE = re.compile(rb"\}(:[^\s}]+) \d+ \d+\r\n(\d+)\r\n")
 
 
 class _Node:
@@ -131,15 +134,15 @@ class MemcachedBackend(Backend):
             except BackendError:
                 if attempt == len(self.nodes) - 1:
                     raise
-        values = [0] * len(enc.reads)
-        skip = len(base)
-        for key, value in _VALUE.findall(reply):
-            i = enc.index.get(key[skip:])
-            if i is not None:
-                values[i] = int(value)
+        # The reply: for each increment "VA <length>" and the new value, then for each bucket
+        # found "VALUE <key> <flags> <length>" and its count, then "END". A busy subject's
+        # reply holds hundreds of buckets: they are mapped onto the plan in C, no Python loop.
+        found = dict(_VALUE.findall(reply))
+        values = list(map(int, map(found.get, enc.reads, repeat(b"0"))))
         if increment:
-            written = _VA.findall(reply)
-            if len(written) != len(enc.writes):
+            lines = reply.split(b"\r\n", 2 * len(enc.writes))
+            heads, written = lines[0:-1:2], lines[1:-1:2]
+            if len(written) != len(enc.writes) or not all(h.startswith(b"VA ") for h in heads):
                 raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
             enc.merge(values, written)
         return values

@@ -12,41 +12,78 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ratelimit_app.backends.base import Backend
+from ratelimit_app.backends.base import Backend, Encoded
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
-#: KEYS[1] routes the call (it carries the subject's hash tag); ARGV[1] is the subject's key
-#: base, ARGV[2] "suffix ttl ..." to increment, ARGV[3] "suffix ..." to read. Building the keys
-#: here keeps the request and redis-py's work small; every key shares KEYS[1]'s hash tag, so
-#: all live in its slot on Redis Cluster. The values come back as one string ("3 0 1 ..."):
-#: redis-py parses a reply element by element in Python, a string in one piece.
+#: One check. ARGV[1] is the subject's key base; KEYS[1] carries its hash tag, so the call is
+#: routed to the right node, and every key built here shares that tag (one Redis Cluster slot).
+#: A uniform window's buckets are the fields of one hash per window (``base:W/G``): one key to
+#: read with HGETALL instead of 61 to look up, and stale fields are dropped on the way (a whole
+#: window after they left it, so a client whose clock runs ahead cannot drop what others
+#: still count). Hierarchical buckets are keys of their own (``base:hL:index``).
+#: ARGV[2] "level field ttl ..." hash increments, ARGV[3] "suffix ttl ..." key increments,
+#: ARGV[4] "level first last ..." hash runs to read, ARGV[5] "suffix ..." keys to read.
+#: The reply: the new values of the increments, and "suffix count ..." for every bucket that
+#: holds a count, as one string (redis-py parses a reply element by element in Python).
 SCRIPT = """
 local base = ARGV[1]
 local written = {}
-for suffix, ttl in string.gmatch(ARGV[2], "(%S+) (%d+)") do
+for level, field, ttl in string.gmatch(ARGV[2], "(%S+) (%d+) (%d+)") do
+  local key = base .. level
+  written[#written + 1] = redis.call('HINCRBY', key, field, 1)
+  redis.call('EXPIRE', key, ttl)
+end
+for suffix, ttl in string.gmatch(ARGV[3], "(%S+) (%d+)") do
   local key = base .. suffix
   local v = redis.call('INCR', key)
   if v == 1 then redis.call('EXPIRE', key, ttl) end
   written[#written + 1] = v
 end
-local keys = {}
-for suffix in string.gmatch(ARGV[3], "%S+") do keys[#keys + 1] = base .. suffix end
-local found = {}
-if #keys > 0 then
-  local values = redis.call('MGET', unpack(keys))
-  for i = 1, #keys do found[i] = values[i] or '0' end
+local out = {}
+for level, first, last in string.gmatch(ARGV[4], "(%S+) (%d+) (%d+)") do
+  local key = base .. level
+  local lo, hi = tonumber(first), tonumber(last)
+  local stale_before = lo - (hi - lo)
+  local all = redis.call('HGETALL', key)
+  local stale = {}
+  for i = 1, #all, 2 do
+    local k = tonumber(all[i])
+    if k < stale_before then
+      stale[#stale + 1] = all[i]
+    elseif k >= lo and k <= hi then
+      out[#out + 1] = level .. ':' .. all[i]
+      out[#out + 1] = all[i + 1]
+    end
+  end
+  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
 end
-return {written, table.concat(found, ' ')}
+local suffixes = {}
+for suffix in string.gmatch(ARGV[5], "%S+") do suffixes[#suffixes + 1] = suffix end
+if #suffixes > 0 then
+  local keys = {}
+  for i = 1, #suffixes do keys[i] = base .. suffixes[i] end
+  local values = redis.call('MGET', unpack(keys))
+  for i = 1, #suffixes do
+    if values[i] then
+      out[#out + 1] = suffixes[i]
+      out[#out + 1] = values[i]
+    end
+  end
+end
+return {written, table.concat(out, ' ')}
 """
 
-
 #: Take back a refused hit: decrement, and drop a bucket that is back to zero (or that had
-#: vanished, which DECR would otherwise recreate at -1 with no TTL).
+#: vanished, which the decrement would otherwise recreate at -1 with no TTL).
 UNDO = """
 local base = ARGV[1]
-for suffix in string.gmatch(ARGV[2], "%S+") do
+for level, field in string.gmatch(ARGV[2], "(%S+) (%d+)") do
+  local key = base .. level
+  if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
+end
+for suffix in string.gmatch(ARGV[3], "%S+") do
   local key = base .. suffix
   if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
 end
@@ -54,8 +91,53 @@ return 1
 """
 
 
+def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
+    """``b":60/60:123"`` -> ``(b":60/60", b"123")`` for uniform buckets, else None."""
+    if suffix.startswith(b":h"):
+        return None
+    level, _, field = suffix.rpartition(b":")
+    return level, field
+
+
+class RedisEncoded(Encoded):
+    """The plan as the script's arguments, and the order its increments come back in."""
+
+    __slots__ = ("hash_writes", "key_reads", "key_writes", "runs", "undo_hash", "undo_keys")
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        hash_writes, key_writes, undo_hash, undo_keys, order = [], [], [], [], []
+        for n, (suffix, ttl) in enumerate(self.writes):
+            split = _split(suffix)
+            if split is None:
+                key_writes.append(b"%s %d" % (suffix, ttl))
+                undo_keys.append(suffix)
+            else:
+                hash_writes.append(b"%s %s %d" % (*split, ttl))
+                undo_hash.append(b"%s %s" % split)
+                order.append(n)
+        order += [n for n, (s, _) in enumerate(self.writes) if _split(s) is None]
+        # The script answers hash increments first: reorder write_index to match.
+        self.write_index = [self.write_index[n] for n in order]
+        self.hash_writes = b" ".join(hash_writes)
+        self.key_writes = b" ".join(key_writes)
+        self.undo_hash = b" ".join(undo_hash)
+        self.undo_keys = b" ".join(undo_keys)
+        runs: dict[bytes, list[int]] = {}
+        key_reads = []
+        for suffix in self.reads:
+            split = _split(suffix)
+            if split is None:
+                key_reads.append(suffix)
+            else:
+                runs.setdefault(split[0], []).append(int(split[1]))
+        self.runs = b" ".join(b"%s %d %d" % (lv, min(ks), max(ks)) for lv, ks in runs.items())
+        self.key_reads = b" ".join(key_reads)
+
+
 class RedisBackend(Backend):
     inline_ok = True
+    encoding = RedisEncoded
 
     def __init__(self, alias: str, cache: Any, location: Any, options: dict[str, Any]) -> None:
         super().__init__(alias, cache)
@@ -81,14 +163,17 @@ class RedisBackend(Backend):
 
     def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
         self._check_alive()
-        enc = self.encoded(plan)
+        enc: Any = self.encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        writes = enc.writes_line if increment else b""
+        args = [base, b"", b"", enc.runs, enc.key_reads]
+        if increment:
+            args[1:3] = [enc.hash_writes, enc.key_writes]
         try:
-            written, found = self.script(
-                keys=[base + enc.reads[-1]], args=[base, writes, enc.reads_line]
-            )
-            values = list(map(int, found.split()))
+            written, found = self.script(keys=[base + enc.reads[-1]], args=args)
+            values = [0] * len(enc.reads)
+            tokens = found.split()
+            for n in range(0, len(tokens), 2):
+                values[enc.index[tokens[n]]] = int(tokens[n + 1])
         except Exception as exc:  # includes a counter that is not a number
             raise self._failed(exc) from exc
         self._succeeded()
@@ -100,21 +185,42 @@ class RedisBackend(Backend):
 
     def undo(self, namespace: str, plan: Plan) -> None:
         self._check_alive()
-        enc = self.encoded(plan)
+        enc: Any = self.encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        suffixes = b" ".join(s for s, _ in enc.writes)
         try:
-            self.undo_script(keys=[base + enc.reads[-1]], args=[base, suffixes])
+            self.undo_script(
+                keys=[base + enc.reads[-1]], args=[base, enc.undo_hash, enc.undo_keys]
+            )
         except Exception as exc:
             raise self._failed(exc) from exc
 
     def close(self) -> None:
         self.client.connection_pool.disconnect()
 
+    def physical_key(self, namespace: str, suffix: str) -> tuple[str, str | None]:
+        """The Redis key (and hash field) that holds one bucket."""
+        base = self.cache_prefix + self.rl_prefix + namespace
+        split = _split(suffix.encode())
+        if split is None:
+            return base + suffix, None
+        return base + split[0].decode(), split[1].decode()
+
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         self._check_alive()
-        base = self.cache_prefix + self.rl_prefix + namespace
+        keys: set[str] = set()
+        fields: dict[str, list[str]] = {}
+        for suffix in suffixes:
+            key, field = self.physical_key(namespace, suffix)
+            if field is None:
+                keys.add(key)
+            else:
+                fields.setdefault(key, []).append(field)
         try:
-            self.client.delete(*(base + s for s in suffixes))
+            pipe = self.client.pipeline(transaction=False)
+            if keys:
+                pipe.delete(*keys)
+            for key, names in fields.items():
+                pipe.hdel(key, *names)
+            pipe.execute()
         except Exception as exc:
             raise self._failed(exc) from exc

@@ -33,6 +33,13 @@ def remaining_ttl(kind: str, key: str) -> float:
     return cache._expire_info[key] - time.time()
 
 
+def physical_key(backend: Any, ns: str, suffix: str) -> str:
+    """The server key of a bucket (Redis keeps a uniform window's buckets in one hash)."""
+    if hasattr(backend, "physical_key"):
+        return str(backend.physical_key(ns, suffix)[0])
+    return str(backend.cache_prefix + backend.rl_prefix + ns + suffix)
+
+
 class TestContract:
     def test_increment_then_read_sees_the_hit(self, backend: Any, group: str) -> None:
         plan = windows.plan(parse("5/m"), T0)
@@ -68,13 +75,16 @@ class TestContract:
         assert backend.run(ns, plan, False) == [0] * len(plan.reads)
         assert sum(backend.run(ns, plan, True)) == 1
 
-    def test_keys_hashed_short_and_with_ttls(self, backend_kind: str, group: str) -> None:
+    @pytest.mark.parametrize("hierarchical", [False, True])
+    def test_keys_hashed_short_and_with_ttls(
+        self, backend_kind: str, group: str, hierarchical: bool
+    ) -> None:
         backend = get_backend()
-        plan = windows.plan(parse("5/m;10/h;100/d"), time.time())
+        plan = windows.plan(parse("5/m;10/h;100/d"), time.time(), hierarchical=hierarchical)
         ns = namespace(group, "email", "alice@example.com")
         backend.run(ns, plan, True)
         for suffix, ttl in plan.writes:
-            key = backend.cache_prefix + backend.rl_prefix + ns + suffix
+            key = physical_key(backend, ns, suffix)
             assert "alice" not in key and "example" not in key
             assert len(key.encode()) < 250 and not any(c.isspace() or ord(c) < 33 for c in key)
             # The counter is on the server under exactly that key, with the TTL planned.
@@ -87,7 +97,8 @@ class TestContract:
         suffix = plan.writes[0][0]
         full_key = backend.rl_prefix + ns + suffix
         if backend_kind == "redis":
-            caches["rl"].client.get_client().set(backend.cache_prefix + full_key, "x")
+            key, field = backend.physical_key(ns, suffix)
+            caches["rl"].client.get_client().hset(key, field, "x")
         elif backend_kind == "memcached":
             node = backend.nodes[0].client  # type: ignore[attr-defined]
             node.set(backend.cache_prefix + full_key, b"not-a-number")
@@ -286,3 +297,18 @@ def test_ratelimited_signal_carries_no_raw_subject(backend: Any, group: str) -> 
     assert seen[0]["request"] is request
     assert "192.0.2.150" not in seen[0]["subject"]
     assert seen[0]["usage"]["should_limit"]
+
+
+@pytest.mark.parametrize("kind", ["memcached", "redis"])
+def test_key_prefix_with_braces_still_counts(kind: str, request: Any, group: str) -> None:
+    from tests.ratelimit.conftest import cache_config
+
+    config = {**cache_config(kind, request), "KEY_PREFIX": "site}:{x}"}
+    with override_settings(CACHES={"default": config, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        rates = parse("5/m;10/h")
+        counts = [
+            check(group, ("ip", "192.0.2.90"), rates, True).usages[0].count for _ in range(3)
+        ]
+    reset_backends()
+    assert counts == [1, 2, 3]
