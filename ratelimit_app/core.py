@@ -99,7 +99,9 @@ def check(
     backend = get_backend()
     values = backend.run(ns, plan, increment)
     result = Result(windows.evaluate(plan, values, t, counted=increment), ns)
-    if increment and result.limited:
+    if not result.limited:
+        return result
+    if increment:
         # A refused hit does not use up the quota: a client that keeps retrying gets in as
         # soon as the window has room. Counting first and taking back after keeps the
         # check one round trip for admitted hits and never lenient under concurrency.
@@ -107,7 +109,26 @@ def check(
             backend.undo(ns, plan)
         except BackendError as exc:
             logger.info("ratelimit: could not take back a refused hit: %s", exc)
+    if not conf.HIERARCHICAL and windows.coarse_factor(conf.BUCKETS_PER_WINDOW) > 1:
+        result = _exact_waits(result, backend, ns, rate_list, t)
     return result
+
+
+def _exact_waits(
+    result: Result, backend: Any, ns: str, rate_list: tuple[rates.Rate, ...], t: float
+) -> Result:
+    """Time the waits of a refused check from every fine bucket (one more round trip).
+
+    The check read whole coarse buckets in the middle of the windows: enough to count, not to
+    know when each hit leaves. Counts stay as the check saw them; only the waits change.
+    """
+    detail = windows.plan(rate_list, t, conf.BUCKETS_PER_WINDOW, fine_only=True)
+    try:
+        values = backend.run(ns, detail, False)
+    except BackendError as exc:  # keep the check's conservative waits
+        logger.info("ratelimit: could not time the wait exactly: %s", exc)
+        return result
+    return Result(windows.refine(result.usages, detail, values, t), result.namespace)
 
 
 def usage_dict(result: Result) -> dict[str, Any]:

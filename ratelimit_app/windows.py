@@ -1,16 +1,23 @@
 """Which bucket counters a hit writes and a check reads: pure logic, no I/O.
 
-A rate of N per W seconds is a sliding window over bucket counters. Two layouts:
+A rate of N per W seconds is a sliding window over bucket counters, in one of two layouts.
 
-* **Uniform** (the default): each window is cut into ``G`` buckets of ``W/G`` seconds
-  (``RATELIMIT_BUCKETS_PER_WINDOW``, 60). A hit increments the current bucket; a check sums the
-  ``G + 1`` buckets that touch ``[t - W, t]``. The oldest bucket is counted in full although
-  part of it is older than the window, so the limiter is **never lenient** (no window of length
-  W ever admits more than N) and blocks early by at most one bucket, ``W/G``.
-* **Hierarchical** (``RATELIMIT_HIERARCHICAL``): the seeds' second / minute / hour counters. A
-  hit increments one bucket of each level; a check covers ``[T - W, T]`` (whole seconds) with
-  the fewest buckets, adding a coarse bucket and subtracting the fine buckets outside the
-  window where that is cheaper. A one-day window is exact to one second in at most 150 reads.
+* **Uniform** (the default): the window is cut into ``G`` fine buckets of ``W/G`` seconds
+  (``RATELIMIT_BUCKETS_PER_WINDOW``, 60), grouped ``C`` at a time into coarse buckets (``C``
+  is the largest divisor of ``G`` with ``C * C <= 2G``: 10 for 60). A hit increments its fine
+  and its coarse bucket; a check covers the fine buckets ``[k - G, k]`` exactly, with whole
+  coarse buckets where it can, and at the old edge either the fine buckets inside the window
+  or a coarse bucket minus the fine ones outside it, whichever is fewer: at most 13 reads
+  for G = 60 instead of 61. The oldest fine bucket is counted in full although part of it
+  is older than the window, so the limiter is **never lenient** (no window of length W ever
+  admits more than N) and blocks early by at most one fine bucket, ``W/G``.
+* **Hierarchical** (``RATELIMIT_HIERARCHICAL``): the seeds' second / minute / hour counters,
+  shared by every rate of a check: a hit increments one bucket of each level, and a check
+  covers ``[T - W, T]`` (whole seconds) the same way. A one-day window is exact to one
+  second in at most 84 reads (the seeds count 142 for their scheme).
+
+Both read the current coarse bucket whole: what lies after "now" has not happened (a client
+whose clock runs ahead can only make counts higher, the safe direction).
 
 Bucket keys are suffixes; the backend prefixes them with the subject's namespace. Plans depend
 only on the rates and the clock, so they are memoised and shared by every subject.
@@ -18,7 +25,9 @@ only on the rates and the clock, so they are memoised and shared by every subjec
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -45,14 +54,10 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class RatePlan:
-    """How to count one rate from the values read: a run of uniform buckets or segments."""
+    """How to count one rate from the values read: its segments, oldest first."""
 
     rate: Rate
-    start: int = 0  # uniform: Plan.reads[start:stop] are the buckets, oldest first
-    stop: int = 0
-    first_end: float = 0.0  # uniform: end time of the oldest bucket
-    width: float = 0.0  # uniform: bucket width in seconds
-    segments: tuple[Segment, ...] = ()  # hierarchical: oldest first
+    segments: tuple[Segment, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,34 +82,84 @@ class Usage:
 
 
 def plan(
-    rates: tuple[Rate, ...], t: float, per_window: int = 60, hierarchical: bool = False
+    rates: tuple[Rate, ...],
+    t: float,
+    per_window: int = 60,
+    hierarchical: bool = False,
+    fine_only: bool = False,
 ) -> Plan:
-    """The plan for checking ``rates`` at time ``t``."""
+    """The plan for checking ``rates`` at time ``t``.
+
+    ``fine_only``: read every fine bucket of the uniform layout and write nothing. A check
+    reads coarse buckets in the middle of a window, which tells how many hits it holds but
+    not when each leaves it; when a hit is refused, this plan times the wait exactly.
+    """
     if hierarchical:
         return _hierarchical_plan(rates, math.floor(t), per_window)
     indexes = tuple(int(t * per_window // r.seconds) for r in rates)
-    return _uniform_plan(rates, indexes, per_window)
+    return _uniform_plan(rates, indexes, per_window, fine_only)
+
+
+def coarse_factor(per_window: int) -> int:
+    """Fine buckets per coarse bucket in the uniform layout (1: a single level)."""
+    return max(
+        d for d in range(1, per_window + 1) if per_window % d == 0 and d * d <= 2 * per_window
+    )
+
+
+class _Builder:
+    """Collects a plan's distinct reads and writes while its rates are planned."""
+
+    def __init__(self) -> None:
+        self.reads: dict[str, int] = {}
+        self.writes: dict[str, int] = {}
+        self.rates: list[RatePlan] = []
+
+    def segments(
+        self, raw: list[RawSegment], token: Callable[[int, int], str], to_seconds: float, w: int
+    ) -> tuple[Segment, ...]:
+        return tuple(
+            Segment(
+                end * to_seconds + w,
+                tuple(
+                    (self.reads.setdefault(token(size, k), len(self.reads)), sign)
+                    for size, k, sign in terms
+                ),
+            )
+            for _, end, terms in raw
+        )
+
+    def uniform(self, rate: Rate, k: int, g: int, fine_only: bool = False) -> None:
+        w, c = rate.seconds, coarse_factor(g)
+        width = w / g
+
+        def token(size: int, index: int) -> str:
+            return f":{w}/{g}:{index}" if size == 1 else f":{w}/{g}x{size}:{index}"
+
+        levels = (c, 1) if c > 1 and not fine_only else (1,)
+        raw = _cover(k - g, k + 1, levels, k + 1)
+        self.rates.append(RatePlan(rate, self.segments(raw, token, width, w)))
+        # A fine bucket is read (subtracted) up to one coarse bucket past the window.
+        self.writes[token(1, k)] = math.ceil(w + (c + 1) * width) + TTL_FUDGE
+        if c > 1:
+            self.writes[token(c, k // c)] = math.ceil(w + c * width) + TTL_FUDGE
+
+    def build(self, order: tuple[Rate, ...]) -> Plan:
+        rank = {r: i for i, r in enumerate(order)}
+        rate_plans = sorted(self.rates, key=lambda rp: rank[rp.rate])
+        return Plan(tuple(self.writes.items()), tuple(self.reads), tuple(rate_plans))
 
 
 @lru_cache(maxsize=512)
-def _uniform_plan(rates: tuple[Rate, ...], indexes: tuple[int, ...], g: int) -> Plan:
-    reads: list[str] = []
-    writes: list[tuple[str, int]] = []
-    runs: dict[int, tuple[int, int]] = {}
-    rate_plans = []
+def _uniform_plan(
+    rates: tuple[Rate, ...], indexes: tuple[int, ...], g: int, fine_only: bool = False
+) -> Plan:
+    builder = _Builder()
     for rate, k in zip(rates, indexes, strict=True):
-        w = rate.seconds
-        width = w / g
-        if w not in runs:
-            start = len(reads)
-            level = f":{w}/{g}:"
-            reads.extend(f"{level}{i}" for i in range(k - g, k + 1))
-            runs[w] = (start, len(reads))
-            writes.append((f"{level}{k}", math.ceil(w + width) + TTL_FUDGE))
-        start, stop = runs[w]
-        first_end = (k - g + 1) * width + w
-        rate_plans.append(RatePlan(rate, start, stop, first_end, width))
-    return Plan(tuple(writes), tuple(reads), tuple(rate_plans))
+        builder.uniform(rate, k, g, fine_only)
+    if fine_only:
+        builder.writes.clear()
+    return builder.build(rates)
 
 
 # -- hierarchical layout --------------------------------------------------------------------
@@ -163,39 +218,25 @@ def _cover(lo: int, hi: int, levels: tuple[int, ...], now: int) -> list[RawSegme
 
 @lru_cache(maxsize=128)
 def _hierarchical_plan(rates: tuple[Rate, ...], now: int, per_window: int) -> Plan:
-    longest = max((r.seconds for r in rates if r.seconds <= HIERARCHICAL_MAX), default=0)
-    reads: dict[str, int] = {}
-    rate_plans: list[RatePlan] = []
-    uniform = tuple(r for r in rates if r.seconds > HIERARCHICAL_MAX)
+    builder = _Builder()
+    longest = 0
+
+    def token(size: int, index: int) -> str:
+        return f":h{size}:{index}"
+
     for rate in rates:
         if rate.seconds > HIERARCHICAL_MAX:
+            builder.uniform(rate, int(now * per_window // rate.seconds), per_window)
             continue
-        segments = []
-        for start, end, terms in _cover(now - rate.seconds, now + 1, LEVELS, now + 1):
-            del start
-            indexed = tuple(
-                (reads.setdefault(f":h{lv}:{k}", len(reads)), sign) for lv, k, sign in terms
-            )
-            segments.append(Segment(end + rate.seconds, indexed))
-        rate_plans.append(RatePlan(rate, segments=tuple(segments)))
-    writes: list[tuple[str, int]] = []
+        longest = max(longest, rate.seconds)
+        raw = _cover(now - rate.seconds, now + 1, LEVELS, now + 1)
+        builder.rates.append(RatePlan(rate, builder.segments(raw, token, 1, rate.seconds)))
     if longest:
         # A fine bucket is read (subtracted) up to one coarser bucket past the window.
         coarser = {3600: 0, 60: 3600, 1: 60}
-        writes = [(f":h{lv}:{now // lv}", longest + lv + coarser[lv] + TTL_FUDGE) for lv in LEVELS]
-    read_list = tuple(reads)
-    if uniform:
-        extra = plan(uniform, now, per_window)
-        offset = len(read_list)
-        read_list += extra.reads
-        writes += extra.writes
-        for rp in extra.rates:
-            rate_plans.append(
-                RatePlan(rp.rate, rp.start + offset, rp.stop + offset, rp.first_end, rp.width)
-            )
-    order = {r: i for i, r in enumerate(rates)}
-    rate_plans.sort(key=lambda rp: order[rp.rate])
-    return Plan(tuple(writes), read_list, tuple(rate_plans))
+        for lv in LEVELS:
+            builder.writes[token(lv, now // lv)] = longest + lv + coarser[lv] + TTL_FUDGE
+    return builder.build(rates)
 
 
 def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> set[str]:
@@ -206,6 +247,16 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
     """
     now = math.floor(t)
     found = set(plan(rates, t, per_window).reads)
+    c = coarse_factor(per_window)
+    for rate in rates:
+        k = int(t * per_window // rate.seconds)
+        found.update(f":{rate.seconds}/{per_window}:{i}" for i in range(k - per_window - c, k + 1))
+        if c > 1:
+            top = k // c
+            found.update(
+                f":{rate.seconds}/{per_window}x{c}:{i}"
+                for i in range(top - per_window // c - 1, top + 1)
+            )
     longest = max((r.seconds for r in rates if r.seconds <= HIERARCHICAL_MAX), default=0)
     if longest:
         found.update(plan(rates, t, per_window, hierarchical=True).reads)
@@ -218,36 +269,26 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
 
 
 def _parts(rp: RatePlan, values: list[int]) -> list[tuple[float, int]]:
-    """(time the events leave the window, how many), oldest first."""
-    if rp.segments:
-        # A segment's true count is never negative; a reset or an evicted coarse bucket can
-        # make coarse - fine negative, and counting that would be lenient.
-        return [
-            (seg.end, max(0, sum(values[i] * sign for i, sign in seg.terms)))
-            for seg in rp.segments
-        ]
+    """(time the events leave the window, how many), oldest first.
+
+    A segment's true count is never negative; a reset or an evicted coarse bucket can make
+    coarse - fine negative, and counting that would be lenient.
+    """
     return [
-        (rp.first_end + n * rp.width, values[i]) for n, i in enumerate(range(rp.start, rp.stop))
+        (seg.end, max(0, sum(values[i] * sign for i, sign in seg.terms))) for seg in rp.segments
     ]
 
 
 def count(rp: RatePlan, values: list[int]) -> int:
     """Events in the rate's window."""
-    if rp.segments:
-        return sum(c for _, c in _parts(rp, values))
-    return sum(values[rp.start : rp.stop])
+    return sum(c for _, c in _parts(rp, values))
 
 
 def _newest_end(rp: RatePlan, values: list[int]) -> float:
     """When the newest counted events leave the window (0 if there are none)."""
-    if rp.segments:
-        for seg in reversed(rp.segments):
-            if sum(values[i] * sign for i, sign in seg.terms) > 0:
-                return seg.end
-        return 0.0
-    for n in range(rp.stop - rp.start - 1, -1, -1):
-        if values[rp.start + n] > 0:
-            return rp.first_end + n * rp.width
+    for seg in reversed(rp.segments):
+        if sum(values[i] * sign for i, sign in seg.terms) > 0:
+            return seg.end
     return 0.0
 
 
@@ -287,3 +328,16 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
         limited = n + slack > limit
         result.append(Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset))
     return result
+
+
+def refine(usages: list[Usage], detail: Plan, values: list[int], t: float) -> list[Usage]:
+    """``usages`` of a refused check, with waits timed from a ``fine_only`` plan's values.
+
+    Read after the refused hit was taken back, so a rate is limited there when it has no
+    room left; the counts stay as the check saw them.
+    """
+    exact = evaluate(detail, values, t)
+    return [
+        dataclasses.replace(u, retry_after=e.retry_after, reset=e.reset) if e.limited else u
+        for u, e in zip(usages, exact, strict=True)
+    ]

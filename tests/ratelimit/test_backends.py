@@ -127,22 +127,23 @@ class TestContract:
         assert len(admitted) >= 1
 
     def test_a_busy_subject_reads_every_bucket(self, backend: Any, group: str) -> None:
-        """Every bucket of three windows holds a value: a long reply, read in full."""
+        """Every bucket a check reads holds a value: a reply of many kilobytes, read whole."""
         rates = parse("100000/m;100000/h;100000/d")
         ns = namespace(group, "ip", "192.0.2.40")
-        end = T0 + 86400
+        end = T0 + 86400 + 29 * 60 + 29.5  # half past: the most buckets at each edge
+        final = windows.plan(rates, end, hierarchical=True)
+        # One hit inside each bucket the final check reads (and never after it).
         times = sorted(
-            end - r.seconds + (i + 0.5) * r.seconds / 60 for r in rates for i in range(60)
+            {min(end, int(s.split(":")[2]) * int(s.split(":")[1][1:]) + 0.5) for s in final.reads}
         )
         for t in times:
-            backend.run(ns, windows.plan(rates, t), True)
-        plan = windows.plan(rates, end)
-        values = backend.run(ns, plan, False)
-        assert sum(1 for v in values if v) >= 150
-        counts = [u.count for u in windows.evaluate(plan, values, end)]
-        exact = [sum(1 for t in times if end - r.seconds <= t) for r in rates]
-        # Each count covers its window plus at most the oldest, partly expired bucket.
-        assert [c - e for c, e in zip(counts, exact, strict=True)] == [0, 0, 0]
+            backend.run(ns, windows.plan(rates, t, hierarchical=True), True)
+        values = backend.run(ns, final, False)
+        assert len(values) > 150
+        assert sum(1 for v in values if v) > 100
+        counts = [u.count for u in windows.evaluate(final, values, end)]
+        exact = [sum(1 for t in times if int(end) - r.seconds <= int(t)) for r in rates]
+        assert counts == exact  # whole seconds [T - W, T]: exact
 
     def test_time_travel_through_a_day(self, backend: Any, group: str) -> None:
         rate = parse("10/d")
