@@ -101,34 +101,33 @@ def check(
     result = Result(windows.evaluate(plan, values, t, counted=increment), ns)
     if not result.limited:
         return result
-    if increment:
-        # A refused hit does not use up the quota: a client that keeps retrying gets in as
-        # soon as the window has room. Counting first and taking back after keeps the
-        # check one round trip for admitted hits and never lenient under concurrency.
-        try:
-            backend.undo(ns, plan)
-        except BackendError as exc:
-            logger.info("ratelimit: could not take back a refused hit: %s", exc)
-    if not conf.HIERARCHICAL and windows.coarse_factor(conf.BUCKETS_PER_WINDOW) > 1:
-        result = _exact_waits(result, backend, ns, rate_list, t)
-    return result
-
-
-def _exact_waits(
-    result: Result, backend: Any, ns: str, rate_list: tuple[rates.Rate, ...], t: float
-) -> Result:
-    """Time the waits of a refused check from every fine bucket (one more round trip).
-
-    The check read whole coarse buckets in the middle of the windows: enough to count, not to
-    know when each hit leaves. Counts stay as the check saw them; only the waits change.
-    """
+    # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
+    # as the window has room. Counting first and taking back after keeps the check one round
+    # trip for admitted hits and never lenient under concurrency.
+    undo = plan if increment else None
+    if conf.HIERARCHICAL or windows.coarse_factor(conf.BUCKETS_PER_WINDOW) == 1:
+        if undo is not None:
+            _take_back(backend, ns, undo)
+        return result  # the check read every fine bucket it has: its waits stand
+    # The check read whole coarse buckets in the middle of the windows: enough to count, not
+    # to know when each hit leaves. Take the hit back and read every fine bucket, in one
+    # round trip, to time the waits exactly; the counts stay as the check saw them.
     detail = windows.plan(rate_list, t, conf.BUCKETS_PER_WINDOW, fine_only=True)
     try:
-        values = backend.run(ns, detail, False)
-    except BackendError as exc:  # keep the check's conservative waits
+        values = backend.run(ns, detail, False, undo=undo)
+    except BackendError as exc:
+        # Whether the hit was taken back is unknown: leaving it counted is the safe side
+        # (trying again could take it back twice, which would be lenient).
         logger.info("ratelimit: could not time the wait exactly: %s", exc)
         return result
     return Result(windows.refine(result.usages, detail, values, t), result.namespace)
+
+
+def _take_back(backend: Any, ns: str, plan: windows.Plan) -> None:
+    try:
+        backend.undo(ns, plan)
+    except BackendError as exc:
+        logger.info("ratelimit: could not take back a refused hit: %s", exc)
 
 
 def usage_dict(result: Result) -> dict[str, Any]:

@@ -82,8 +82,14 @@ class Backend(ABC):
         return entry
 
     @abstractmethod
-    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
-        """Increment (if asked) and read the plan's buckets; raise BackendError on failure."""
+    def run(
+        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
+    ) -> list[int]:
+        """Increment (if asked) and read the plan's buckets; raise BackendError on failure.
+
+        ``undo``: first take back the increments of that plan (a refused hit), in the same
+        round trip where the backend can.
+        """
 
     def run_many(self, items: Sequence[tuple[str, Plan, bool]]) -> list[list[int]]:
         """Several subjects at once (one round trip where the backend can)."""

@@ -15,7 +15,11 @@ from ratelimit_app.windows import Plan
 class CacheBackend(Backend):
     """The generic path: correct on any cache with an atomic ``incr``, three calls a check."""
 
-    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
+    def run(
+        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
+    ) -> list[int]:
+        if undo is not None:
+            self.undo(namespace, undo)
         cache = caches[self.alias]  # Django's cache objects are per thread.
         base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION
         try:

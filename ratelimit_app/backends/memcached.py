@@ -112,10 +112,14 @@ class MemcachedBackend(Backend):
             node.dead_until = time.monotonic() + conf.DEAD_RETRY
             raise self._failed(exc) from exc
 
-    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
+    def run(
+        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
+    ) -> list[int]:
         enc = self.encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
         command = b"get " + base + (b" " + base).join(enc.reads)
+        if undo is not None:  # quiet decrements: only a miss or an error answers
+            command = self._decrements(base, undo) + command
         if increment:
             wall = int(time.time())
             writes = []
@@ -147,11 +151,13 @@ class MemcachedBackend(Backend):
             enc.merge(values, written)
         return values
 
+    def _decrements(self, base: bytes, plan: Plan) -> bytes:
+        return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.encoded(plan).writes)
+
     def undo(self, namespace: str, plan: Plan) -> None:
         node = self._node(namespace)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        command = b"".join(b"ma %s%s MD q\r\n" % (base, s.encode()) for s, _ in plan.writes)
-        self._call(node, command + b"mn", b"MN\r\n")
+        self._call(node, self._decrements(base, plan) + b"mn", b"MN\r\n")
 
     def close(self) -> None:
         for node in self.nodes:

@@ -24,11 +24,22 @@ from ratelimit_app.windows import Plan
 #: window after they left it, so a client whose clock runs ahead cannot drop what others
 #: still count). Hierarchical buckets are keys of their own (``base:hL:index``).
 #: ARGV[2] "level field ttl ..." hash increments, ARGV[3] "suffix ttl ..." key increments,
-#: ARGV[4] "level first last ..." hash runs to read, ARGV[5] "suffix ..." keys to read.
+#: ARGV[4] "level first last ..." hash runs to read, ARGV[5] "suffix ..." keys to read,
+#: and first of all ARGV[6] "level field ..." / ARGV[7] "suffix ..." to take back (a refused
+#: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
+#: decrement would otherwise recreate at -1 with no TTL.
 #: The reply: the new values of the increments, and "suffix count ..." for every bucket that
 #: holds a count, as one string (redis-py parses a reply element by element in Python).
 SCRIPT = """
 local base = ARGV[1]
+for level, field in string.gmatch(ARGV[6], "(%S+) (%d+)") do
+  local key = base .. level
+  if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
+end
+for suffix in string.gmatch(ARGV[7], "%S+") do
+  local key = base .. suffix
+  if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
+end
 local written = {}
 for level, field, ttl in string.gmatch(ARGV[2], "(%S+) (%d+) (%d+)") do
   local key = base .. level
@@ -73,21 +84,6 @@ if #suffixes > 0 then
   end
 end
 return {written, table.concat(out, ' ')}
-"""
-
-#: Take back a refused hit: decrement, and drop a bucket that is back to zero (or that had
-#: vanished, which the decrement would otherwise recreate at -1 with no TTL).
-UNDO = """
-local base = ARGV[1]
-for level, field in string.gmatch(ARGV[2], "(%S+) (%d+)") do
-  local key = base .. level
-  if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
-end
-for suffix in string.gmatch(ARGV[3], "%S+") do
-  local key = base .. suffix
-  if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
-end
-return 1
 """
 
 
@@ -159,15 +155,19 @@ class RedisBackend(Backend):
             **factory.redis_client_cls_kwargs,
         )
         self.script = self.client.register_script(SCRIPT)
-        self.undo_script = self.client.register_script(UNDO)
 
-    def run(self, namespace: str, plan: Plan, increment: bool) -> list[int]:
+    def run(
+        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
+    ) -> list[int]:
         self._check_alive()
         enc: Any = self.encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        args = [base, b"", b"", enc.runs, enc.key_reads]
+        args = [base, b"", b"", enc.runs, enc.key_reads, b"", b""]
         if increment:
             args[1:3] = [enc.hash_writes, enc.key_writes]
+        if undo is not None:
+            taken: Any = self.encoded(undo)
+            args[5:7] = [taken.undo_hash, taken.undo_keys]
         try:
             written, found = self.script(keys=[base + enc.reads[-1]], args=args)
             values = [0] * len(enc.reads)
@@ -187,10 +187,9 @@ class RedisBackend(Backend):
         self._check_alive()
         enc: Any = self.encoded(plan)
         base = (self.cache_prefix + self.rl_prefix + namespace).encode()
+        args = [base, b"", b"", b"", b"", enc.undo_hash, enc.undo_keys]
         try:
-            self.undo_script(
-                keys=[base + enc.reads[-1]], args=[base, enc.undo_hash, enc.undo_keys]
-            )
+            self.script(keys=[base + enc.reads[-1]], args=args)
         except Exception as exc:
             raise self._failed(exc) from exc
 

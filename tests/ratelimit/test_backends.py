@@ -66,6 +66,19 @@ class TestContract:
         backend.delete(ns, plan.reads)
         assert sum(backend.run(ns, plan, False)) == 0
 
+    def test_take_back_and_read_in_one_call(self, backend: Any, group: str) -> None:
+        plan = windows.plan(parse("5/m;100/d"), T0)
+        detail = windows.plan(parse("5/m;100/d"), T0, fine_only=True)
+        ns = namespace(group, "ip", "192.0.2.5")
+        backend.run(ns, plan, True)
+        backend.run(ns, plan, True)
+        values = backend.run(ns, detail, False, undo=plan)
+        assert [u.count for u in windows.evaluate(detail, values, T0)] == [1, 1]
+        assert [u.count for u in windows.evaluate(plan, backend.run(ns, plan, False), T0)] == [
+            1,
+            1,
+        ]
+
     def test_undo_of_a_vanished_bucket_leaves_nothing(self, backend: Any, group: str) -> None:
         plan = windows.plan(parse("5/m"), T0)
         ns = namespace(group, "ip", "192.0.2.4")
