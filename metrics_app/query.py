@@ -37,6 +37,9 @@ def series(
     the coarser of what the retention guarantees for ``start`` and the coarsest bucket found.
     Buckets are whole and aligned (weeks on Mondays, UTC): the first may start before
     ``start`` and the last may end after ``end``, and each count covers its whole bucket.
+    A period split between a coarse row (older part, folded) and finer rows (younger part)
+    is summed whole at the coarse step; at the finer step only the younger part can be
+    answered (any range inside the finer tier's age).
     A ``step`` that does not split into the stored buckets (finer than stored for part of
     the range, or not a multiple of the finest tier) raises ``ValueError``.
     """
@@ -52,12 +55,21 @@ def series(
         .filter(series__name=name, start__lt=hi + margin, start__gt=lo - margin)
         .values_list("resolution", "start", "count")
     )
+    # A coarse row may hold only the older part of its period (the younger part is still
+    # in finer rows): what it holds ends at ``content_end``, so it only matters to a range
+    # that reaches before that.
+    limits = {r: retention.content_end(r, now) for r in {r for r, _, _ in fetched}}
+
+    def ends(resolution: int, t: int) -> int:
+        limit = limits[resolution]
+        return t + resolution if limit is None or limit <= t else min(t + resolution, limit)
+
     if size is None:
-        found = {r for r, t, _ in fetched if t < hi and t + r > lo}
+        found = {r for r, t, _ in fetched if t < hi and ends(r, t) > lo}
         size = max([retention.expected_step(lo, now), *found])
     # Buckets are whole: the answer covers [align(lo), end of the bucket holding hi - 1).
     out_lo, out_hi = align(lo, size), align(hi - 1, size) + size
-    rows = [row for row in fetched if row[1] < out_hi and row[1] + row[0] > out_lo]
+    rows = [row for row in fetched if row[1] < out_hi and ends(row[0], row[1]) > out_lo]
     coarser = sorted({r for r, _, _ in rows if size % r})
     if coarser:
         raise ValueError(

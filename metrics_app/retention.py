@@ -89,11 +89,27 @@ class Retention:
     def fold_cutoff(self, index: int, now: float) -> int:
         """Buckets of tier ``index`` starting before this are due to fold into the next tier.
 
-        A fine bucket is due once the whole coarse bucket it folds into ended at least the
-        tier's age ago, so a tier's age is a minimum and coarse buckets are folded whole.
+        A fine bucket is due as soon as it *itself* ended at least the tier's age ago
+        (``start + precision <= now - age``), whatever the rest of the coarse bucket it folds
+        into: a tier's age is a minimum, and a coarse period may be split between a coarse
+        row (its older part) and finer rows (its younger part) until it is all folded.
         """
-        coarse = self.tiers[index + 1].precision
-        return align(now - self.tiers[index].age, coarse)
+        tier = self.tiers[index]
+        return align(now - tier.age, tier.precision)
+
+    def content_end(self, precision: int, now: float) -> int | None:
+        """Every count stored at ``precision`` lies before this (None: no bound but the row's).
+
+        A row of tier ``i > 0`` only ever receives folded tier-``i-1`` buckets, which were
+        due, so its events lie before ``fold_cutoff(i - 1, now)`` (cutoffs only grow with
+        time). Queries use it to tell a coarse row holding the older part of a split period
+        from one that overlaps the range asked for. It assumes that downsampling never ran
+        with a clock ahead of the querying process's.
+        """
+        for i, tier in enumerate(self.tiers):
+            if tier.precision == precision:
+                return self.fold_cutoff(i - 1, now) if i else None
+        return None
 
     def expiry_cutoff(self, now: float) -> int:
         """Buckets of the last tier starting before this have ended more than its age ago."""

@@ -1,18 +1,22 @@
 """Downsampling: fold buckets that outlived their tier into the next tier, drop expired ones.
 
-For each tier but the last, finest first, every bucket whose *whole* coarse bucket ended at
-least the tier's age ago (:meth:`Retention.fold_cutoff`) is deleted and its count added to
-the aligned bucket of the next tier, ``coarse += fine``, in one transaction per batch of
-``METRICS_DOWNSAMPLE_BATCH_SIZE`` rows. Buckets of the last tier older than its age are
-deleted; ``Series.total`` is untouched, so the all-time total survives.
+For each tier but the last, finest first, every bucket that *itself* ended at least the
+tier's age ago (:meth:`Retention.fold_cutoff`) is deleted and its count added to the aligned
+bucket of the next tier, ``coarse += fine``, in one transaction per batch of at most
+``METRICS_DOWNSAMPLE_BATCH_SIZE`` rows. The rest of that coarse period may still be stored
+at the fine precision (a *split* period: older part coarse, younger part fine); queries
+stitch the two (:func:`metrics_app.query.series`). Buckets of the last tier older than its
+age are deleted; ``Series.total`` is untouched, so the all-time total survives.
 
 Why it is exact under concurrency: the fine rows are removed with ``DELETE ... RETURNING``,
 and the coarse rows are built from what the DELETE returned, in the same transaction. A
 flush that adds to a fine row concurrently either commits before the DELETE takes the row
 (its count is returned and folded) or, if the row is gone, inserts a new fine row that the
-next run folds ("late writes are folded next run"). On PostgreSQL the fold is one statement
-(a data-modifying CTE); on SQLite the rows go through Python (SQLite writes are serialised
-anyway).
+next run folds ("late writes are folded next run").
+
+On PostgreSQL a batch is set-based: one data-modifying CTE per range of ``start`` for all
+series at once (:func:`_pg_batches`). On SQLite the rows go through Python by id (SQLite
+writes are serialised anyway).
 
 Idempotent (a second run finds nothing due), catches up (tiers are processed finest first,
 so rows folded into tier ``i+1`` are themselves folded further in the same run), and one run
@@ -22,7 +26,7 @@ at a time: a lock with a TTL in the cache ``METRICS_LOCK_CACHE``, refreshed ever
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -115,33 +119,28 @@ def _downsample(
         if not series_ids:
             return result
     tiers = retention.tiers
+    postgres = connections[alias].vendor == "postgresql"
     for i, tier in enumerate(tiers):
         last = i == len(tiers) - 1
         cutoff = retention.expiry_cutoff(now) if last else retention.fold_cutoff(i, now)
         coarse = 0 if last else tiers[i + 1].precision
+        what = "expired" if last else f"folded into {tiers[i + 1]}"
         done_here = 0
-        floor: int | None = None  # keyset: batches walk ``start`` upwards
-        while True:
-            with transaction.atomic(using=alias):
-                if last:
-                    n, floor = _expire_batch(
-                        alias, tier.precision, cutoff, floor, series_ids, size
-                    )
-                    result.expired += n
-                else:
-                    n, floor = _fold_batch(
-                        alias, tier.precision, coarse, cutoff, floor, series_ids, size
-                    )
-                    result.folded += n
+        batches = (
+            _pg_batches(alias, tier.precision, coarse, cutoff, series_ids, size)
+            if postgres
+            else _sqlite_batches(alias, tier.precision, coarse, cutoff, series_ids, size)
+        )
+        for n in batches:
+            if last:
+                result.expired += n
+            else:
+                result.folded += n
             done_here += n
-            if n:
-                result.batches += 1
-                lock.refresh()
-                if progress is not None:
-                    what = "expired" if last else f"folded into {tiers[i + 1]}"
-                    progress(f"tier {tier}: {done_here} buckets {what}")
-            if n < size:
-                break
+            result.batches += 1
+            lock.refresh()
+            if progress is not None:
+                progress(f"tier {tier}: {done_here} buckets {what}")
     if series_ids is None:
         horizon = datetime.fromtimestamp(now, tz=UTC) - timedelta(days=conf.LEDGER_DAYS)
         result.ledger_pruned, _ = (
@@ -151,6 +150,88 @@ def _downsample(
 
     downsampled.send(sender=None, result=result)
     return result
+
+
+def _sqlite_batches(
+    alias: str,
+    fine: int,
+    coarse: int,
+    cutoff: int,
+    series_ids: list[int] | None,
+    size: int,
+) -> Iterator[int]:
+    """Fold (``coarse``) or expire (``coarse == 0``) by batches of ``size`` rows, by id."""
+    floor: int | None = None  # keyset: batches walk ``start`` upwards
+    while True:
+        with transaction.atomic(using=alias):
+            if coarse:
+                n, floor = _fold_batch(alias, fine, coarse, cutoff, floor, series_ids, size)
+            else:
+                n, floor = _expire_batch(alias, fine, cutoff, floor, series_ids, size)
+        if n:
+            yield n
+        if n < size:
+            return
+
+
+def _pg_batches(
+    alias: str,
+    fine: int,
+    coarse: int,
+    cutoff: int,
+    series_ids: list[int] | None,
+    size: int,
+) -> Iterator[int]:
+    """Set-based PostgreSQL path: one statement per batch, a batch is a range of ``start``.
+
+    A batch takes every due row of ``fine`` resolution whose start lies in ``[lo, hi)``, for
+    all series at once, in one data-modifying CTE: ``DELETE ... RETURNING`` feeds
+    ``INSERT ... SELECT ... GROUP BY (series, coarse start) ON CONFLICT DO UPDATE SET
+    count = count + EXCLUDED.count`` (or, past the last tier, just the ``DELETE``).
+
+    ``hi`` bounds the transaction: it is the start of the ``size + 1``-th due row from
+    ``lo`` (an index-only walk of ``(resolution, start)``), so a batch holds at most ``size``
+    rows, or the rows of one single ``start`` when that many series share it. The bound is
+    read first and passed as a constant, so the ``DELETE`` is a plain index range scan, and
+    the next batch starts at ``hi`` (no re-scan of deleted index entries).
+    """
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    table = qn(Bucket._meta.db_table)
+    start, sid, cnt, res = qn("start"), qn("series_id"), qn("count"), qn("resolution")
+    only = "" if series_ids is None else f" AND {sid} = ANY(%s)"
+    only_params: list[Any] = [] if series_ids is None else [series_ids]
+    due = f"FROM {table} WHERE {res} = %s AND {start} >= %s AND {start} < %s{only}"
+    first = f"SELECT MIN({start}) {due}"
+    bound = f"SELECT {start} {due} ORDER BY {start} OFFSET %s LIMIT 1"
+    delete = f"DELETE {due}"
+    if coarse:
+        statement = (
+            f"WITH moved AS ({delete} RETURNING {sid}, {start}, {cnt}), "
+            f"ins AS (INSERT INTO {table} ({sid}, {res}, {start}, {cnt}) "
+            f"SELECT {sid}, %s, {start} - (({start} - {EPOCH_MONDAY}) %% %s), SUM({cnt}) "
+            f"FROM moved GROUP BY 1, 3 "
+            f"ON CONFLICT ({sid}, {res}, {start}) "
+            f"DO UPDATE SET {cnt} = {table}.{cnt} + EXCLUDED.{cnt}) "
+            f"SELECT COUNT(*) FROM moved"
+        )
+        extra: list[Any] = [coarse, coarse]
+    else:
+        statement, extra = delete, []
+    with connection.cursor() as cursor:
+        cursor.execute(first, [fine, -(2**62), cutoff, *only_params])
+        (lo,) = cursor.fetchone()
+        while lo is not None and lo < cutoff:
+            cursor.execute(bound, [fine, lo, cutoff, *only_params, size])
+            row = cursor.fetchone()
+            # ``lo`` and ``cutoff`` are multiples of ``fine``: lo + fine <= cutoff.
+            hi = cutoff if row is None else max(int(row[0]), lo + fine)
+            with transaction.atomic(using=alias):
+                cursor.execute(statement, [fine, lo, hi, *only_params, *extra])
+                n = int(cursor.fetchone()[0]) if coarse else cursor.rowcount
+            if n:
+                yield n
+            lo = hi
 
 
 def _select_ids(
@@ -194,25 +275,6 @@ def _fold_batch(
     table = qn(Bucket._meta.db_table)
     select_ids, params = _select_ids(qn, table, fine, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            start = qn("start")
-            cursor.execute(
-                # = ANY(ARRAY(...)) makes PostgreSQL fetch the batch by primary key instead
-                # of hash-joining it against a scan of the whole table.
-                f"WITH moved AS (DELETE FROM {table} WHERE {qn('id')} = ANY(ARRAY({select_ids})) "
-                f"RETURNING {qn('series_id')}, {start}, {qn('count')}), "
-                f"ins AS (INSERT INTO {table} ({qn('series_id')}, {qn('resolution')}, "
-                f"{start}, {qn('count')}) "
-                f"SELECT {qn('series_id')}, %s, "
-                f"{start} - (({start} - {EPOCH_MONDAY}) %% %s), SUM({qn('count')}) "
-                f"FROM moved GROUP BY 1, 3 "
-                f"ON CONFLICT ({qn('series_id')}, {qn('resolution')}, {start}) "
-                f"DO UPDATE SET {qn('count')} = {table}.{qn('count')} + EXCLUDED.{qn('count')}) "
-                f"SELECT COUNT(*), MAX({start}) FROM moved",
-                [*params, coarse, coarse],
-            )
-            n, top = cursor.fetchone()
-            return int(n), (floor if top is None else int(top))
         cursor.execute(
             f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
             f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}",
@@ -245,10 +307,8 @@ def _expire_batch(
     table = qn(Bucket._meta.db_table)
     select_ids, params = _select_ids(qn, table, precision, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
-        match = "= ANY(ARRAY({}))" if connection.vendor == "postgresql" else "IN ({})"
         cursor.execute(
-            f"DELETE FROM {table} WHERE {qn('id')} {match.format(select_ids)} "
-            f"RETURNING {qn('start')}",
+            f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) RETURNING {qn('start')}",
             params,
         )
         starts = [row[0] for row in cursor.fetchall()]

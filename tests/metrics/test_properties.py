@@ -72,14 +72,22 @@ def op_strategy(span: int) -> st.SearchStrategy[tuple]:
     )
 
 
-def check_queries(model: Model, now: float, span: int, data: st.DataObject) -> None:
+def check_queries(
+    model: Model, now: float, span: int, data: st.DataObject, near: tuple[int, int] | None = None
+) -> None:
+    """Query each series once over a drawn range (inside ``near``, if given) and step."""
     retention = conf.RETENTION
+    ages = {tier.precision: tier.age for tier in retention.tiers}
     for name in NAMES:
         assert query.total(name) == model.totals.get(name, 0)
         stored = sum(Bucket.objects.filter(series__name=name).values_list("count", flat=True))
         assert stored == model.count(name, 0, float("inf"))
-        lo = data.draw(st.integers(int(now) - span - WEEK, int(now)), label="lo")
-        hi = data.draw(st.integers(lo + 1, int(now) + HOUR), label="hi")
+        if near is None:
+            lo = data.draw(st.integers(int(now) - span - WEEK, int(now)), label="lo")
+            hi = data.draw(st.integers(lo + 1, int(now) + HOUR), label="hi")
+        else:
+            lo = data.draw(st.integers(*near), label="lo")
+            hi = data.draw(st.integers(lo + 1, max(lo + 1, near[1])), label="hi")
         step = data.draw(
             st.one_of(
                 st.none(),
@@ -94,6 +102,8 @@ def check_queries(model: Model, now: float, span: int, data: st.DataObject) -> N
             points = query.series(name, start, end, step=step)
         except ValueError:
             assert step is not None  # the default step is always answerable
+            # A tier's age is a minimum: inside it, the tier's step is always answerable.
+            assert not (step in ages and lo >= now - ages[step]), (lo, now, step)
             widest = max(retention.precisions)
             resolutions = Bucket.objects.filter(
                 series__name=name, start__lt=hi, start__gt=lo - widest
@@ -150,4 +160,97 @@ def test_queries_match_brute_force(retention: str, data: st.DataObject, offset: 
             else:
                 rollup.downsample(batch_size=data.draw(st.sampled_from([3, 1000])))
                 model.expire(clock.t)
+        check_queries(model, clock.t, span, data)
+
+
+#: (retention, index of a tier but the last) pairs: every fold of every test retention.
+SPLITS = [(text, index) for text in RETENTIONS for index in range(text.count(",")) if text]
+
+
+@pytest.mark.parametrize(("retention", "index"), SPLITS)
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_split_periods_match_brute_force(retention: str, index: int, data: st.DataObject) -> None:
+    """The clock is set so tier ``index``'s fold cutoff falls inside a coarse period.
+
+    Events on both sides of the cutoff leave that period split between a coarse row (older
+    part) and finer rows (younger part); every query near it, at every step, must still match
+    the brute-force count, and later records, flushes, clock moves and runs too.
+    """
+    span = RETENTIONS[retention]
+    Bucket.objects.all().delete()
+    Series.objects.all().delete()
+    FlushLedger.objects.all().delete()
+    buffer.reset()
+    cache.clear()
+    with override_settings(METRICS_RETENTION=retention):
+        tiers = conf.RETENTION.tiers
+    fine, coarse, age = tiers[index].precision, tiers[index + 1].precision, tiers[index].age
+    period = align(START - age, coarse)
+    cut = period + fine * data.draw(st.integers(1, coarse // fine - 1), label="fine buckets")
+    now = cut + age + data.draw(st.integers(0, fine - 1), label="seconds")
+    model = Model()
+    with override_settings(METRICS_RETENTION=retention), frozen_clock(now) as clock:
+        assert conf.RETENTION.fold_cutoff(index, now) == cut
+        forced = [("a", cut - 1, 2), ("a", cut, 3)]
+        extra = data.draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(NAMES),
+                    st.integers(period - coarse, period + 2 * coarse - 1),
+                    st.integers(1, 5),
+                ),
+                max_size=10,
+            ),
+            label="events near the split",
+        )
+        for name, t, count in [*forced, *extra]:
+            metrics_app.record(name, count, at=t)
+            model.buffered.append((name, t, count))
+        metrics_app.flush()
+        model.flush()
+        rollup.downsample(batch_size=data.draw(st.sampled_from([1, 3, 1000])))
+        model.expire(clock.t)
+        rows = list(Bucket.objects.filter(series__name="a").values_list("resolution", "start"))
+        assert (coarse, period) in rows, rows
+        assert any(r < coarse and period <= t < period + coarse for r, t in rows), rows
+        near = (period - coarse, period + 2 * coarse)
+        check_queries(model, clock.t, span, data, near)
+        check_queries(model, clock.t, span, data)
+        # Late writes on both sides of the split, and clock moves that fold it further.
+        ops = data.draw(
+            st.lists(
+                st.one_of(
+                    st.tuples(
+                        st.just("record"),
+                        st.sampled_from(NAMES),
+                        st.integers(*near),
+                        st.integers(1, 5),
+                    ),
+                    st.tuples(st.just("flush")),
+                    st.tuples(st.just("advance"), st.integers(1, 3 * fine)),
+                    st.tuples(st.just("downsample")),
+                ),
+                max_size=8,
+            ),
+            label="ops",
+        )
+        for op in [*ops, ("flush",), ("downsample",)]:
+            if op[0] == "record":
+                _, name, t, count = op
+                metrics_app.record(name, count, at=t)
+                model.buffered.append((name, t, count))
+            elif op[0] == "flush":
+                metrics_app.flush()
+                model.flush()
+            elif op[0] == "advance":
+                clock.advance(op[1])
+            else:
+                rollup.downsample(batch_size=data.draw(st.sampled_from([3, 1000])))
+                model.expire(clock.t)
+            check_queries(model, clock.t, span, data, near)
         check_queries(model, clock.t, span, data)

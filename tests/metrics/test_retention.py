@@ -76,8 +76,17 @@ def test_fold_cutoff_keeps_a_tier_for_at_least_its_age() -> None:
     r = parse_retention(DEFAULT_RETENTION)
     now = datetime(2024, 3, 6, 12, 2, 30, tzinfo=UTC).timestamp()
     cutoff = r.fold_cutoff(0, now)  # minute buckets fold into 5-minute ones
-    assert cutoff <= now - 86400
-    assert cutoff % 300 == 0
+    # Each minute bucket folds as soon as it ended a day ago, not when its 5 minutes did.
+    assert cutoff <= now - 86400 < cutoff + 60
+    assert cutoff % 60 == 0
+    assert cutoff % 300 != 0  # so this 5-minute period is split
+    hour = r.fold_cutoff(2, now)  # hours fold into weeks one by one
+    assert hour <= now - 31 * 86400 < hour + 3600
+    # What a coarse row holds ends where the finer tier's folds end.
+    assert r.content_end(60, now) is None
+    assert r.content_end(300, now) == cutoff
+    assert r.content_end(604800, now) == hour
+    assert r.content_end(7, now) is None  # not a tier (an old retention's rows)
     assert r.expected_step(now - 3600, now) == 60
     assert r.expected_step(now - 40 * 86400, now) == 604800
 

@@ -175,3 +175,80 @@ def test_a_query_that_finds_stale_fine_buckets_downsamples_the_series(
         60
     }
     assert Series.objects.get(name="a").total == 3
+
+
+def test_a_period_split_between_a_coarse_row_and_fine_rows(clock: FrozenClock) -> None:
+    """Fine buckets fold one by one: a week may be part week row, part hour rows."""
+    hour, week = 3600, 7 * DAY
+
+    def at(text: str) -> datetime:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+    # T0 is Wed 2024-03-06 12:00: hours ending by Sun 2024-02-04 12:00 (31 days ago) fold
+    # into the week of Mon 2024-01-29; the 12 hours after it stay hourly.
+    monday, split, sunday_end = at("2024-01-29"), at("2024-02-04 12:00"), at("2024-02-05")
+    events = {}
+    for k in range(7 * 24):
+        t = monday + timedelta(hours=k, minutes=30)
+        events[t] = k % 3 + 1
+        metrics_app.record("a", k % 3 + 1, at=t)
+    metrics_app.flush()
+    rollup.downsample()
+    older = sum(c for t, c in events.items() if t < split)
+    younger = {t - timedelta(minutes=30): c for t, c in events.items() if t >= split}
+    assert dict(Bucket.objects.filter(resolution=week).values_list("start", "count")) == {
+        int(monday.timestamp()): older
+    }
+    assert {
+        datetime.fromtimestamp(s, tz=UTC): c
+        for s, c in Bucket.objects.filter(resolution=hour).values_list("start", "count")
+    } == younger
+    # The week step sums both parts.
+    total = sum(events.values())
+    assert query.series("a", monday, sunday_end, step=week) == [(monday, total)]
+    # Inside the hour tier's age the hour step is exact (the hour rows are all there)...
+    now = datetime.fromtimestamp(clock.t, tz=UTC)
+    assert query.series("a", now - timedelta(days=31), sunday_end, step=hour) == [
+        (split + timedelta(hours=k), younger[split + timedelta(hours=k)]) for k in range(12)
+    ]
+    # ... and so is the default step there.
+    assert query.series("a", now - timedelta(days=31), sunday_end) == query.series(
+        "a", now - timedelta(days=31), sunday_end, step=hour
+    )
+    # Reaching into the folded part at the hour step is refused, not guessed.
+    with pytest.raises(ValueError, match="finer than the 604800s buckets"):
+        query.series("a", split - timedelta(hours=1), sunday_end, step=hour)
+    assert query.series("a", split - timedelta(hours=1), sunday_end)[0] == (monday, total)
+    # A late write into the folded part is folded into the week row by the next run.
+    metrics_app.record("a", 10, at=split - timedelta(hours=2))
+    metrics_app.flush()
+    rollup.downsample()
+    assert query.series("a", monday, sunday_end, step=week) == [(monday, total + 10)]
+    # Six hours later six more hour rows have joined the week row: sums are conserved.
+    clock.advance(6 * hour)
+    assert rollup.downsample().folded == 6
+    assert Bucket.objects.filter(resolution=hour).count() == 6
+    assert query.series("a", monday, sunday_end, step=week) == [(monday, total + 10)]
+    assert rollup.downsample().folded == 0  # idempotent
+
+
+def test_a_five_minute_period_split_between_minutes(clock: FrozenClock) -> None:
+    clock.advance(120)  # now 12:02: minutes ending by yesterday 12:02 are due
+    now = datetime.fromtimestamp(clock.t, tz=UTC)
+    five = now - timedelta(days=1, minutes=2)  # yesterday 12:00, a 5-minute boundary
+    for k in range(5):
+        metrics_app.record("a", k + 1, at=five + timedelta(minutes=k))
+    metrics_app.flush()
+    assert rollup.downsample().folded == 2
+    assert dict(Bucket.objects.values_list("start", "resolution")) == {
+        int(five.timestamp()): 300,
+        int(five.timestamp()) + 120: 60,
+        int(five.timestamp()) + 180: 60,
+        int(five.timestamp()) + 240: 60,
+    }
+    assert query.series("a", five, five + timedelta(minutes=5), step=300) == [(five, 15)]
+    assert query.series("a", now - timedelta(days=1), five + timedelta(minutes=5)) == [
+        (five + timedelta(minutes=k), k + 1) for k in (2, 3, 4)
+    ]
+    with pytest.raises(ValueError, match="finer than the 300s buckets"):
+        query.series("a", five, five + timedelta(minutes=5), step=60)
