@@ -133,7 +133,7 @@ class Buckets(Limiter):
         for suffix, _ttl in plan.writes:  # the backend increments, then reads
             counters[suffix] = counters.get(suffix, 0) + 1
         values = [counters.get(s, 0) for s in plan.reads]
-        admitted = not any(u.limited for u in windows.evaluate(plan, values, t))
+        admitted = not any(u.limited for u in windows.evaluate(plan, values, t, counted=True))
         if not admitted and self.refund:
             for suffix, _ttl in plan.writes:
                 counters[suffix] -= 1

@@ -24,7 +24,10 @@ from ratelimit_app.windows import Plan
 #: window after they left it, so a client whose clock runs ahead cannot drop what others
 #: still count). Hierarchical buckets are keys of their own (``base:hL:index``).
 #: ARGV[2] "level field ttl ..." hash increments, ARGV[3] "suffix ttl ..." key increments,
-#: ARGV[4] "level first last ..." hash runs to read, ARGV[5] "suffix ..." keys to read,
+#: ARGV[4] "level first last keep ..." hash fields to read (first..last; fields before
+#: first - keep are stale: keep is two windows, a whole window older than anything a check
+#: may still read, whatever the clock of the client that trims),
+#: ARGV[5] "suffix ..." keys to read,
 #: and first of all ARGV[6] "level field ..." / ARGV[7] "suffix ..." to take back (a refused
 #: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
 #: decrement would otherwise recreate at -1 with no TTL.
@@ -53,10 +56,10 @@ for suffix, ttl in string.gmatch(ARGV[3], "(%S+) (%d+)") do
   written[#written + 1] = v
 end
 local out = {}
-for level, first, last in string.gmatch(ARGV[4], "(%S+) (%d+) (%d+)") do
+for level, first, last, keep in string.gmatch(ARGV[4], "(%S+) (%d+) (%d+) (%d+)") do
   local key = base .. level
   local lo, hi = tonumber(first), tonumber(last)
-  local stale_before = lo - (hi - lo)
+  local stale_before = lo - tonumber(keep)
   local all = redis.call('HGETALL', key)
   local stale = {}
   for i = 1, #all, 2 do
@@ -95,6 +98,17 @@ def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
     return level, field
 
 
+def _window_length(level: bytes) -> int:
+    """Buckets of one window at a level: ``b":60/60"`` -> 60, ``b":60/60x10"`` -> 6.
+
+    Fields more than this many buckets before the first one a check reads are stale, whatever
+    the reads of the moment (at the start of a coarse bucket a check may read a single fine
+    bucket, but later checks read older ones again at the old edge).
+    """
+    per_window, _, coarse = level.rpartition(b"/")[2].partition(b"x")
+    return int(per_window) // int(coarse or b"1")
+
+
 class RedisEncoded(Encoded):
     """The plan as the script's arguments, and the order its increments come back in."""
 
@@ -127,7 +141,10 @@ class RedisEncoded(Encoded):
                 key_reads.append(suffix)
             else:
                 runs.setdefault(split[0], []).append(int(split[1]))
-        self.runs = b" ".join(b"%s %d %d" % (lv, min(ks), max(ks)) for lv, ks in runs.items())
+        self.runs = b" ".join(
+            b"%s %d %d %d" % (lv, min(ks), max(ks), 2 * _window_length(lv))
+            for lv, ks in runs.items()
+        )
         self.key_reads = b" ".join(key_reads)
 
 
