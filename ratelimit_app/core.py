@@ -108,7 +108,9 @@ def check(
     if conf.HIERARCHICAL or windows.coarse_factor(conf.BUCKETS_PER_WINDOW) == 1:
         if undo is not None:
             _take_back(backend, ns, undo)
-        return result  # the check read every fine bucket it has: its waits stand
+        # Every bucket of this layout was read (hierarchical: waits stay conservative by up
+        # to one coarse bucket, as documented).
+        return result
     # The check read whole coarse buckets in the middle of the windows: enough to count, not
     # to know when each hit leaves. Take the hit back and read every fine bucket, in one
     # round trip, to time the waits exactly; the counts stay as the check saw them.
@@ -140,7 +142,7 @@ def usage_dict(result: Result) -> dict[str, Any]:
         "time_left": math.ceil(u.reset),
         "remaining": u.remaining,
         "reset": math.ceil(u.reset),
-        "retry_after": math.ceil(u.retry_after) if result.limited else 0,
+        "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
         "rate": str(u.rate),
         "rates": [
             {
