@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "ratelimit_app",
+    "metrics_app",
 ]
 
 MIDDLEWARE = [
@@ -88,7 +89,8 @@ CACHES = {
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
 
-SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001"]
+# Local memory on purpose: the demo runs without servers (one web process, one worker).
+SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001", "metrics_app.W001"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"

@@ -22,6 +22,10 @@ DEMO = {
         },
     },
     "RATELIMIT_USE_CACHE": "ratelimit",
+    # No flusher thread or signal handler in the test process: flush() by hand.
+    "METRICS_FLUSH_INTERVAL": 0,
+    "METRICS_HANDLE_SIGTERM": False,
+    "METRICS_QUERY_DOWNSAMPLE": None,
 }
 
 
@@ -33,6 +37,7 @@ def demo_settings() -> object:
     reset_backends()
 
 
+@pytest.mark.django_db
 def test_home_page_shows_usage_then_answers_429() -> None:
     client = Client(REMOTE_ADDR="192.0.2.99")
     pages = [client.get("/") for _ in range(6)]
@@ -40,3 +45,8 @@ def test_home_page_shows_usage_then_answers_429() -> None:
     assert b"5/m: 1 used, 4 left" in pages[0].content
     assert b"5/m: 5 used, 0 left" in pages[4].content
     assert int(pages[5]["Retry-After"]) > 0
+    # The five pages served were counted in memory; a flush puts them in the database.
+    import metrics_app
+
+    metrics_app.flush()
+    assert b"Visits counted so far: 5" in client.get("/", REMOTE_ADDR="192.0.2.98").content
