@@ -261,6 +261,27 @@ def _select_ids(
     return sql, [*params, size]
 
 
+def _delete_due(
+    cursor: Any,
+    connection: Any,
+    resolution: int,
+    cutoff: int,
+    floor: int | None,
+    series_ids: list[int] | None,
+    size: int,
+) -> list[tuple[int, int, int]]:
+    """Delete the next batch of due rows at ``resolution``; (series_id, start, count) each."""
+    qn = connection.ops.quote_name
+    table = qn(Bucket._meta.db_table)
+    select_ids, params = _select_ids(qn, table, resolution, cutoff, floor, series_ids, size)
+    cursor.execute(
+        f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
+        f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}",
+        params,
+    )
+    return cursor.fetchall()
+
+
 def _fold_batch(
     alias: str,
     fine: int,
@@ -271,16 +292,8 @@ def _fold_batch(
     size: int,
 ) -> tuple[int, int | None]:
     connection = connections[alias]
-    qn = connection.ops.quote_name
-    table = qn(Bucket._meta.db_table)
-    select_ids, params = _select_ids(qn, table, fine, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
-            f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}",
-            params,
-        )
-        moved = cursor.fetchall()
+        moved = _delete_due(cursor, connection, fine, cutoff, floor, series_ids, size)
         sums: dict[tuple[int, int], int] = {}
         for series_id, start_s, count in moved:
             key = (series_id, start_s - ((start_s - EPOCH_MONDAY) % coarse))
@@ -303,13 +316,6 @@ def _expire_batch(
     size: int,
 ) -> tuple[int, int | None]:
     connection = connections[alias]
-    qn = connection.ops.quote_name
-    table = qn(Bucket._meta.db_table)
-    select_ids, params = _select_ids(qn, table, precision, cutoff, floor, series_ids, size)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) RETURNING {qn('start')}",
-            params,
-        )
-        starts = [row[0] for row in cursor.fetchall()]
-        return len(starts), max(starts, default=floor)
+        gone = _delete_due(cursor, connection, precision, cutoff, floor, series_ids, size)
+        return len(gone), max((row[1] for row in gone), default=floor)

@@ -91,10 +91,6 @@ class Backend(ABC):
         round trip where the backend can.
         """
 
-    def run_many(self, items: Sequence[tuple[str, Plan, bool]]) -> list[list[int]]:
-        """Several subjects at once (one round trip where the backend can)."""
-        return [self.run(ns, plan, inc) for ns, plan, inc in items]
-
     @abstractmethod
     def undo(self, namespace: str, plan: Plan) -> None:
         """Take back the increments of a refused hit (best effort, need not wait)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from django.core.cache import cache
@@ -70,6 +71,22 @@ def op_strategy(span: int) -> st.SearchStrategy[tuple]:
         st.tuples(st.just("advance"), st.integers(1, span // 3)),
         st.tuples(st.just("downsample")),
     )
+
+
+def apply(op: tuple[Any, ...], model: Any, clock: Any, data: Any) -> None:
+    """Run one operation on the real app and on the brute-force model alike."""
+    if op[0] == "record":
+        _, name, t, count = op
+        metrics_app.record(name, count, at=t)
+        model.buffered.append((name, t, count))
+    elif op[0] == "flush":
+        metrics_app.flush()
+        model.flush()
+    elif op[0] == "advance":
+        clock.advance(op[1])
+    else:
+        rollup.downsample(batch_size=data.draw(st.sampled_from([3, 1000])))
+        model.expire(clock.t)
 
 
 def check_queries(
@@ -147,19 +164,9 @@ def test_queries_match_brute_force(retention: str, data: st.DataObject, offset: 
     ops = data.draw(st.lists(op_strategy(span), min_size=1, max_size=15), label="ops")
     with override_settings(METRICS_RETENTION=retention), frozen_clock(START + offset) as clock:
         for op in [*ops, ("flush",), ("downsample",)]:
-            if op[0] == "record":
-                _, name, ago, count = op
-                t = clock.t - ago
-                metrics_app.record(name, count, at=t)
-                model.buffered.append((name, t, count))
-            elif op[0] == "flush":
-                metrics_app.flush()
-                model.flush()
-            elif op[0] == "advance":
-                clock.advance(op[1])
-            else:
-                rollup.downsample(batch_size=data.draw(st.sampled_from([3, 1000])))
-                model.expire(clock.t)
+            if op[0] == "record":  # recorded "ago" seconds before the clock
+                op = ("record", op[1], clock.t - op[2], op[3])
+            apply(op, model, clock, data)
         check_queries(model, clock.t, span, data)
 
 
@@ -240,17 +247,6 @@ def test_split_periods_match_brute_force(retention: str, index: int, data: st.Da
             label="ops",
         )
         for op in [*ops, ("flush",), ("downsample",)]:
-            if op[0] == "record":
-                _, name, t, count = op
-                metrics_app.record(name, count, at=t)
-                model.buffered.append((name, t, count))
-            elif op[0] == "flush":
-                metrics_app.flush()
-                model.flush()
-            elif op[0] == "advance":
-                clock.advance(op[1])
-            else:
-                rollup.downsample(batch_size=data.draw(st.sampled_from([3, 1000])))
-                model.expire(clock.t)
+            apply(op, model, clock, data)
             check_queries(model, clock.t, span, data, near)
         check_queries(model, clock.t, span, data)
