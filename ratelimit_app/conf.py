@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -20,7 +21,12 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+if TYPE_CHECKING:
+    from ratelimit_app.access import AccessList
+    from ratelimit_app.rules import RuleSet
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+logger = logging.getLogger("ratelimit_app")
 
 DEFAULTS: dict[str, Any] = {
     "RATELIMIT_ENABLE": True,
@@ -39,6 +45,12 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_SOCKET_TIMEOUT": 0.1,
     "RATELIMIT_DEAD_RETRY": 5.0,
     "RATELIMIT_BACKEND": None,
+    "RATELIMIT_RULES": (),
+    "RATELIMIT_ALLOW": (),
+    "RATELIMIT_DENY": (),
+    "RATELIMIT_FAILURE_STATUSES": (400, 401, 403),
+    "RATELIMIT_HEADERS": True,
+    "RATELIMIT_FAIL_CLOSED_STATUS": 503,
 }
 
 
@@ -134,6 +146,60 @@ class Settings:
     def BACKEND(self) -> str | None:
         return _get("RATELIMIT_BACKEND")
 
+    @property
+    def RULES(self) -> RuleSet:
+        """``RATELIMIT_RULES``, validated and compiled (invalid rules are left out and
+        logged; the system checks report them)."""
+        try:
+            return _values["RULES"]
+        except KeyError:
+            from ratelimit_app.rules import RuleSet, parse_rules
+
+            found, errors = parse_rules(_get("RATELIMIT_RULES"))
+            for error in errors:
+                logger.error("ratelimit: %s (rule left out)", error)
+            ruleset = _values["RULES"] = RuleSet(found)
+            return ruleset
+
+    @property
+    def ALLOW(self) -> AccessList:
+        return _access("RATELIMIT_ALLOW")
+
+    @property
+    def DENY(self) -> AccessList:
+        return _access("RATELIMIT_DENY")
+
+    @property
+    def FAILURE_STATUSES(self) -> frozenset[int]:
+        try:
+            return _values["FAILURE_STATUSES"]
+        except KeyError:
+            statuses = _values["FAILURE_STATUSES"] = frozenset(_get("RATELIMIT_FAILURE_STATUSES"))
+            return statuses
+
+    @property
+    def HEADERS(self) -> bool:
+        return bool(_get("RATELIMIT_HEADERS"))
+
+    @property
+    def FAIL_CLOSED_STATUS(self) -> int:
+        return int(_get("RATELIMIT_FAIL_CLOSED_STATUS"))
+
+
+def _access(name: str) -> AccessList:
+    try:
+        return _values[name]
+    except KeyError:
+        from ratelimit_app.access import EMPTY, compile_list
+
+        try:
+            compiled = compile_list(_get(name))
+        except ImproperlyConfigured as exc:  # the system checks report it
+            logger.error("ratelimit: %s: %s (list ignored)", name, exc)
+            compiled = EMPTY
+        _values[name] = compiled
+        return compiled
+
 
 conf = Settings()
 
@@ -161,6 +227,10 @@ def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 
 @receiver(setting_changed)
 def _clear_caches(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ROOT_URLCONF":
+        from ratelimit_app.rules import clear_caches
+
+        clear_caches()
     if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
         _values.clear()
         _hash_function.cache_clear()

@@ -18,11 +18,13 @@ from django.http import HttpRequest
 
 from ratelimit_app import ALL, UNSAFE, clock, keys, rates, windows
 from ratelimit_app.backends import get_backend
+from ratelimit_app.backends.base import Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.rules import Rule
 from ratelimit_app.signals import backend_failed, ratelimited
 
-__all__ = ["ALL", "UNSAFE", "get_usage", "is_ratelimited", "reset"]
+__all__ = ["ALL", "UNSAFE", "get_usage", "is_ratelimited", "lookup", "reset"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -89,47 +91,87 @@ class Result:
         return min(self.usages, key=lambda u: (u.remaining, -u.reset))
 
 
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One subject's limit to check: its scope (:func:`scope`), subject, rates, and whether
+    this request counts (``increment``) or only looks."""
+
+    scope: str
+    subject: tuple[str, str]
+    rates: tuple[rates.Rate, ...]
+    increment: bool
+
+
+def _limited_counted(checks: Sequence[Check], results: list[Result]) -> set[int]:
+    return {i for i, r in enumerate(results) if r.limited and checks[i].increment}
+
+
+TakeBack = Callable[[Sequence[Check], list[Result]], set[int]]
+
+
+def check_many(
+    checks: Sequence[Check], take_back: TakeBack = _limited_counted, exact: bool = True
+) -> list[Result]:
+    """Check several subjects (the rules of one request) in one backend round trip.
+
+    When a check is over its limit, a second round trip takes back the hits that
+    ``take_back`` names (default: the refused ones; a request refused by one rule may take
+    back what the others counted) and, with ``exact``, reads the fine buckets of the
+    limited checks to time their waits exactly. Raises ``BackendError``.
+    """
+    t = clock.now()
+    per_window, hierarchical = conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL
+    plans = [windows.plan(c.rates, t, per_window, hierarchical) for c in checks]
+    namespaces = [namespace(c.scope, *c.subject) for c in checks]
+    backend = get_backend()
+    ops = [Op(ns, p, c.increment) for ns, p, c in zip(namespaces, plans, checks, strict=True)]
+    results = [
+        Result(windows.evaluate(p, v, t, counted=c.increment), ns)
+        for p, v, c, ns in zip(plans, backend.run_many(ops), checks, namespaces, strict=True)
+    ]
+    limited = {i for i, r in enumerate(results) if r.limited}
+    if not limited:
+        return results
+    # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
+    # as the window has room. Counting first and taking back after keeps the check one round
+    # trip for admitted hits and never lenient under concurrency.
+    undo = {i for i in take_back(checks, results) if checks[i].increment}
+    # A check reads whole coarse buckets in the middle of its windows: enough to count, not
+    # to know when each hit leaves. Read every fine bucket of the limited checks, in the
+    # same round trip as the take-backs, to time the waits exactly; the counts stay as the
+    # check saw them. (Hierarchical: waits stay conservative by up to one coarse bucket.)
+    exact = exact and not hierarchical and windows.coarse_factor(per_window) > 1
+    detail = {
+        i: windows.plan(checks[i].rates, t, per_window, fine_only=True)
+        for i in (limited if exact else ())
+    }
+    second = sorted(undo | set(detail))
+    if not second:
+        return results
+    ops = [
+        Op(namespaces[i], detail.get(i, plans[i]), False, plans[i] if i in undo else None)
+        for i in second
+    ]
+    try:
+        values = backend.run_many(ops)
+    except BackendError as exc:
+        # Whether the hits were taken back is unknown: leaving them counted is the safe side
+        # (trying again could take them back twice, which would be lenient).
+        logger.info("ratelimit: could not take back refused hits: %s", exc)
+        return results
+    for i, v in zip(second, values, strict=True):
+        if i in detail:
+            results[i] = Result(
+                windows.refine(results[i].usages, detail[i], v, t), results[i].namespace
+            )
+    return results
+
+
 def check(
     group: str, subject: tuple[str, str], rate_list: tuple[rates.Rate, ...], increment: bool
 ) -> Result:
     """Count (if ``increment``) and read one subject's windows. Raises ``BackendError``."""
-    t = clock.now()
-    plan = windows.plan(rate_list, t, conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL)
-    ns = namespace(group, *subject)
-    backend = get_backend()
-    values = backend.run(ns, plan, increment)
-    result = Result(windows.evaluate(plan, values, t, counted=increment), ns)
-    if not result.limited:
-        return result
-    # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
-    # as the window has room. Counting first and taking back after keeps the check one round
-    # trip for admitted hits and never lenient under concurrency.
-    undo = plan if increment else None
-    if conf.HIERARCHICAL or windows.coarse_factor(conf.BUCKETS_PER_WINDOW) == 1:
-        if undo is not None:
-            _take_back(backend, ns, undo)
-        # Every bucket of this layout was read (hierarchical: waits stay conservative by up
-        # to one coarse bucket, as documented).
-        return result
-    # The check read whole coarse buckets in the middle of the windows: enough to count, not
-    # to know when each hit leaves. Take the hit back and read every fine bucket, in one
-    # round trip, to time the waits exactly; the counts stay as the check saw them.
-    detail = windows.plan(rate_list, t, conf.BUCKETS_PER_WINDOW, fine_only=True)
-    try:
-        values = backend.run(ns, detail, False, undo=undo)
-    except BackendError as exc:
-        # Whether the hit was taken back is unknown: leaving it counted is the safe side
-        # (trying again could take it back twice, which would be lenient).
-        logger.info("ratelimit: could not time the wait exactly: %s", exc)
-        return result
-    return Result(windows.refine(result.usages, detail, values, t), result.namespace)
-
-
-def _take_back(backend: Any, ns: str, plan: windows.Plan) -> None:
-    try:
-        backend.undo(ns, plan)
-    except BackendError as exc:
-        logger.info("ratelimit: could not take back a refused hit: %s", exc)
+    return check_many([Check(group, subject, rate_list, increment)])[0]
 
 
 def usage_dict(result: Result) -> dict[str, Any]:
@@ -147,6 +189,7 @@ def usage_dict(result: Result) -> dict[str, Any]:
         "rates": [
             {
                 "rate": str(x.rate),
+                "window": x.rate.seconds,
                 "count": x.count,
                 "limit": x.rate.count,
                 "remaining": x.remaining,
@@ -243,28 +286,112 @@ def is_ratelimited(
 RESET_BATCH = 5000
 
 
-def reset(
-    group: str, key: keys.KeySpec, value: str, rate: rates.RateSpec, method: Method = ALL
-) -> bool:
-    """Clear the counters of one subject (e.g. an IP or an email) for ``group``.
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The counters of one subject of a rule or a decorator's group, found from what a person
+    types (for :func:`reset`, :func:`lookup`, the commands and the admin)."""
 
-    ``value`` is what a person would type: it is normalised as the key would (emails case
-    folded, IPs masked). ``rate`` and ``method`` are the decorator's (a callable rate cannot
-    be resolved without a request: pass the rate it returns). Returns False when there is
-    nothing to reset; raises ``BackendError`` when the backend fails.
+    group: str
+    key: keys.KeySpec
+    rates: tuple[rates.Rate, ...]
+    method: Method
+    value: str
+
+    @property
+    def scope(self) -> str:
+        return scope(self.group, self.method, self.rates)
+
+    def kinds(self) -> set[str]:
+        """Where the subject's counts may be filed: its key's own kind, and "ip" (the
+        fallback of a key whose value was missing) when the subject is an IP."""
+        own = keys.kind(self.key)
+        if own in ("ip", "user_or_ip") or keys.mask_ip(self.value) is None:
+            return {own}
+        return {own, "ip"}
+
+
+def target(
+    rule_or_group: str | Rule,
+    subject: str,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+) -> Target | None:
+    """The counters ``subject`` has under a rule (a :class:`~ratelimit_app.rules.Rule` or the
+    name of one in ``RATELIMIT_RULES``) or under a decorator's ``group`` (then ``key`` and
+    ``rate`` are the decorator's). ``subject`` is what a person types: an IP, an email (case
+    folded as the key does), a user id. Returns None when the subject is empty or invalid.
+
+    Raises ``ValueError`` when the limit cannot be found or its rates depend on the request.
     """
-    normalized = keys.normalize_value(key, value)
-    if normalized is None or rate is None or callable(rate) or rates.is_dotted_path(rate):
+    if isinstance(rule_or_group, str) and key is None:
+        found = conf.RULES.by_name.get(rule_or_group)
+        if found is None:
+            raise ValueError(
+                f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "
+                f"pass its key and rate."
+            )
+        rule_or_group = found
+    if isinstance(rule_or_group, Rule):
+        group, key, rate, method = rule_or_group.group, rule_or_group.key, rule_or_group.rate, ALL
+    else:
+        group = rule_or_group
+    if key is None or rate is None:
+        raise ValueError(f"{rule_or_group!r}: a group needs the key and rate of its decorator.")
+    if callable(rate) or rates.is_dotted_path(rate):
+        raise ValueError(
+            f"{rule_or_group!r}: its rate depends on the request; pass the rate it returns."
+        )
+    value = keys.normalize_value(key, subject)
+    if value is None:
+        return None
+    return Target(group, key, rates.normalize(rate), method, value)
+
+
+def reset(
+    rule_or_group: str | Rule,
+    subject: str,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+) -> bool:
+    """Clear the counters of one subject (an IP, an email, a user id) of a rule or group.
+
+    Arguments as for :func:`target`. Returns False when there is nothing to reset (an empty
+    or invalid subject); raises ``ValueError`` for an unknown rule and ``BackendError`` when
+    the backend fails.
+    """
+    found = target(rule_or_group, subject, key, rate, method)
+    if found is None:
         return False
-    rate_list = rates.normalize(rate)
-    suffixes = sorted(windows.stored_suffixes(rate_list, clock.now(), conf.BUCKETS_PER_WINDOW))
+    suffixes = sorted(windows.stored_suffixes(found.rates, clock.now(), conf.BUCKETS_PER_WINDOW))
     backend = get_backend()
-    group_scope = scope(group, method, rate_list)
-    for kind in {keys.kind(key), "ip"}:  # the key's own values, and its IP fallback
-        ns = namespace(group_scope, kind, normalized)
+    for kind in found.kinds():
+        ns = namespace(found.scope, kind, found.value)
         for start in range(0, len(suffixes), RESET_BATCH):
             backend.delete(ns, suffixes[start : start + RESET_BATCH])
     return True
+
+
+def lookup(
+    rule_or_group: str | Rule,
+    subject: str,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+) -> dict[str, Any] | None:
+    """The usage of one subject (as :func:`get_usage` reports it, counting nothing).
+
+    Arguments as for :func:`target`; None for an empty or invalid subject. Raises
+    ``ValueError`` for an unknown rule and ``BackendError`` when the backend fails.
+    """
+    found = target(rule_or_group, subject, key, rate, method)
+    if found is None:
+        return None
+    # An IP typed for a key of another kind: the counts its IP fallback filed.
+    kind = "ip" if len(found.kinds()) > 1 else keys.kind(found.key)
+    result = check(found.scope, (kind, found.value), found.rates, increment=False)
+    return usage_dict(result)
 
 
 get_usage.ALL = ALL  # type: ignore[attr-defined]

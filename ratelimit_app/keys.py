@@ -35,7 +35,8 @@ KeySpec = str | KeyFunc
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
 
 
-def _mask(ip: str) -> str | None:
+def mask_ip(ip: str) -> str | None:
+    """``ip`` masked by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK``; None if invalid."""
     return _masked(ip, conf.IPV4_MASK, conf.IPV6_MASK)
 
 
@@ -70,6 +71,12 @@ def client_ip(request: HttpRequest) -> str | None:
     past a proxy that appends to the header. Returns ``None`` only when no valid address is
     known at all.
     """
+    address = client_address(request)
+    return mask_ip(address) if address else None
+
+
+def client_address(request: HttpRequest) -> str | None:
+    """The client's address as :func:`client_ip` finds it, before masking (unvalidated)."""
     meta_key = conf.IP_META_KEY
     if meta_key:
         if callable(meta_key):
@@ -78,7 +85,7 @@ def client_ip(request: HttpRequest) -> str | None:
             raw = import_string(meta_key)(request)
         else:
             raw = request.META.get(meta_key)
-        return _mask(str(raw)) if raw else None
+        return str(raw) if raw else None
     remote = request.META.get("REMOTE_ADDR") or ""
     if remote and conf.TRUSTED_PROXIES and _trusted(remote):
         forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
@@ -86,8 +93,8 @@ def client_ip(request: HttpRequest) -> str | None:
             if hop.strip() and not _trusted(hop):
                 # A proxy appends the address it saw, which is always valid; garbage here
                 # means a misconfigured proxy: count the proxy itself rather than no one.
-                return _mask(hop) or _mask(remote)
-    return _mask(remote) if remote else None
+                return hop.strip() if mask_ip(hop) else remote
+    return remote or None
 
 
 def _clean(value: object) -> str | None:
@@ -254,4 +261,4 @@ def normalize_value(spec: KeySpec, value: str) -> str | None:
     """The stored form of a subject typed by a person (for reset and usage lookups)."""
     if spec == "email" or (isinstance(spec, str) and spec.startswith("email:")):
         return normalize_email(value)
-    return _mask(value) or _clean(value)
+    return mask_ip(value) or _clean(value)

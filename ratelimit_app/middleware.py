@@ -1,38 +1,210 @@
-"""``RatelimitMiddleware``: turns ``Ratelimited`` into a response.
+"""``RatelimitMiddleware``: applies ``RATELIMIT_RULES`` and turns ``Ratelimited`` into a 429.
 
-As in django-ratelimit, ``RATELIMIT_VIEW`` (a dotted path to ``view(request, exception)``)
-answers when it is set. Otherwise the answer is a plain 429 with ``Retry-After``.
+Per request:
+
+1. Deny list (IPs, users; emails on requests a rule covers): 403 before any rule.
+2. The rules that match the request (:class:`~ratelimit_app.rules.RuleSet`: a request no rule
+   covers costs a prefix test and nothing else). The allow list skips them all.
+3. Every matching rule is checked in **one** backend round trip
+   (:func:`~ratelimit_app.core.check_many`): ``count: "all"`` rules count the request,
+   ``count: "failures"`` rules only look. A limited blocking rule answers 429
+   (:mod:`~ratelimit_app.responses`) without calling the view, and the request then counts
+   nowhere (the other rules' hits are taken back in the same second round trip that times
+   the wait).
+4. After the view, failure-only rules count the request when it failed: a status in
+   ``RATELIMIT_FAILURE_STATUSES`` or ``user_login_failed`` sent during the request (Django's
+   ``LoginView`` answers a wrong password with 200).
+
+Backend failures never raise: a rule fails open (default) or, with ``fail_open: False``,
+answers ``RATELIMIT_FAIL_CLOSED_STATUS``. The sync and async paths share every step; the async
+path runs a check on the event loop when it is a bounded round trip that touches no database
+(memcached and Redis, keys that do not need ``request.user``), in a thread otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.contrib.auth.signals import user_login_failed
+from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
-from django.utils.module_loading import import_string
 
+from ratelimit_app import ALL, keys, responses
+from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.exceptions import Ratelimited
+from ratelimit_app.core import Check, Result, check_many, report_failure, scope, usage_dict
+from ratelimit_app.exceptions import BackendError, Ratelimited
+from ratelimit_app.rules import Rule
+from ratelimit_app.signals import ratelimited
+
+__all__ = ["RatelimitMiddleware"]
 
 
-def ratelimited_response(request: HttpRequest, exception: Exception) -> HttpResponse:
-    """The response for a limited request: ``RATELIMIT_VIEW`` or a 429."""
-    view = conf.VIEW
-    if view:
-        handler = import_string(view) if isinstance(view, str) else view
-        return handler(request, exception)
-    usage = getattr(exception, "usage", None) or {}
-    response = HttpResponse("Too many requests.\n", status=429, content_type="text/plain")
-    retry_after = usage.get("retry_after")
-    if retry_after and retry_after > 0:
-        response["Retry-After"] = str(int(retry_after))
+class _Failure:
+    """Set when ``user_login_failed`` is sent while the request is handled."""
+
+    __slots__ = ("failed",)
+
+    def __init__(self) -> None:
+        self.failed = False
+
+
+_current_failure: contextvars.ContextVar[_Failure | None] = contextvars.ContextVar(
+    "ratelimit_failure", default=None
+)
+
+
+@receiver(user_login_failed, dispatch_uid="ratelimit_app.login_failed")
+def _login_failed(**kwargs: Any) -> None:
+    marker = _current_failure.get()
+    if marker is not None:
+        marker.failed = True
+
+
+@contextlib.contextmanager
+def _tracking(marker: _Failure) -> Iterator[None]:
+    token = _current_failure.set(marker)
+    try:
+        yield
+    finally:
+        _current_failure.reset(token)
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """What is left to do after the view: headers to add, failures to count."""
+
+    policies: list[tuple[str | None, dict[str, Any]]]
+    failure_checks: list[Check]
+    marker: _Failure = dataclasses.field(default_factory=_Failure)
+
+    def failed(self, response: HttpResponse) -> bool:
+        return self.marker.failed or response.status_code in conf.FAILURE_STATUSES
+
+
+def _exception(usage: dict[str, Any] | None, rule: str | None) -> Exception:
+    exc = conf.EXCEPTION_CLASS()
+    with contextlib.suppress(AttributeError):  # a custom class may use __slots__
+        exc.usage = usage  # type: ignore[attr-defined]
+        exc.rule = rule  # type: ignore[attr-defined]
+    return exc
+
+
+def _take_back_all_if_blocked(used: Sequence[Rule]) -> Callable[..., set[int]]:
+    """A request a blocking rule refuses counts nowhere; otherwise only refused hits are
+    taken back (a non-blocking rule's own over-the-limit hit)."""
+
+    def take_back(checks: Sequence[Check], results: list[Result]) -> set[int]:
+        if any(r.limited and rule.block for r, rule in zip(results, used, strict=True)):
+            return set(range(len(checks)))
+        return {i for i, r in enumerate(results) if r.limited}
+
+    return take_back
+
+
+def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending | None:
+    """Everything before the view: a response that answers instead of the view, what to do
+    after it, or None (nothing to do)."""
+    allow, deny = conf.ALLOW, conf.DENY
+    if allow or deny:
+        address = keys.client_address(request) if allow.networks or deny.networks else None
+        if deny and (
+            deny.has_ip(address) or deny.has_user(request) or (rules and deny.has_email(request))
+        ):
+            return responses.denied(request)
+        if rules and (
+            allow.has_ip(address) or allow.has_user(request) or allow.has_email(request)
+        ):
+            return None
+    checks: list[Check] = []
+    used: list[Rule] = []
+    for rule in rules:
+        rate_list = rule.rates_for(request)
+        if not rate_list:
+            continue
+        subject = keys.subject(rule.key, rule.group, request)
+        if subject is None:  # no value and no client IP: logged, not limited
+            continue
+        checks.append(
+            Check(scope(rule.group, ALL, rate_list), subject, rate_list, not rule.failures_only)
+        )
+        used.append(rule)
+    if not checks:
+        return None
+    failure_checks = [
+        dataclasses.replace(c, increment=True)
+        for c, rule in zip(checks, used, strict=True)
+        if rule.failures_only
+    ]
+    try:
+        results = check_many(checks, take_back=_take_back_all_if_blocked(used))
+    except BackendError as exc:
+        report_failure(exc)
+        closed = [rule for rule in used if rule.block and not rule.fail_open]
+        if closed:
+            return responses.unavailable(request, closed[0].name)
+        return _Pending([], failure_checks)
+    policies: list[tuple[str | None, dict[str, Any]]] = []
+    blocking: list[tuple[Rule, dict[str, Any]]] = []
+    request_usage = getattr(request, "ratelimit_usage", None) or {}
+    for rule, result in zip(used, results, strict=True):
+        usage = usage_dict(result)
+        request_usage[rule.name] = usage
+        policies.append((rule.name, usage))
+        if result.limited:
+            ratelimited.send(
+                sender=RatelimitMiddleware,
+                group=rule.group,
+                rule=rule.name,
+                subject=result.namespace,
+                usage=usage,
+                request=request,
+            )
+            if rule.block:
+                blocking.append((rule, usage))
+    request.ratelimit_usage = request_usage  # type: ignore[attr-defined]
+    limited = any(result.limited for result in results)
+    request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
+    if blocking:
+        rule, usage = max(blocking, key=lambda b: b[1]["retry_after"])
+        return responses.too_many_requests(request, _exception(usage, rule.name), usage, rule.name)
+    return _Pending(policies if conf.HEADERS else [], failure_checks)
+
+
+def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
+    """Everything after the view: count failures, add the RateLimit headers."""
+    if pending.failure_checks and pending.failed(response):
+        count_failures(pending.failure_checks)
+    if pending.policies:
+        responses.add_headers(response, pending.policies)
     return response
 
 
+def count_failures(checks: list[Check]) -> None:
+    """Count a failed request for the failure-only rules; a backend failure is reported."""
+    try:
+        check_many(checks, take_back=lambda *_: set(), exact=False)
+    except BackendError as exc:
+        report_failure(exc)
+
+
+def _async_inline(rules: list[Rule]) -> bool:
+    """True when the checks of ``rules`` may run on the event loop (see the module doc)."""
+    if conf.ALLOW.users or conf.DENY.users or not all(r.async_safe for r in rules):
+        return False
+    try:
+        return get_backend().inline_ok
+    except Exception:  # cannot be built: the check reports it, off the event loop
+        return False
+
+
 class RatelimitMiddleware:
-    """Sync and async capable; both paths share :func:`ratelimited_response`."""
+    """Sync and async capable; both paths share :func:`before` and :func:`after`."""
 
     sync_capable = True
     async_capable = True
@@ -43,16 +215,56 @@ class RatelimitMiddleware:
         if self.is_async:
             markcoroutinefunction(self)
 
+    @staticmethod
+    def _rules(request: HttpRequest) -> list[Rule] | None:
+        """The matching rules, or None when nothing applies (the fast path)."""
+        if not conf.ENABLE:
+            return None
+        rules = conf.RULES.match(request)
+        if rules or conf.DENY:
+            return rules
+        return None
+
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        return self.get_response(request)
+        rules = self._rules(request)
+        if rules is None:
+            return self.get_response(request)
+        pending = before(request, rules)
+        if pending is None:
+            return self.get_response(request)
+        if isinstance(pending, HttpResponse):
+            return pending
+        with _tracking(pending.marker):
+            response = self.get_response(request)
+        return after(request, pending, response)
 
     async def __acall__(self, request: HttpRequest) -> Any:
-        response: Awaitable[Any] = self.get_response(request)
-        return await response
+        rules = self._rules(request)
+        if rules is None:
+            return await self.get_response(request)
+        inline = _async_inline(rules)
+        if inline:
+            pending = before(request, rules)
+        else:
+            pending = await sync_to_async(before)(request, rules)
+        if pending is None:
+            return await self.get_response(request)
+        if isinstance(pending, HttpResponse):
+            return pending
+        with _tracking(pending.marker):
+            response = await self.get_response(request)
+        if pending.failure_checks and pending.failed(response) and not inline:
+            await sync_to_async(count_failures)(pending.failure_checks)
+            pending.failure_checks = []
+        return after(request, pending, response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
+        """A ``Ratelimited`` raised by a decorated view becomes the same 429."""
         if isinstance(exception, Ratelimited | conf.EXCEPTION_CLASS):
-            return ratelimited_response(request, exception)
+            usage = getattr(exception, "usage", None)
+            return responses.too_many_requests(
+                request, exception, usage, getattr(exception, "rule", None)
+            )
         return None

@@ -12,7 +12,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
@@ -22,6 +22,16 @@ logger = logging.getLogger("ratelimit_app")
 
 #: memcached reads a TTL over 30 days as a Unix timestamp.
 MEMCACHED_MAX_RELATIVE_TTL = 30 * 86400
+
+
+class Op(NamedTuple):
+    """One subject's part of a round trip: count (``increment``), take back (``undo``: the
+    increments of that plan, a refused hit) and read ``plan``'s buckets."""
+
+    namespace: str
+    plan: Plan
+    increment: bool = False
+    undo: Plan | None = None
 
 
 class Encoded:
@@ -82,18 +92,19 @@ class Backend(ABC):
         return entry
 
     @abstractmethod
+    def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
+        """Run every op (several subjects: the rules of one request) in one round trip where
+        the backend can; return each op's values in the order of its ``plan.reads``.
+
+        Each op first takes back its ``undo`` plan's increments, then increments its plan's
+        write buckets (when ``increment``), then reads. Raise BackendError on any failure.
+        """
+
     def run(
         self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
     ) -> list[int]:
-        """Increment (if asked) and read the plan's buckets; raise BackendError on failure.
-
-        ``undo``: first take back the increments of that plan (a refused hit), in the same
-        round trip where the backend can.
-        """
-
-    @abstractmethod
-    def undo(self, namespace: str, plan: Plan) -> None:
-        """Take back the increments of a refused hit (best effort, need not wait)."""
+        """:meth:`run_many` for one subject."""
+        return self.run_many((Op(namespace, plan, increment, undo),))[0]
 
     @abstractmethod
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from django.core.cache import caches
 
-from ratelimit_app.backends.base import Backend
+from ratelimit_app.backends.base import Backend, Op
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
@@ -15,11 +15,12 @@ from ratelimit_app.windows import Plan
 class CacheBackend(Backend):
     """The generic path: correct on any cache with an atomic ``incr``, three calls a check."""
 
-    def run(
-        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
-    ) -> list[int]:
+    def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
+        return [self._run(*op) for op in ops]
+
+    def _run(self, namespace: str, plan: Plan, increment: bool, undo: Plan | None) -> list[int]:
         if undo is not None:
-            self.undo(namespace, undo)
+            self._undo(namespace, undo)
         cache = caches[self.alias]  # Django's cache objects are per thread.
         base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION
         try:
@@ -39,7 +40,7 @@ class CacheBackend(Backend):
             self.encoded(plan).merge(values, written)
         return values
 
-    def undo(self, namespace: str, plan: Plan) -> None:
+    def _undo(self, namespace: str, plan: Plan) -> None:
         cache = caches[self.alias]
         base = self.rl_prefix + namespace
         for suffix, _ in plan.writes:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pymemcache.client.base import PooledClient
 
-from ratelimit_app.backends.base import MEMCACHED_MAX_RELATIVE_TTL, Backend
+from ratelimit_app.backends.base import MEMCACHED_MAX_RELATIVE_TTL, Backend, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
@@ -42,19 +42,21 @@ def _address(server: str) -> Any:
     return (host.strip("[]") or "127.0.0.1", int(port or 11211))
 
 
-def _exchange(client: Any, command: bytes, end: bytes) -> bytes:
+def _exchange(client: Any, command: bytes, end: bytes, count: int = 1) -> bytes:
     """One round trip on a pymemcache connection, for replies of any length.
 
     pymemcache's ``raw_command`` keeps only the last socket read of a reply (4 KiB), which
     cuts the multi-get of a busy subject, so the limiter reads on the client's socket itself.
-    A failure propagates, and the pool then drops the connection.
+    The reply is complete when it ends with ``end`` and holds ``count`` of them (one per
+    subject of a pipelined check). A failure propagates, and the pool then drops the
+    connection.
     """
     if client.sock is None:
         client.version()  # connects, with the client's timeouts and TCP_NODELAY
     sock = client.sock
     sock.sendall(command + b"\r\n")
     reply = sock.recv(65536)
-    while not reply.endswith(end):
+    while not reply.endswith(end) or (count > 1 and reply.count(end) < count):
         chunk = sock.recv(65536)
         if not chunk:
             raise BackendError("memcached closed the connection mid-reply")
@@ -103,24 +105,23 @@ class MemcachedBackend(Backend):
             raise BackendError(f"{self.alias}: every memcached server is marked down")
         return max(alive, key=lambda n: hashlib.blake2b(f"{n.name}|{namespace}".encode()).digest())
 
-    def _call(self, node: _Node, command: bytes, end: bytes) -> bytes:
+    def _call(self, node: _Node, command: bytes, end: bytes, count: int = 1) -> bytes:
         """Send ``command`` on a pooled connection and read the reply up to ``end``."""
         try:
             with node.client.client_pool.get_and_release(destroy_on_fail=True) as client:
-                return _exchange(client, command, end)
+                return _exchange(client, command, end, count)
         except Exception as exc:
             node.dead_until = time.monotonic() + conf.DEAD_RETRY
             raise self._failed(exc) from exc
 
-    def run(
-        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
-    ) -> list[int]:
-        enc = self.encoded(plan)
-        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        command = b"get " + base + (b" " + base).join(enc.reads)
-        if undo is not None:  # quiet decrements: only a miss or an error answers
-            command = self._decrements(base, undo) + command
-        if increment:
+    def _command(self, op: Op) -> bytes:
+        """One op's commands: quiet decrements, increments that reply, one multi-get."""
+        enc = self.encoded(op.plan)
+        base = (self.cache_prefix + self.rl_prefix + op.namespace).encode()
+        command = b"get " + base + (b" " + base).join(enc.reads) + b"\r\n"
+        if op.undo is not None:  # quiet decrements: only a miss or an error answers
+            command = self._decrements(base, op.undo) + command
+        if op.increment:
             wall = int(time.time())
             writes = []
             for suffix, ttl in enc.writes:
@@ -128,22 +129,19 @@ class MemcachedBackend(Backend):
                     ttl += wall
                 writes.append(b"ma %s%s N%d J1 v\r\n" % (base, suffix, ttl))
             command = b"".join(writes) + command
-        for attempt in range(len(self.nodes)):
-            # A failed node is marked down; the next choice is another node, which takes
-            # over this subject (its earlier counts stay behind on the dead node).
-            node = self._node(namespace)
-            try:
-                reply = self._call(node, command, b"END\r\n")
-                break
-            except BackendError:
-                if attempt == len(self.nodes) - 1:
-                    raise
-        # The reply: for each increment "VA <length>" and the new value, then for each bucket
-        # found "VALUE <key> <flags> <length>" and its count, then "END". A busy subject's
-        # reply holds hundreds of buckets: they are mapped onto the plan in C, no Python loop.
+        return command
+
+    def _values(self, op: Op, reply: bytes) -> list[int]:
+        """One op's values from its part of the reply (up to and without its ``END``).
+
+        The part: for each increment "VA <length>" and the new value, then for each bucket
+        found "VALUE <key> <flags> <length>" and its count. A busy subject's reply holds
+        hundreds of buckets: they are mapped onto the plan in C, no Python loop.
+        """
+        enc = self.encoded(op.plan)
         found = dict(_VALUE.findall(reply))
         values = list(map(int, map(found.get, enc.reads, repeat(b"0"))))
-        if increment:
+        if op.increment:
             lines = reply.split(b"\r\n", 2 * len(enc.writes))
             heads, written = lines[0:-1:2], lines[1:-1:2]
             if len(written) != len(enc.writes) or not all(h.startswith(b"VA ") for h in heads):
@@ -151,13 +149,36 @@ class MemcachedBackend(Backend):
             enc.merge(values, written)
         return values
 
+    def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
+        results: list[list[int] | None] = [None] * len(ops)
+        pending = list(range(len(ops)))
+        for attempt in range(len(self.nodes)):
+            # Every op of one node goes in one write and comes back in one reply. A failed
+            # node is marked down; the next choice is another node, which takes over its
+            # subjects (their earlier counts stay behind on the dead node).
+            by_node: dict[_Node, list[int]] = {}
+            for i in pending:
+                by_node.setdefault(self._node(ops[i].namespace), []).append(i)
+            failed: list[int] = []
+            for node, indexes in by_node.items():
+                command = b"".join(self._command(ops[i]) for i in indexes)
+                try:
+                    reply = self._call(node, command[:-2], b"END\r\n", len(indexes))
+                except BackendError:
+                    if attempt == len(self.nodes) - 1:
+                        raise
+                    failed += indexes
+                    continue
+                parts = reply.split(b"END\r\n")
+                for i, part in zip(indexes, parts, strict=False):
+                    results[i] = self._values(ops[i], part)
+            if not failed:
+                break
+            pending = failed
+        return results  # type: ignore[return-value]
+
     def _decrements(self, base: bytes, plan: Plan) -> bytes:
         return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.encoded(plan).writes)
-
-    def undo(self, namespace: str, plan: Plan) -> None:
-        node = self._node(namespace)
-        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        self._call(node, self._decrements(base, plan) + b"mn", b"MN\r\n")
 
     def close(self) -> None:
         for node in self.nodes:

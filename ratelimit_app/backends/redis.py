@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ratelimit_app.backends.base import Backend, Encoded
+from ratelimit_app.backends.base import Backend, Encoded, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
-#: One check. ARGV[1] is the subject's key base; KEYS[1] carries its hash tag, so the call is
-#: routed to the right node, and every key built here shares that tag (one Redis Cluster slot).
+#: One check of one or more subjects (the rules of a request), seven ARGV per subject, offset
+#: ``o``; below, ARGV[n] stands for ARGV[o + n]. ARGV[1] is the subject's key base; its KEYS
+#: entry carries the subject's hash tag, so the call is routed to the right node, and every key
+#: built for the subject shares that tag (one Redis Cluster slot per subject).
 #: A uniform window's buckets are the fields of one hash per window (``base:W/G``): one key to
 #: read with HGETALL instead of 61 to look up, and stale fields are dropped on the way (a whole
 #: window after they left it, so a client whose clock runs ahead cannot drop what others
@@ -31,62 +33,68 @@ from ratelimit_app.windows import Plan
 #: and first of all ARGV[6] "level field ..." / ARGV[7] "suffix ..." to take back (a refused
 #: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
 #: decrement would otherwise recreate at -1 with no TTL.
-#: The reply: the new values of the increments, and "suffix count ..." for every bucket that
-#: holds a count, as one string (redis-py parses a reply element by element in Python).
+#: The reply, per subject: the new values of the increments, and "suffix count ..." for every
+#: bucket that holds a count, as one string (redis-py parses a reply element by element in
+#: Python).
 SCRIPT = """
-local base = ARGV[1]
-for level, field in string.gmatch(ARGV[6], "(%S+) (%d+)") do
-  local key = base .. level
-  if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
-end
-for suffix in string.gmatch(ARGV[7], "%S+") do
-  local key = base .. suffix
-  if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
-end
-local written = {}
-for level, field, ttl in string.gmatch(ARGV[2], "(%S+) (%d+) (%d+)") do
-  local key = base .. level
-  written[#written + 1] = redis.call('HINCRBY', key, field, 1)
-  redis.call('EXPIRE', key, ttl)
-end
-for suffix, ttl in string.gmatch(ARGV[3], "(%S+) (%d+)") do
-  local key = base .. suffix
-  local v = redis.call('INCR', key)
-  if v == 1 then redis.call('EXPIRE', key, ttl) end
-  written[#written + 1] = v
-end
-local out = {}
-for level, first, last, keep in string.gmatch(ARGV[4], "(%S+) (%d+) (%d+) (%d+)") do
-  local key = base .. level
-  local lo, hi = tonumber(first), tonumber(last)
-  local stale_before = lo - tonumber(keep)
-  local all = redis.call('HGETALL', key)
-  local stale = {}
-  for i = 1, #all, 2 do
-    local k = tonumber(all[i])
-    if k < stale_before then
-      stale[#stale + 1] = all[i]
-    elseif k >= lo and k <= hi then
-      out[#out + 1] = level .. ':' .. all[i]
-      out[#out + 1] = all[i + 1]
+local reply = {}
+for o = 0, #ARGV - 1, 7 do
+  local base = ARGV[o + 1]
+  for level, field in string.gmatch(ARGV[o + 6], "(%S+) (%d+)") do
+    local key = base .. level
+    if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
+  end
+  for suffix in string.gmatch(ARGV[o + 7], "%S+") do
+    local key = base .. suffix
+    if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
+  end
+  local written = {}
+  for level, field, ttl in string.gmatch(ARGV[o + 2], "(%S+) (%d+) (%d+)") do
+    local key = base .. level
+    written[#written + 1] = redis.call('HINCRBY', key, field, 1)
+    redis.call('EXPIRE', key, ttl)
+  end
+  for suffix, ttl in string.gmatch(ARGV[o + 3], "(%S+) (%d+)") do
+    local key = base .. suffix
+    local v = redis.call('INCR', key)
+    if v == 1 then redis.call('EXPIRE', key, ttl) end
+    written[#written + 1] = v
+  end
+  local out = {}
+  for level, first, last, keep in string.gmatch(ARGV[o + 4], "(%S+) (%d+) (%d+) (%d+)") do
+    local key = base .. level
+    local lo, hi = tonumber(first), tonumber(last)
+    local stale_before = lo - tonumber(keep)
+    local all = redis.call('HGETALL', key)
+    local stale = {}
+    for i = 1, #all, 2 do
+      local k = tonumber(all[i])
+      if k < stale_before then
+        stale[#stale + 1] = all[i]
+      elseif k >= lo and k <= hi then
+        out[#out + 1] = level .. ':' .. all[i]
+        out[#out + 1] = all[i + 1]
+      end
+    end
+    if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  end
+  local suffixes = {}
+  for suffix in string.gmatch(ARGV[o + 5], "%S+") do suffixes[#suffixes + 1] = suffix end
+  if #suffixes > 0 then
+    local keys = {}
+    for i = 1, #suffixes do keys[i] = base .. suffixes[i] end
+    local values = redis.call('MGET', unpack(keys))
+    for i = 1, #suffixes do
+      if values[i] then
+        out[#out + 1] = suffixes[i]
+        out[#out + 1] = values[i]
+      end
     end
   end
-  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  reply[#reply + 1] = written
+  reply[#reply + 1] = table.concat(out, ' ')
 end
-local suffixes = {}
-for suffix in string.gmatch(ARGV[5], "%S+") do suffixes[#suffixes + 1] = suffix end
-if #suffixes > 0 then
-  local keys = {}
-  for i = 1, #suffixes do keys[i] = base .. suffixes[i] end
-  local values = redis.call('MGET', unpack(keys))
-  for i = 1, #suffixes do
-    if values[i] then
-      out[#out + 1] = suffixes[i]
-      out[#out + 1] = values[i]
-    end
-  end
-end
-return {written, table.concat(out, ' ')}
+return reply
 """
 
 
@@ -173,42 +181,38 @@ class RedisBackend(Backend):
         )
         self.script = self.client.register_script(SCRIPT)
 
-    def run(
-        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None = None
-    ) -> list[int]:
+    def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         self._check_alive()
-        enc: Any = self.encoded(plan)
-        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        args = [base, b"", b"", enc.runs, enc.key_reads, b"", b""]
-        if increment:
-            args[1:3] = [enc.hash_writes, enc.key_writes]
-        if undo is not None:
-            taken: Any = self.encoded(undo)
-            args[5:7] = [taken.undo_hash, taken.undo_keys]
+        keys, args = [], []
+        for op in ops:
+            enc: Any = self.encoded(op.plan)
+            base = (self.cache_prefix + self.rl_prefix + op.namespace).encode()
+            keys.append(base + enc.reads[-1])
+            args += [base, b"", b"", enc.runs, enc.key_reads, b"", b""]
+            if op.increment:
+                args[-6:-4] = [enc.hash_writes, enc.key_writes]
+            if op.undo is not None:
+                taken: Any = self.encoded(op.undo)
+                args[-2:] = [taken.undo_hash, taken.undo_keys]
         try:
-            written, found = self.script(keys=[base + enc.reads[-1]], args=args)
-            values = [0] * len(enc.reads)
-            tokens = found.split()
-            for n in range(0, len(tokens), 2):
-                values[enc.index[tokens[n]]] = int(tokens[n + 1])
+            reply = self.script(keys=keys, args=args)
+            results = []
+            for n, op in enumerate(ops):
+                written, found = reply[2 * n], reply[2 * n + 1]
+                enc = self.encoded(op.plan)
+                values = [0] * len(enc.reads)
+                tokens = found.split()
+                for k in range(0, len(tokens), 2):
+                    values[enc.index[tokens[k]]] = int(tokens[k + 1])
+                if len(written) != (len(enc.writes) if op.increment else 0):
+                    raise BackendError("lost counter writes")
+                if op.increment:
+                    enc.merge(values, written)
+                results.append(values)
         except Exception as exc:  # includes a counter that is not a number
             raise self._failed(exc) from exc
         self._succeeded()
-        if len(written) != (len(enc.writes) if increment else 0):
-            raise BackendError(f"{self.alias}: lost counter writes")
-        if increment:
-            enc.merge(values, written)
-        return values
-
-    def undo(self, namespace: str, plan: Plan) -> None:
-        self._check_alive()
-        enc: Any = self.encoded(plan)
-        base = (self.cache_prefix + self.rl_prefix + namespace).encode()
-        args = [base, b"", b"", b"", b"", enc.undo_hash, enc.undo_keys]
-        try:
-            self.script(keys=[base + enc.reads[-1]], args=args)
-        except Exception as exc:
-            raise self._failed(exc) from exc
+        return results
 
     def close(self) -> None:
         self.client.connection_pool.disconnect()

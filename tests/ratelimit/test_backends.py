@@ -61,7 +61,7 @@ class TestContract:
         ns = namespace(group, "ip", "192.0.2.3")
         backend.run(ns, plan, True)
         backend.run(ns, plan, True)
-        backend.undo(ns, plan)
+        backend.run(ns, plan, False, undo=plan)
         assert sum(backend.run(ns, plan, False)) == 2  # one per rate
         backend.delete(ns, plan.reads)
         assert sum(backend.run(ns, plan, False)) == 0
@@ -84,7 +84,7 @@ class TestContract:
         ns = namespace(group, "ip", "192.0.2.4")
         backend.run(ns, plan, True)
         backend.delete(ns, plan.reads)  # evicted, or reset, between the hit and its undo
-        backend.undo(ns, plan)
+        backend.run(ns, plan, False, undo=plan)
         assert backend.run(ns, plan, False) == [0] * len(plan.reads)
         assert sum(backend.run(ns, plan, True)) == 1
 

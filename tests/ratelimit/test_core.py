@@ -42,6 +42,7 @@ def test_usage_dict(group: str) -> None:
             "rates": [
                 {
                     "rate": "3/m",
+                    "window": 60,
                     "count": 1,
                     "limit": 3,
                     "remaining": 2,
@@ -132,15 +133,15 @@ def test_reset_clears_a_subject(group: str) -> None:
     for _ in range(4):
         hit(group, ip="192.0.2.13", increment=True)
     assert hit(group, ip="192.0.2.13")["count"] == 3
-    assert reset(group, "ip", "192.0.2.13", "3/m")
+    assert reset(group, "192.0.2.13", key="ip", rate="3/m")
     assert hit(group, ip="192.0.2.13")["count"] == 0
-    assert not reset(group, "ip", "", "3/m")
+    assert not reset(group, "", key="ip", rate="3/m")
 
 
 def test_reset_normalises_emails(group: str) -> None:
     request = rf.post("/", {"email": "Alice@Example.com"})
     get_usage(request, group=group, key="email", rate="3/m", increment=True)
-    assert reset(group, "email", "  ALICE@example.COM", "3/m")
+    assert reset(group, "  ALICE@example.COM", key="email", rate="3/m")
     usage = get_usage(request, group=group, key="email", rate="3/m")
     assert usage is not None and usage["count"] == 0
 
@@ -212,15 +213,21 @@ def test_reset_is_complete_in_hierarchical_mode(group: str) -> None:
         for _ in range(3):
             hit(group, ip="192.0.2.15", rate="5/d", increment=True)
             clock.advance(7)
-        assert reset(group, "ip", "192.0.2.15", "5/d")
+        assert reset(group, "192.0.2.15", key="ip", rate="5/d")
         for step in (0, 60, 3600, 7200):
             clock.advance(step)
             assert hit(group, ip="192.0.2.15", rate="5/d")["count"] == 0, step
 
 
 def test_reset_needs_a_concrete_rate(group: str) -> None:
-    assert not reset(group, "ip", "192.0.2.16", "tests.ratelimit.test_rates.rate_for")
-    assert not reset(group, "ip", "192.0.2.16", lambda g, r: "5/m")
+    with pytest.raises(ValueError, match="depends on the request"):
+        reset(group, "192.0.2.16", key="ip", rate="tests.ratelimit.test_rates.rate_for")
+    with pytest.raises(ValueError, match="depends on the request"):
+        reset(group, "192.0.2.16", key="ip", rate=lambda g, r: "5/m")
+    with pytest.raises(ValueError, match="needs the key and rate"):
+        reset(group, "192.0.2.16", key="ip")
+    with pytest.raises(ValueError, match="No rule named"):
+        reset(group, "192.0.2.16")
 
 
 def test_keys_change_with_the_secret_key(group: str) -> None:

@@ -1,0 +1,111 @@
+"""Allow and deny lists (``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY``): pure matching.
+
+Entries are strings:
+
+* an IP address or a CIDR network, IPv4 or IPv6 (``'203.0.113.7'``, ``'10.0.0.0/8'``,
+  ``'2001:db8::/32'``), matched against the client IP (:func:`ratelimit_app.keys.client_ip`,
+  before masking);
+* ``'user:<pk>'``, matched against ``request.user.pk``;
+* an email address (``'alice@example.com'``, or ``'email:alice@example.com'``), matched
+  against the normalised ``email`` field of the request, as the ``email`` key reads it.
+
+IPs and users are checked on every request (only when the lists hold such entries); emails
+only on requests that a rule covers, since reading the email means parsing the body.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+
+from ratelimit_app import keys
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class AccessList:
+    """One list, compiled: networks, user primary keys (as strings) and emails."""
+
+    networks: tuple[IPNetwork, ...] = ()
+    users: frozenset[str] = frozenset()
+    emails: frozenset[str] = frozenset()
+    _ips: frozenset[str] = field(default=frozenset(), repr=False)
+
+    def __bool__(self) -> bool:
+        return bool(self.networks or self.users or self.emails)
+
+    def has_ip(self, ip: str | None) -> bool:
+        if not self.networks or not ip:
+            return False
+        if ip in self._ips:  # the common entry, a single address: a set lookup
+            return True
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+        return any(addr in net for net in self.networks)
+
+    def has_user(self, request: HttpRequest) -> bool:
+        if not self.users:
+            return False
+        user = getattr(request, "user", None)
+        return bool(user is not None and user.is_authenticated and str(user.pk) in self.users)
+
+    def has_email(self, request: HttpRequest) -> bool:
+        if not self.emails:
+            return False
+        return keys.normalize_email(keys.form_value(request, "email")) in self.emails
+
+
+def parse_entry(entry: object) -> tuple[str, object]:
+    """``('network', IPNetwork)``, ``('user', pk)`` or ``('email', address)``; raise
+    ``ImproperlyConfigured`` naming the entry when it is none of them."""
+    if not isinstance(entry, str) or not entry.strip():
+        raise ImproperlyConfigured(f"allow/deny entry {entry!r} is not a non-empty string.")
+    text = entry.strip()
+    if text.startswith("user:"):
+        pk = text[5:].strip()
+        if not pk:
+            raise ImproperlyConfigured(f"allow/deny entry {entry!r}: 'user:' needs a user id.")
+        return "user", pk
+    if text.startswith("email:") or "@" in text:
+        address = keys.normalize_email(text.removeprefix("email:"))
+        if not address or "@" not in address:
+            raise ImproperlyConfigured(f"allow/deny entry {entry!r} is not an email address.")
+        return "email", address
+    try:
+        return "network", ipaddress.ip_network(text, strict=False)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"allow/deny entry {entry!r} is not an IP, a CIDR network, 'user:<id>' or an "
+            f"email address."
+        ) from exc
+
+
+def compile_list(entries: Iterable[object]) -> AccessList:
+    """An :class:`AccessList` from entries; raise ``ImproperlyConfigured`` on a bad one."""
+    if isinstance(entries, str):
+        raise ImproperlyConfigured("an allow/deny list must be a list of strings, not a string.")
+    networks: list[IPNetwork] = []
+    users: set[str] = set()
+    emails: set[str] = set()
+    for entry in entries:
+        kind, value = parse_entry(entry)
+        if kind == "network":
+            networks.append(value)  # type: ignore[arg-type]
+        elif kind == "user":
+            users.add(value)  # type: ignore[arg-type]
+        else:
+            emails.add(value)  # type: ignore[arg-type]
+    single = frozenset(str(n.network_address) for n in networks if n.num_addresses == 1)
+    return AccessList(tuple(networks), frozenset(users), frozenset(emails), single)
+
+
+EMPTY = AccessList()
