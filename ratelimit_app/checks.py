@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends import MEMCACHED, REDIS
@@ -33,6 +34,15 @@ MESSAGES: dict[str, str] = {
     "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
     "E012": "RATELIMIT_SOCKET_TIMEOUT and RATELIMIT_DEAD_RETRY must be positive numbers.",
     "E013": "The rate-limit cache has no LOCATION: no server to count on.",
+    "E014": "A RATELIMIT_RULES rule is invalid.",
+    "E015": "RATELIMIT_ALLOW and RATELIMIT_DENY must be lists of IPs, CIDR networks, "
+    "'user:<id>' entries or email addresses.",
+    "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
+    "E017": "RATELIMIT_FAIL_CLOSED_STATUS must be an HTTP error status code (400-599).",
+    "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
+    "no rule applies.",
+    "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: rules keyed on the user "
+    "see every request as anonymous and fall back to the IP.",
     "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
     "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
 }
@@ -126,6 +136,53 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
         value = _setting(name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             yield _error("E012", f"{name} = {value!r}.")
+
+
+MIDDLEWARE_PATH = "ratelimit_app.middleware.RatelimitMiddleware"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
+
+
+def _check_rules() -> Iterable[checks.CheckMessage]:
+    from ratelimit_app.access import compile_list
+    from ratelimit_app.rules import parse_rules
+
+    raw = _setting("RATELIMIT_RULES")
+    found, errors = parse_rules(raw)
+    for error in errors:
+        yield _error("E014", f"Rule {error.rule!r}, field {error.field!r}: {error.problem}")
+    for name in ("RATELIMIT_ALLOW", "RATELIMIT_DENY"):
+        try:
+            compile_list(_setting(name))
+        except (ImproperlyConfigured, TypeError) as exc:
+            yield _error("E015", f"{name}: {exc}")
+    statuses = _setting("RATELIMIT_FAILURE_STATUSES")
+    if isinstance(statuses, str | int) or not all(
+        type(x) is int and 100 <= x <= 599 for x in statuses
+    ):
+        yield _error("E016", f"Got {statuses!r}.")
+    closed = _setting("RATELIMIT_FAIL_CLOSED_STATUS")
+    if type(closed) is not int or not 400 <= closed <= 599:
+        yield _error("E017", f"Got {closed!r}.")
+    middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
+    if raw and MIDDLEWARE_PATH not in middleware:
+        yield _error("W003", hint=f"Add {MIDDLEWARE_PATH!r} to MIDDLEWARE.")
+    user_keyed = [r.name for r in found if r.key in ("user", "user_or_ip")]
+    if (
+        user_keyed
+        and MIDDLEWARE_PATH in middleware
+        and AUTH_MIDDLEWARE in middleware
+        and middleware.index(MIDDLEWARE_PATH) < middleware.index(AUTH_MIDDLEWARE)
+    ):
+        yield _error(
+            "W004",
+            f"(rules {', '.join(map(repr, user_keyed))}).",
+            hint="Move RatelimitMiddleware after AuthenticationMiddleware.",
+        )
+
+
+@checks.register()
+def check_rules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return list(_check_rules())
 
 
 @checks.register()

@@ -78,9 +78,11 @@ class Rule:
 
     @property
     def async_safe(self) -> bool:
-        """True when the key can be read on an event loop (no database, no user code)."""
-        return isinstance(self.key, str) and (
-            self.key in ASYNC_SAFE_KEYS or self.key.startswith(ASYNC_SAFE_ACCESSORS)
+        """True when the rule can be read on an event loop (no database, no user code)."""
+        return (
+            self.static_rates is not None
+            and isinstance(self.key, str)
+            and (self.key in ASYNC_SAFE_KEYS or self.key.startswith(ASYNC_SAFE_ACCESSORS))
         )
 
     def rates_for(self, request: HttpRequest | None) -> tuple[rates.Rate, ...] | None:

@@ -31,7 +31,17 @@ def ids(messages: list[Any]) -> list[str]:
 
 
 def all_messages() -> list[Any]:
-    return checks.check_cache() + checks.check_settings() + checks.check_decorators()
+    return (
+        checks.check_cache()
+        + checks.check_settings()
+        + checks.check_decorators()
+        + checks.check_rules()
+    )
+
+
+RULE = {"name": "r", "path": "/x/", "key": "ip", "rate": "5/m"}
+RL_MIDDLEWARE = "ratelimit_app.middleware.RatelimitMiddleware"
+AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 
 
 @pytest.mark.parametrize(
@@ -66,6 +76,22 @@ def all_messages() -> list[Any]:
         ),
         ({"RATELIMIT_SOCKET_TIMEOUT": 0}, "ratelimit_app.E012"),
         ({"RATELIMIT_DEAD_RETRY": "5"}, "ratelimit_app.E012"),
+        ({"RATELIMIT_RULES": [{**RULE, "rate": "5/M"}]}, "ratelimit_app.E014"),
+        ({"RATELIMIT_RULES": [RULE, RULE]}, "ratelimit_app.E014"),
+        ({"RATELIMIT_ALLOW": ["10.0.0.0/33"]}, "ratelimit_app.E015"),
+        ({"RATELIMIT_DENY": "10.0.0.1"}, "ratelimit_app.E015"),
+        ({"RATELIMIT_DENY": ["user:"]}, "ratelimit_app.E015"),
+        ({"RATELIMIT_FAILURE_STATUSES": [401, "403"]}, "ratelimit_app.E016"),
+        ({"RATELIMIT_FAILURE_STATUSES": 401}, "ratelimit_app.E016"),
+        ({"RATELIMIT_FAIL_CLOSED_STATUS": 200}, "ratelimit_app.E017"),
+        ({"RATELIMIT_RULES": [RULE], "MIDDLEWARE": []}, "ratelimit_app.W003"),
+        (
+            {
+                "RATELIMIT_RULES": [{**RULE, "key": "user"}],
+                "MIDDLEWARE": [RL_MIDDLEWARE, AUTH_MIDDLEWARE],
+            },
+            "ratelimit_app.W004",
+        ),
         ({"CACHES": {"default": LOCMEM}}, "ratelimit_app.W001"),
         (
             {
@@ -84,6 +110,20 @@ def test_each_check(settings: dict[str, Any], expected: str) -> None:
     assert expected not in ids(all_messages())
     with override_settings(**settings):
         assert expected in ids(all_messages())
+
+
+@override_settings(
+    RATELIMIT_RULES=[RULE, {**RULE, "name": "user", "key": "user"}],
+    MIDDLEWARE=[AUTH_MIDDLEWARE, RL_MIDDLEWARE],
+)
+def test_good_rules_pass() -> None:
+    assert checks.check_rules() == []
+
+
+@override_settings(RATELIMIT_RULES=[RULE, {**RULE, "name": "login", "key": "cookie:x"}])
+def test_rule_errors_name_the_rule_and_the_field() -> None:
+    (message,) = [m for m in checks.check_rules() if m.id == "ratelimit_app.E014"]
+    assert "'login'" in message.msg and "'key'" in message.msg and "cookie:x" in message.msg
 
 
 def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from django.urls import path
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
 
 from tests.ratelimit import views
+
+inner = ([path("inner/", views.plain, name="rules-inner")], "ns")
 
 urlpatterns = [
     path("blocking/", views.blocking),
@@ -14,4 +18,24 @@ urlpatterns = [
     path("plain-method/", views.PlainMethod.as_view()),
     path("class-decorated/", views.ClassDecorated.as_view()),
     path("async-class/", views.AsyncClassDecorated.as_view()),
+    # Behind RATELIMIT_RULES.
+    path("admin/", admin.site.urls),
+    path("rules/named/", views.plain, name="rules-named"),
+    path("rules/unnamed/", views.plain),
+    path("rules/ns/", include(inner)),
+    path("rules/async/", views.async_plain),
+    path("rules/status/<int:code>/", views.status),
+    path("rules/annotated/", views.annotated),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(template_name="admin/login.html"),
+        name="login",
+    ),
+    path(
+        "accounts/password_reset/",
+        auth_views.PasswordResetView.as_view(success_url="/accounts/password_reset/done/"),
+        name="password_reset",
+    ),
+    path("accounts/signup/", views.signup, name="signup"),
+    path("messages/send/", views.send_message, name="send_message"),
 ]

@@ -66,3 +66,49 @@ def custom_ratelimited_view(request: HttpRequest, exception: Exception) -> HttpR
 
 class TooMany(Ratelimited):
     pass
+
+
+# -- views behind RATELIMIT_RULES (tests/ratelimit/test_middleware.py, test_scenarios.py) --
+
+
+def plain(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+async def async_plain(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+def status(request: HttpRequest, code: int) -> HttpResponse:
+    """Answers with the status in the URL (failure-only rules count 400, 401, 403)."""
+    return HttpResponse(f"status {code}", status=code)
+
+
+def annotated(request: HttpRequest) -> HttpResponse:
+    """What a ``block: False`` rule tells the view."""
+    usage = getattr(request, "ratelimit_usage", {})
+    return JsonResponse(
+        {
+            "limited": getattr(request, "limited", False),
+            "rules": {name: u["count"] for name, u in usage.items()},
+        }
+    )
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    """A sign-up form: Django's UserCreationForm, a redirect when it is valid."""
+    from django.contrib.auth.forms import UserCreationForm
+    from django.shortcuts import redirect
+
+    form = UserCreationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        form.save()
+        return redirect("/")
+    return HttpResponse(f"<form>{form}</form>")
+
+
+def send_message(request: HttpRequest) -> HttpResponse:
+    """Sends a message as the logged-in user (one per second per user)."""
+    if not request.user.is_authenticated:
+        return HttpResponse("log in first", status=401)
+    return HttpResponse("sent")
