@@ -36,6 +36,11 @@ urlpatterns = [
         auth_views.PasswordResetView.as_view(success_url="/accounts/password_reset/done/"),
         name="password_reset",
     ),
+    path(
+        "accounts/reset/<uidb64>/<token>/",
+        auth_views.PasswordResetConfirmView.as_view(),
+        name="password_reset_confirm",
+    ),
     path("accounts/signup/", views.signup, name="signup"),
     path("messages/send/", views.send_message, name="send_message"),
 ]

@@ -98,9 +98,10 @@ def annotated(request: HttpRequest) -> HttpResponse:
 def signup(request: HttpRequest) -> HttpResponse:
     """A sign-up form: Django's UserCreationForm, a redirect when it is valid."""
     from django.contrib.auth.forms import UserCreationForm
+    from django.contrib.auth.models import User
     from django.shortcuts import redirect
 
-    form = UserCreationForm(request.POST or None)
+    form: UserCreationForm[User] = UserCreationForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         form.save()
         return redirect("/")
