@@ -14,6 +14,7 @@ from django.test import override_settings
 
 from ratelimit_app import windows
 from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.backends.base import Op
 from ratelimit_app.core import check, namespace
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.rates import parse
@@ -78,6 +79,22 @@ class TestContract:
             1,
             1,
         ]
+
+    def test_several_subjects_in_one_call(self, backend: Any, group: str) -> None:
+        """The rules of one request: counting, looking and taking back, all in one call."""
+        plan = windows.plan(parse("5/m;100/d"), T0)
+        other = windows.plan(parse("3/h"), T0)
+        a, b, c = (namespace(group, "ip", f"192.0.2.{n}") for n in (10, 11, 12))
+        backend.run(c, plan, True)
+        values = backend.run_many(
+            [Op(a, plan, True), Op(b, other, False), Op(c, plan, False, undo=plan), Op(a, plan)]
+        )
+        counts = [
+            [u.count for u in windows.evaluate(p, v, T0)]
+            for p, v in zip((plan, other, plan, plan), values, strict=True)
+        ]
+        assert counts == [[1, 1], [0], [0, 0], [1, 1]]
+        assert backend.run_many([]) == []
 
     def test_undo_of_a_vanished_bucket_leaves_nothing(self, backend: Any, group: str) -> None:
         plan = windows.plan(parse("5/m"), T0)
@@ -280,6 +297,11 @@ def test_several_memcached_nodes(two_memcached: list[Any], group: str) -> None:
         reset_backends()
         backend: Any = get_backend()
         plan = windows.plan(parse("5/m;10/h;100/d"), time.time())
+        # One call for subjects on both nodes: each node gets its own subjects' ops.
+        spread = [Op(namespace(group, "ip", f"198.51.100.{n}"), plan, True) for n in range(20)]
+        now = time.time()
+        counted = [windows.evaluate(plan, v, now) for v in backend.run_many(spread)]
+        assert [[u.count for u in usages] for usages in counted] == [[1, 1, 1]] * 20
         homes = []
         for n in range(40):
             ns = namespace(group, "ip", f"192.0.2.{n}")
