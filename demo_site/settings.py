@@ -88,6 +88,26 @@ CACHES = {
 }
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
+# Limits without decorators (docs/rules.rst): wrong passwords on the admin login, per account
+# and per IP (each alone is weak: see the docs). Only failed logins count.
+RATELIMIT_RULES = [
+    {
+        "name": "admin-login-account",
+        "path": "/admin/login/",
+        "methods": ["POST"],
+        "key": "post:username",
+        "rate": "5/m;10/d",
+        "count": "failures",
+    },
+    {
+        "name": "admin-login-ip",
+        "path": "/admin/login/",
+        "methods": ["POST"],
+        "key": "ip",
+        "rate": "30/h",
+        "count": "failures",
+    },
+]
 
 # Local memory on purpose: the demo runs without servers (one web process, one worker).
 SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001", "metrics_app.W001"]

@@ -50,3 +50,23 @@ def test_home_page_shows_usage_then_answers_429() -> None:
 
     metrics_app.flush()
     assert b"Visits counted so far: 5" in client.get("/", REMOTE_ADDR="192.0.2.98").content
+
+
+@pytest.mark.django_db
+def test_wrong_admin_passwords_are_limited_per_account() -> None:
+    from django.conf import settings
+    from django.contrib.auth.models import User
+
+    from demo_site import settings as demo
+
+    User.objects.create_superuser("demo", password="demo")
+    client = Client(REMOTE_ADDR="192.0.2.98")
+    wrong = {"username": "demo", "password": "nope", "next": "/admin/"}
+    with override_settings(RATELIMIT_RULES=demo.RATELIMIT_RULES):
+        assert settings.RATELIMIT_RULES[0]["name"] == "admin-login-account"
+        codes = [client.post("/admin/login/", wrong).status_code for _ in range(6)]
+        assert codes == [200] * 5 + [429]
+        right = {"username": "demo", "password": "demo", "next": "/admin/"}
+        assert client.post("/admin/login/", right).status_code == 429  # blocked before the view
+        other = Client(REMOTE_ADDR="192.0.2.97")
+        assert other.post("/admin/login/", {**wrong, "username": "else"}).status_code == 200
