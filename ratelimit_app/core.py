@@ -295,19 +295,25 @@ class Target:
     key: keys.KeySpec
     rates: tuple[rates.Rate, ...]
     method: Method
+    #: The subject as the key stores it.
     value: str
+    #: The subject as a masked IP, when it is one and the key is of another kind: the
+    #: counters of requests that had no value for the key and fell back to the client IP.
+    fallback_ip: str | None = None
 
     @property
     def scope(self) -> str:
         return scope(self.group, self.method, self.rates)
 
+    def subjects(self) -> list[tuple[str, str]]:
+        """``(kind, value)`` of every place the subject's counts may be filed."""
+        found = [(keys.kind(self.key), self.value)]
+        if self.fallback_ip is not None:
+            found.append(("ip", self.fallback_ip))
+        return found
+
     def kinds(self) -> set[str]:
-        """Where the subject's counts may be filed: its key's own kind, and "ip" (the
-        fallback of a key whose value was missing) when the subject is an IP."""
-        own = keys.kind(self.key)
-        if own in ("ip", "user_or_ip") or keys.mask_ip(self.value) is None:
-            return {own}
-        return {own, "ip"}
+        return {kind for kind, _ in self.subjects()}
 
 
 def target(
@@ -345,7 +351,10 @@ def target(
     value = keys.normalize_value(key, subject)
     if value is None:
         return None
-    return Target(group, key, rates.normalize(rate), method, value)
+    fallback = None
+    if keys.kind(key) not in ("ip", "user_or_ip"):
+        fallback = keys.mask_ip(subject)
+    return Target(group, key, rates.normalize(rate), method, value, fallback)
 
 
 def reset(
@@ -366,8 +375,8 @@ def reset(
         return False
     suffixes = sorted(windows.stored_suffixes(found.rates, clock.now(), conf.BUCKETS_PER_WINDOW))
     backend = get_backend()
-    for kind in found.kinds():
-        ns = namespace(found.scope, kind, found.value)
+    for kind, value in found.subjects():
+        ns = namespace(found.scope, kind, value)
         for start in range(0, len(suffixes), RESET_BATCH):
             backend.delete(ns, suffixes[start : start + RESET_BATCH])
     return True
@@ -382,16 +391,19 @@ def lookup(
 ) -> dict[str, Any] | None:
     """The usage of one subject (as :func:`get_usage` reports it, counting nothing).
 
-    Arguments as for :func:`target`; None for an empty or invalid subject. Raises
+    Arguments as for :func:`target`; None for an empty or invalid subject. An IP typed for a
+    key of another kind may name the key's own counters (a header holding an address) or the
+    IP fallback's: both are read, in one round trip, and the busier is reported. Raises
     ``ValueError`` for an unknown rule and ``BackendError`` when the backend fails.
     """
     found = target(rule_or_group, subject, key, rate, method)
     if found is None:
         return None
-    # An IP typed for a key of another kind: the counts its IP fallback filed.
-    kind = "ip" if len(found.kinds()) > 1 else keys.kind(found.key)
-    result = check(found.scope, (kind, found.value), found.rates, increment=False)
-    return usage_dict(result)
+    results = check_many(
+        [Check(found.scope, subject, found.rates, False) for subject in found.subjects()]
+    )
+    busiest = max(results, key=lambda r: r.binding().count)  # the first on a tie: its own
+    return usage_dict(busiest)
 
 
 get_usage.ALL = ALL  # type: ignore[attr-defined]

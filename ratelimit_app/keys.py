@@ -258,7 +258,13 @@ def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str] 
 
 
 def normalize_value(spec: KeySpec, value: str) -> str | None:
-    """The stored form of a subject typed by a person (for reset and usage lookups)."""
+    """The stored form of a subject typed by a person (for reset and usage lookups), as the
+    key stores it: IPs masked for ``ip`` (None when not an IP), emails case folded, other
+    values cleaned (a header holding an address is stored as sent, unmasked)."""
+    if spec == "ip":
+        return mask_ip(value)
+    if spec == "user_or_ip":
+        return mask_ip(value) or _clean(value)
     if spec == "email" or (isinstance(spec, str) and spec.startswith("email:")):
         return normalize_email(value)
-    return mask_ip(value) or _clean(value)
+    return _clean(value)

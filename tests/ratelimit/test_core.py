@@ -266,3 +266,23 @@ async def test_an_unbuildable_backend_fails_like_a_dead_one(cache: dict[str, Any
         with pytest.raises(views.Ratelimited):
             await views.async_view(rf.get("/"))
     reset_backends()
+
+
+def test_reset_and_lookup_find_what_the_key_stored(group: str) -> None:
+    from ratelimit_app.core import lookup
+
+    assert not reset(group, "not-an-ip", key="ip", rate="3/m")  # an ip key needs an IP
+    # A header that holds an address is stored as sent (not masked), under its own kind.
+    request = rf.get("/", HTTP_X_REAL_IP="2001:db8::1:2", REMOTE_ADDR="192.0.2.40")
+    for _ in range(2):
+        get_usage(request, group=group, key="header:x-real-ip", rate="3/m", increment=True)
+    found = lookup(group, "2001:db8::1:2", key="header:x-real-ip", rate="3/m")
+    assert found is not None and found["count"] == 2
+    assert reset(group, "2001:db8::1:2", key="header:x-real-ip", rate="3/m")
+    after = lookup(group, "2001:db8::1:2", key="header:x-real-ip", rate="3/m")
+    assert after is not None and after["count"] == 0
+    # Requests without the header fell back to the client IP: typed as an IP, found too.
+    bare = rf.get("/", REMOTE_ADDR="192.0.2.41")
+    get_usage(bare, group=group, key="header:x-real-ip", rate="3/m", increment=True)
+    fallback = lookup(group, "192.0.2.41", key="header:x-real-ip", rate="3/m")
+    assert fallback is not None and fallback["count"] == 1
