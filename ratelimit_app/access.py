@@ -7,10 +7,12 @@ Entries are strings:
   before masking);
 * ``'user:<pk>'``, matched against ``request.user.pk``;
 * an email address (``'alice@example.com'``, or ``'email:alice@example.com'``), matched
-  against the normalised ``email`` field of the request, as the ``email`` key reads it.
+  against the value of rules keyed on an email (``email``, ``email:<field>``), normalised as
+  those keys normalise it.
 
-IPs and users are checked on every request (only when the lists hold such entries); emails
-only on requests that a rule covers, since reading the email means parsing the body.
+IPs and users are the client's own and are checked on every request (only when the lists hold
+such entries). An email is only what a request claims: a denied one is refused, an allowed
+one lifts the rules keyed on it, and the client's other limits still apply.
 """
 
 from __future__ import annotations
@@ -57,11 +59,6 @@ class AccessList:
             return False
         user = getattr(request, "user", None)
         return bool(user is not None and user.is_authenticated and str(user.pk) in self.users)
-
-    def has_email(self, request: HttpRequest) -> bool:
-        if not self.emails:
-            return False
-        return keys.normalize_email(keys.form_value(request, "email")) in self.emails
 
 
 def parse_entry(entry: object) -> tuple[str, object]:

@@ -257,6 +257,11 @@ def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str] 
     return None
 
 
+def is_email_kind(kind: str) -> bool:
+    """True for the kinds of email keys (``email``, ``email:<field>``)."""
+    return kind == "email" or kind.startswith("email:")
+
+
 def normalize_value(spec: KeySpec, value: str) -> str | None:
     """The stored form of a subject typed by a person (for reset and usage lookups), as the
     key stores it: IPs masked for ``ip`` (None when not an IP), emails case folded, other
@@ -265,6 +270,6 @@ def normalize_value(spec: KeySpec, value: str) -> str | None:
         return mask_ip(value)
     if spec == "user_or_ip":
         return mask_ip(value) or _clean(value)
-    if spec == "email" or (isinstance(spec, str) and spec.startswith("email:")):
+    if isinstance(spec, str) and is_email_kind(spec):
         return normalize_email(value)
     return _clean(value)

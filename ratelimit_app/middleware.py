@@ -2,9 +2,12 @@
 
 Per request:
 
-1. Deny list (IPs, users; emails on requests a rule covers): 403 before any rule.
+1. Deny list: a denied IP or user gets 403 on every request, before any rule. An allowed IP
+   or user skips every rule.
 2. The rules that match the request (:class:`~ratelimit_app.rules.RuleSet`: a request no rule
-   covers costs a prefix test and nothing else). The allow list skips them all.
+   covers costs a prefix test and nothing else). Emails on the lists are matched against
+   the rules keyed on an email: a denied one gets 403, an allowed one skips those rules (the
+   email is what the request claims, so the IP and user rules still apply).
 3. Every matching rule is checked in **one** backend round trip
    (:func:`~ratelimit_app.core.check_many`): ``count: "all"`` rules count the request,
    ``count: "failures"`` rules only look. A limited blocking rule answers 429
@@ -111,15 +114,13 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do)."""
     allow, deny = conf.ALLOW, conf.DENY
-    if allow or deny:
+    if allow.networks or allow.users or deny.networks or deny.users:
+        # The connection's address and the session's user are the client's own: an allowed
+        # one skips every rule, a denied one is refused everywhere.
         address = keys.client_address(request) if allow.networks or deny.networks else None
-        if deny and (
-            deny.has_ip(address) or deny.has_user(request) or (rules and deny.has_email(request))
-        ):
+        if deny.has_ip(address) or deny.has_user(request):
             return responses.denied(request)
-        if rules and (
-            allow.has_ip(address) or allow.has_user(request) or allow.has_email(request)
-        ):
+        if rules and (allow.has_ip(address) or allow.has_user(request)):
             return None
     checks: list[Check] = []
     used: list[Rule] = []
@@ -130,6 +131,13 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         subject = keys.subject(rule.key, rule.group, request)
         if subject is None:  # no value and no client IP: logged, not limited
             continue
+        if (allow.emails or deny.emails) and keys.is_email_kind(subject[0]):
+            # An email is a claim the request makes, not the client's identity: a denied one
+            # is refused, an allowed one lifts the limits keyed on it, not the others.
+            if subject[1] in deny.emails:
+                return responses.denied(request)
+            if subject[1] in allow.emails:
+                continue
         checks.append(
             Check(scope(rule.group, ALL, rate_list), subject, rate_list, not rule.failures_only)
         )
@@ -221,7 +229,10 @@ class RatelimitMiddleware:
         if not conf.ENABLE:
             return None
         rules = conf.RULES.match(request)
-        if rules or conf.DENY:
+        if rules:
+            return rules
+        deny = conf.DENY
+        if deny.networks or deny.users:
             return rules
         return None
 

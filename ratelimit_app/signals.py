@@ -1,10 +1,12 @@
 """Signals sent by ratelimit_app.
 
-``backend_failed(sender=Backend class, alias, error)``: a counter backend failed; the check
+``backend_failed(sender=BackendError, alias, error)``: a counter backend failed; the check
 then failed open or closed as configured.
 
-``ratelimited(sender=None, group, subject, usage, request)``: a request was over its limit.
-``subject`` is the hashed namespace, never the raw IP or email.
+``ratelimited(sender, group, subject, usage, request)``: a request was over its limit;
+``sender`` is None for ``@ratelimit`` / ``get_usage`` and ``RatelimitMiddleware`` for rules,
+which also send ``rule`` (its name). ``subject`` is the hashed namespace, never the raw IP or
+email.
 """
 
 from __future__ import annotations

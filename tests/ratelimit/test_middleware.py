@@ -297,22 +297,39 @@ class TestAccessLists:
             )
         assert problem.status_code == 403 and problem.json()["status"] == 403
 
-    def test_allowed_subjects_skip_every_rule(self, client: Client) -> None:
-        with rules(rule("named", rate="0/m"), RATELIMIT_ALLOW=["127.0.0.1", "ada@example.com"]):
+    def test_allowed_ips_and_users_skip_every_rule(self, client: Client, db: Any) -> None:
+        user = User.objects.create_user("trusted", password="pw")
+        allow = ["127.0.0.1", f"user:{user.pk}"]
+        with rules(rule("named", rate="0/m"), RATELIMIT_ALLOW=allow):
             assert client.get("/rules/named/").status_code == 200
             assert client.get("/rules/named/", REMOTE_ADDR="192.0.2.1").status_code == 429
-            post = client.post("/rules/named/", {"email": " ADA@example.com"}, REMOTE_ADDR="x")
-            assert post.status_code == 200
+            client.force_login(user)
+            assert client.get("/rules/named/", REMOTE_ADDR="192.0.2.1").status_code == 200
+
+    def test_an_allowed_email_lifts_only_the_rules_keyed_on_it(self, client: Client) -> None:
+        by_email = rule("by-email", key="email:username", rate="0/m")
+        by_ip = rule("by-ip", rate="2/m")
+        with rules(by_email, by_ip, RATELIMIT_ALLOW=["ada@example.com"]), frozen_clock(T0):
+            ada = {"username": " ADA@example.com"}
+            assert client.post("/rules/named/", {"username": "bob@x.org"}).status_code == 429
+            # The email is only a claim: naming an allowed one never lifts the IP's limit.
+            codes = [client.post("/rules/named/", ada).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
 
     def test_denied_users_and_emails(self, client: Client, db: Any) -> None:
         user = User.objects.create_user("mallory", password="pw")
         deny = [f"user:{user.pk}", "email:eve@example.com"]
-        with rules(rule("named", rate="100/m"), RATELIMIT_DENY=deny):
-            assert client.post("/rules/named/", {"email": "Eve@Example.com"}).status_code == 403
-            # Emails are read on requests a rule covers only.
-            assert client.post("/rules/unnamed/", {"email": "eve@example.com"}).status_code == 200
+        login = rule("login", key="email:username", rate="100/m")
+        with rules(login, rule("other", path="/rules/unnamed/"), RATELIMIT_DENY=deny):
+            eve = {"username": "Eve@Example.com"}
+            assert client.post("/rules/named/", eve).status_code == 403
+            # Emails are matched where a rule is keyed on one.
+            assert (
+                client.post("/rules/unnamed/", {"username": "eve@example.com"}).status_code == 200
+            )
+            assert client.post("/rules/status/200/", eve).status_code == 200
             client.force_login(user)
-            assert client.get("/rules/unnamed/").status_code == 403
+            assert client.get("/rules/status/200/").status_code == 403
 
 
 class TestSignals:
