@@ -32,7 +32,15 @@ MAX_JSON_BODY = 64 * 1024
 KeyFunc = Callable[[str, HttpRequest], Any]
 KeySpec = str | KeyFunc
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
+#: Removed from every value: C0 and C1 controls, line and paragraph separators, and every
+#: invisible format character (Unicode category Cf: zero-width and bidirectional marks, soft
+#: hyphens, tags...), so values that look the same are the same.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
+    "\u08e2\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0001\U000e0020-\U000e007f]"
+)
 
 
 def mask_ip(ip: str) -> str | None:
@@ -112,7 +120,10 @@ def _clean(value: object) -> str | None:
 def normalize_email(value: object) -> str | None:
     """Stripped, NFKC-normalised, case-folded: ``' Foo@X.com'`` and ``'foo@x.com'`` match."""
     text = _clean(value)
-    return text.casefold() if text else None
+    if not text:
+        return None
+    folded = text.casefold()  # may grow: "ß" folds to "ss"
+    return folded if len(folded) <= MAX_VALUE_LENGTH else None
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any] | None:
@@ -142,6 +153,14 @@ def form_value(request: HttpRequest, field: str) -> str | None:
     except Exception:  # malformed multipart, too many fields, body already read
         return None
     return value
+
+
+def _query_value(request: HttpRequest, field: str) -> str | None:
+    """A query-string parameter; never raises (too many fields: missing)."""
+    try:
+        return request.GET.get(field)
+    except Exception:  # TooManyFieldsSent and the like
+        return None
 
 
 _BOT = re.compile(
@@ -187,7 +206,7 @@ SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str | None]] = {
 }
 
 ACCESSOR_KEYS: dict[str, Callable[[HttpRequest, str], str | None]] = {
-    "get": lambda r, k: _clean(r.GET.get(k)),
+    "get": lambda r, k: _clean(_query_value(r, k)),
     "post": lambda r, k: _clean(form_value(r, k)),
     "header": lambda r, k: _clean(r.META.get("HTTP_" + k.upper().replace("-", "_"))),
     "email": lambda r, k: normalize_email(form_value(r, k)),
