@@ -9,7 +9,7 @@ import argparse
 import importlib
 import time
 
-from bench import accuracy, ratelimit_latency
+from bench import accuracy, ratelimit_latency, ratelimit_middleware
 from bench.common import machine
 
 
@@ -24,11 +24,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     started = time.monotonic()
     if args.quick:
-        rounds, calls, scale = 4, 50, 0.1
+        rounds, calls, scale, ips, batch = 4, 50, 0.1, 10, 20
     else:
-        rounds, calls, scale = 20, 300, 1.0
+        rounds, calls, scale, ips, batch = 20, 300, 1.0, 100, 100
     rows = ratelimit_latency.run(rounds=rounds, calls=calls)
     print(ratelimit_latency.render(rows, rounds, calls), end="\n\n")
+    rule_rows, no_match = ratelimit_middleware.run(
+        rounds=rounds, calls=calls, ips=ips, batch=batch
+    )
+    print(ratelimit_middleware.render(rule_rows, no_match, rounds, calls), end="\n\n")
     print(accuracy.render(accuracy.run(scale=scale)), end="\n\n")
     try:
         bench_metrics = importlib.import_module("bench.bench_metrics")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import accuracy, common, ratelimit_latency
+from bench import accuracy, common, ratelimit_latency, ratelimit_middleware
 
 
 def test_quantile_and_table() -> None:
@@ -33,6 +33,63 @@ def test_latency_bench_on_real_servers(memcached_server: str, redis_server: str)
     assert "ours/peer" in text
     assert "<= 0.8x" in text
     assert "<= 0.5x" in text
+
+
+def test_middleware_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    rows, no_match = ratelimit_middleware.run(rounds=2, calls=5, ips=3, batch=5, servers=servers)
+    assert [r.backend for r in rows] == ["memcached", "redis"]
+    for row in rows:
+        assert row.samples == 2 * 5
+        assert (row.ours_failed, row.peer_failed) == (0, 0)
+        assert 0 < row.view_median <= row.view_p90
+        # Both limiters make round trips the plain view does not: they add time.
+        assert row.ours_added > 0
+        assert row.peer_added > 0
+        assert row.ours_median <= row.ours_p90
+        assert row.peer_median <= row.peer_p90
+        assert row.ratio == pytest.approx(row.ours_added / row.peer_added)
+    assert no_match.samples == 2 * 5
+    assert no_match.batch == 5
+    assert no_match.view_median > 0
+    assert no_match.ours_median > 0
+    assert no_match.added <= no_match.added_p90
+    assert no_match.met == (no_match.added < ratelimit_middleware.NO_MATCH_TARGET_US)
+    text = ratelimit_middleware.render(rows, no_match, 2, 5)
+    assert "ours/peer" in text
+    assert "<= 0.5x" in text
+    assert "< 5 us" in text
+    assert "memcached" in text and "redis" in text
+
+
+def test_middleware_bench_fills_every_window(memcached_server: str, redis_server: str) -> None:
+    """The subjects are busy before timing: each rule counts the fill's hits in its window."""
+    import time
+
+    from django.test import override_settings
+
+    from ratelimit_app.middleware import RatelimitMiddleware
+
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    caches = ratelimit_latency.caches_for(servers)
+    settings = ratelimit_middleware._rule_settings("memcached")
+    with override_settings(CACHES=caches), override_settings(**settings):
+        middleware = RatelimitMiddleware(ratelimit_middleware.view)
+        now = time.time()
+        [request] = ratelimit_middleware.login_requests([7001])
+        ratelimit_middleware._fill(middleware, [request])
+        [request] = ratelimit_middleware.login_requests([7001])
+        response = middleware(request)
+    assert response.status_code == 200
+    assert "RateLimit" in response
+    times = ratelimit_middleware._fill_times(now)
+    for rule, window in zip(ratelimit_middleware.RULES, ratelimit_middleware.WINDOWS, strict=True):
+        # Never lenient: at least every fill hit well inside the window, and this request;
+        # early by at most one fine bucket (W/60): the hits were spread over the window.
+        inside = sum(now - t < window - 5 for t in times)
+        near = sum(now - t < window * 61 / 60 + 5 for t in times)
+        assert inside > 50
+        assert inside + 1 <= request.ratelimit_usage[rule["name"]]["count"] <= near + 1
 
 
 def test_accuracy_guarantees() -> None:
