@@ -6,6 +6,7 @@ One check = resolve the rates and the subject, plan the buckets
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -78,10 +79,11 @@ class Result:
 
     usages: list[windows.Usage]
     namespace: str
+    #: True when any rate is over its limit.
+    limited: bool = dataclasses.field(init=False)
 
-    @property
-    def limited(self) -> bool:
-        return any(u.limited for u in self.usages)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limited", any(u.limited for u in self.usages))
 
     def binding(self) -> windows.Usage:
         """The rate that decides: the limited one that frees up last, else the tightest."""

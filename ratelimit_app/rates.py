@@ -34,11 +34,16 @@ class Rate:
     seconds: int
 
     def __str__(self) -> str:
-        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-            if self.seconds % size == 0:
-                multi = self.seconds // size
-                return f"{self.count}/{'' if multi == 1 else multi}{unit}"
-        return f"{self.count}/{'' if self.seconds == 1 else self.seconds}s"
+        return _text(self.count, self.seconds)
+
+
+@lru_cache(maxsize=1024)
+def _text(count: int, seconds: int) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            multi = seconds // size
+            return f"{count}/{'' if multi == 1 else multi}{unit}"
+    return f"{count}/{'' if seconds == 1 else seconds}s"
 
 
 def _validated(count: int, seconds: int, text: object) -> Rate:

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -48,13 +49,20 @@ def _name(label: str | None, rate: str) -> str:
     return _sf_string(f"{label}:{rate}" if label else rate)
 
 
+@functools.lru_cache(maxsize=1024)
+def _policy(label: str | None, rates: tuple[tuple[str, int, int], ...]) -> str:
+    # The same rules come back on every request: their policies are formatted once.
+    return ", ".join(f"{_name(label, rate)};q={limit};w={window}" for rate, limit, window in rates)
+
+
 def ratelimit_headers(policies: Policies) -> dict[str, str]:
     """``RateLimit-Policy`` (every rate of every limit) and ``RateLimit`` (the rate that
     decides each limit: the one that fired when a limit is exceeded)."""
     policy, state = [], []
     for label, usage in policies:
-        for r in usage.get("rates") or ():
-            policy.append(f"{_name(label, r['rate'])};q={r['limit']};w={r['window']}")
+        if usage.get("rates"):
+            key = tuple((r["rate"], r["limit"], r["window"]) for r in usage["rates"])
+            policy.append(_policy(label, key))
         if usage.get("rate"):
             wait = usage["retry_after"] if usage["should_limit"] else usage["reset"]
             remaining = 0 if usage["should_limit"] else usage["remaining"]

@@ -58,6 +58,21 @@ class RatePlan:
 
     rate: Rate
     segments: tuple[Segment, ...]
+    #: Derived once (plans are memoised), for :func:`_counts`: each segment's first read,
+    #: and the segments that are more than that one read, as (position, terms).
+    first: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    multi: tuple[tuple[int, tuple[Term, ...]], ...] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "first", tuple(seg.terms[0][0] for seg in self.segments))
+        multi = tuple(
+            (k, seg.terms)
+            for k, seg in enumerate(self.segments)
+            if seg.terms[0][1] != 1 or len(seg.terms) != 1
+        )
+        object.__setattr__(self, "multi", multi)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,28 +283,23 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
 # -- evaluation -----------------------------------------------------------------------------
 
 
-def _parts(rp: RatePlan, values: list[int]) -> list[tuple[float, int]]:
-    """(time the events leave the window, how many), oldest first.
+def _counts(rp: RatePlan, values: list[int]) -> list[int]:
+    """Events in each segment, oldest first.
 
     A segment's true count is never negative; a reset or an evicted coarse bucket can make
     coarse - fine negative, and counting that would be lenient.
     """
-    return [
-        (seg.end, max(0, sum(values[i] * sign for i, sign in seg.terms))) for seg in rp.segments
-    ]
+    counts = [values[i] for i in rp.first]
+    for k, terms in rp.multi:
+        counts[k] = sum(values[i] * sign for i, sign in terms)
+    if counts and min(counts) < 0:
+        counts = [c if c > 0 else 0 for c in counts]
+    return counts
 
 
 def count(rp: RatePlan, values: list[int]) -> int:
     """Events in the rate's window."""
-    return sum(c for _, c in _parts(rp, values))
-
-
-def _newest_end(rp: RatePlan, values: list[int]) -> float:
-    """When the newest counted events leave the window (0 if there are none)."""
-    for seg in reversed(rp.segments):
-        if sum(values[i] * sign for i, sign in seg.terms) > 0:
-            return seg.end
-    return 0.0
+    return sum(_counts(rp, values))
 
 
 def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> list[Usage]:
@@ -299,22 +309,27 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     and then taken back, so the times to wait are computed without it. Otherwise (a look that
     counts nothing) a rate is limited when it has no room left for one more hit.
     """
-    ns = [count(rp, values) for rp in p.rates]
+    per_segment = [_counts(rp, values) for rp in p.rates]
+    ns = [sum(c) for c in per_segment]
     refused = counted and any(n > rp.rate.count for n, rp in zip(ns, p.rates, strict=True))
     slack = 0 if counted else 1
     result = []
-    for rp, n in zip(p.rates, ns, strict=True):
+    for rp, n, counts in zip(p.rates, ns, per_segment, strict=True):
         limit = rp.rate.count
         retry_after = reset = 0.0
         left = n - 1 if refused else n
         if 0 < left < limit:
             # The common case, kept cheap: nothing to wait for, and the window is empty
             # once its newest events have left it.
-            reset = max(0.0, _newest_end(rp, values) - t)
+            k = len(counts) - 1
+            while k >= 0 and not counts[k]:
+                k -= 1
+            reset = max(0.0, rp.segments[k].end - t) if k >= 0 else 0.0
         elif left > 0 or (n and limit == 0):
-            for leaves_at, c in _parts(rp, values):
+            for seg, c in zip(rp.segments, counts, strict=True):
                 if c <= 0:
                     continue
+                leaves_at = seg.end
                 if left >= limit and left - c < limit:
                     retry_after = max(0.0, leaves_at - t)
                 left -= c
