@@ -2,6 +2,9 @@
 
 One check = resolve the rates and the subject, plan the buckets
 (:mod:`ratelimit_app.windows`), run the plan on the backend in one round trip, evaluate.
+A leaky-bucket check (``algorithm="leaky_bucket"``, :mod:`ratelimit_app.gcra`) meters the
+subject's bucket instead; the checks of one request, of either algorithm, go to the backend
+together (:meth:`~ratelimit_app.backends.base.Backend.exchange`).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, clock, keys, rates, windows
+from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, rates, windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.backends.base import Op
+from ratelimit_app.backends.base import MeterOp, MeterReply, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.rules import Rule
 from ratelimit_app.signals import backend_failed, ratelimited
 
@@ -79,6 +83,8 @@ class Result:
 
     usages: list[windows.Usage]
     namespace: str
+    #: A leaky bucket's state (its one usage is derived from it); None for sliding windows.
+    meter: gcra.State | None = None
     #: True when any rate is over its limit.
     limited: bool = dataclasses.field(init=False)
 
@@ -93,15 +99,36 @@ class Result:
         return min(self.usages, key=lambda u: (u.remaining, -u.reset))
 
 
+def meter_result(state: gcra.State, ns: str) -> Result:
+    """A leaky bucket's state as a :class:`Result`: its usage counts the level rounded up,
+    and resets when the bucket is empty."""
+    usage = windows.Usage(
+        state.meter.rate,
+        state.count,
+        state.remaining,
+        state.limited,
+        state.retry_after,
+        state.empty_in,
+    )
+    return Result([usage], ns, state)
+
+
 @dataclass(frozen=True, slots=True)
 class Check:
     """One subject's limit to check: its scope (:func:`scope`), subject, rates, and whether
-    this request counts (``increment``) or only looks."""
+    this request counts (``increment``) or only looks; the ``algorithm``, and the ``burst``
+    (capacity) of a leaky bucket (None: the rate's count)."""
 
     scope: str
     subject: tuple[str, str]
     rates: tuple[rates.Rate, ...]
     increment: bool
+    algorithm: str = SLIDING_WINDOW
+    burst: int | None = None
+
+    @property
+    def metered(self) -> bool:
+        return self.algorithm == LEAKY_BUCKET
 
 
 def _limited_counted(checks: Sequence[Check], results: list[Result]) -> set[int]:
@@ -119,18 +146,36 @@ def check_many(
     When a check is over its limit, a second round trip takes back the hits that
     ``take_back`` names (default: the refused ones; a request refused by one rule may take
     back what the others counted) and, with ``exact``, reads the fine buckets of the
-    limited checks to time their waits exactly. Raises ``BackendError``.
+    limited checks to time their waits exactly. A leaky bucket stores nothing for a refused
+    request, and its wait is exact from the start: its part of the second round trip only
+    takes back requests it admitted (when another rule refused them). Raises
+    ``BackendError``, and ``ImproperlyConfigured`` for a leaky bucket whose rates (from a
+    callable) or burst do not make one.
     """
     t = clock.now()
+    now_us = gcra.micros(t)
     per_window, hierarchical = conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL
-    plans = [windows.plan(c.rates, t, per_window, hierarchical) for c in checks]
     namespaces = [namespace(c.scope, *c.subject) for c in checks]
+    windowed = [i for i, c in enumerate(checks) if not c.metered]
+    metered = [i for i, c in enumerate(checks) if c.metered]
+    plans = {i: windows.plan(checks[i].rates, t, per_window, hierarchical) for i in windowed}
+    meters = {i: gcra.meter(checks[i].rates, checks[i].burst) for i in metered}
     backend = get_backend()
-    ops = [Op(ns, p, c.increment) for ns, p, c in zip(namespaces, plans, checks, strict=True)]
-    results = [
-        Result(windows.evaluate(p, v, t, counted=c.increment), ns)
-        for p, v, c, ns in zip(plans, backend.run_many(ops), checks, namespaces, strict=True)
-    ]
+    values, replies = backend.exchange(
+        [Op(namespaces[i], plans[i], checks[i].increment) for i in windowed],
+        [MeterOp(namespaces[i], meters[i], checks[i].increment) for i in metered],
+        now_us,
+    )
+    results: list[Result] = [None] * len(checks)  # type: ignore[list-item]
+    for i, v in zip(windowed, values, strict=True):
+        usages = windows.evaluate(plans[i], v, t, counted=checks[i].increment)
+        results[i] = Result(usages, namespaces[i])
+    admitted: dict[int, MeterReply] = {}
+    for i, reply in zip(metered, replies, strict=True):
+        state = gcra.outcome(meters[i], reply.read, reply.written, now_us, checks[i].increment)
+        results[i] = meter_result(state, namespaces[i])
+        if reply.written is not None:
+            admitted[i] = reply
     limited = {i for i, r in enumerate(results) if r.limited}
     if not limited:
         return results
@@ -145,17 +190,19 @@ def check_many(
     exact = exact and not hierarchical and windows.coarse_factor(per_window) > 1
     detail = {
         i: windows.plan(checks[i].rates, t, per_window, fine_only=True)
-        for i in (limited if exact else ())
+        for i in (limited.intersection(windowed) if exact else ())
     }
-    second = sorted(undo | set(detail))
-    if not second:
+    second = sorted((undo.intersection(windowed)) | set(detail))
+    untake = sorted(undo.intersection(admitted))
+    if not second and not untake:
         return results
     ops = [
         Op(namespaces[i], detail.get(i, plans[i]), False, plans[i] if i in undo else None)
         for i in second
     ]
+    meter_ops = [MeterOp(namespaces[i], meters[i], take_back=admitted[i]) for i in untake]
     try:
-        values = backend.run_many(ops)
+        values, _ = backend.exchange(ops, meter_ops, now_us)
     except BackendError as exc:
         # Whether the hits were taken back is unknown: leaving them counted is the safe side
         # (trying again could take them back twice, which would be lenient).
@@ -170,18 +217,31 @@ def check_many(
 
 
 def check(
-    group: str, subject: tuple[str, str], rate_list: tuple[rates.Rate, ...], increment: bool
+    group: str,
+    subject: tuple[str, str],
+    rate_list: tuple[rates.Rate, ...],
+    increment: bool,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> Result:
-    """Count (if ``increment``) and read one subject's windows. Raises ``BackendError``."""
-    return check_many([Check(group, subject, rate_list, increment)])[0]
+    """Count (if ``increment``) and read one subject's windows, or meter its leaky bucket.
+    Raises ``BackendError``."""
+    return check_many([Check(group, subject, rate_list, increment, algorithm, burst)])[0]
 
 
 def usage_dict(result: Result) -> dict[str, Any]:
-    """django-ratelimit's dict (count, limit, should_limit, time_left) plus our fields."""
+    """django-ratelimit's dict (count, limit, should_limit, time_left) plus our fields.
+
+    For a leaky bucket, ``count`` is the level rounded up, ``limit`` the capacity, ``reset``
+    (and ``time_left``) the seconds until the bucket is empty, and ``level`` (fractional)
+    and ``capacity`` are added.
+    """
     u = result.binding()
-    return {
+    state = result.meter
+    limit = u.rate.count if state is None else state.meter.capacity
+    usage = {
         "count": u.count,
-        "limit": u.rate.count,
+        "limit": limit,
         "should_limit": result.limited,
         "time_left": math.ceil(u.reset),
         "remaining": u.remaining,
@@ -193,14 +253,19 @@ def usage_dict(result: Result) -> dict[str, Any]:
                 "rate": str(x.rate),
                 "window": x.rate.seconds,
                 "count": x.count,
-                "limit": x.rate.count,
+                "limit": limit if state is not None else x.rate.count,
                 "remaining": x.remaining,
                 "reset": math.ceil(x.reset),
                 "should_limit": x.limited,
             }
             for x in result.usages
         ],
+        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
     }
+    if state is not None:
+        usage["level"] = round(state.level, 6)
+        usage["capacity"] = state.meter.capacity
+    return usage
 
 
 def failure_dict() -> dict[str, Any]:
@@ -234,16 +299,24 @@ def get_usage(
     method: Method = ALL,
     increment: bool = False,
     fail_open: bool | None = None,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> dict[str, Any] | None:
     """Usage of a limit for this request, counting it when ``increment`` is true.
 
     Same arguments and return value as django-ratelimit 4.1's ``get_usage``: ``None`` when no
     limit applies, else a dict with ``count``, ``limit``, ``should_limit`` and ``time_left``,
     plus ``remaining``, ``reset`` and ``retry_after`` (seconds), ``rate`` (the rate that
-    decides) and ``rates`` (every rate of a multi-rate limit).
+    decides), ``rates`` (every rate of a multi-rate limit) and ``algorithm``.
+
+    ``algorithm="leaky_bucket"`` meters a leaky bucket instead of sliding windows: ``rate``
+    is the leak rate (one rate) and ``burst`` the capacity (default: the rate's count); the
+    dict then also has ``level`` and ``capacity`` (see :func:`usage_dict`).
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
+    gcra.validate_algorithm(algorithm)
+    gcra.validate_burst(burst)
     if not conf.ENABLE or not method_matches(request, method):
         return None
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
@@ -255,8 +328,12 @@ def get_usage(
     subject = keys.subject(key, group, request)
     if subject is None:
         return None
+    if algorithm == LEAKY_BUCKET:
+        gcra.meter(rate_list, burst)  # a rate from a callable is validated here
     try:
-        result = check(scope(group, method, rate_list), subject, rate_list, increment)
+        result = check(
+            scope(group, method, rate_list), subject, rate_list, increment, algorithm, burst
+        )
     except BackendError as exc:
         report_failure(exc)
         if conf.FAIL_OPEN if fail_open is None else fail_open:
@@ -302,6 +379,8 @@ class Target:
     #: The subject as a masked IP, when it is one and the key is of another kind: the
     #: counters of requests that had no value for the key and fell back to the client IP.
     fallback_ip: str | None = None
+    algorithm: str = SLIDING_WINDOW
+    burst: int | None = None
 
     @property
     def scope(self) -> str:
@@ -324,13 +403,17 @@ def target(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> Target | None:
     """The counters ``subject`` has under a rule (a :class:`~ratelimit_app.rules.Rule` or the
-    name of one in ``RATELIMIT_RULES``) or under a decorator's ``group`` (then ``key`` and
-    ``rate`` are the decorator's). ``subject`` is what a person types: an IP, an email (case
-    folded as the key does), a user id. Returns None when the subject is empty or invalid.
+    name of one in ``RATELIMIT_RULES``) or under a decorator's ``group`` (then ``key``,
+    ``rate``, ``method``, ``algorithm`` and ``burst`` are the decorator's). ``subject`` is
+    what a person types: an IP, an email (case folded as the key does), a user id. Returns
+    None when the subject is empty or invalid.
 
-    Raises ``ValueError`` when the limit cannot be found or its rates depend on the request.
+    Raises ``ValueError`` when the limit cannot be found, its rates depend on the request,
+    or its algorithm, rates and burst do not make a limit.
     """
     if isinstance(rule_or_group, str) and key is None:
         found = conf.RULES.by_name.get(rule_or_group)
@@ -342,6 +425,7 @@ def target(
         rule_or_group = found
     if isinstance(rule_or_group, Rule):
         group, key, rate, method = rule_or_group.group, rule_or_group.key, rule_or_group.rate, ALL
+        algorithm, burst = rule_or_group.algorithm, rule_or_group.burst
     else:
         group = rule_or_group
     if key is None or rate is None:
@@ -350,13 +434,20 @@ def target(
         raise ValueError(
             f"{rule_or_group!r}: its rate depends on the request; pass the rate it returns."
         )
+    try:
+        rate_list = rates.normalize(rate)
+        gcra.validate_algorithm(algorithm)
+        if algorithm == LEAKY_BUCKET:
+            gcra.meter(rate_list, burst)
+    except ImproperlyConfigured as exc:
+        raise ValueError(f"{rule_or_group!r}: {exc}") from exc
     value = keys.normalize_value(key, subject)
     if value is None:
         return None
     fallback = None
     if keys.kind(key) not in ("ip", "user_or_ip"):
         fallback = keys.mask_ip(subject)
-    return Target(group, key, rates.normalize(rate), method, value, fallback)
+    return Target(group, key, rate_list, method, value, fallback, algorithm, burst)
 
 
 def reset(
@@ -365,17 +456,23 @@ def reset(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> bool:
-    """Clear the counters of one subject (an IP, an email, a user id) of a rule or group.
+    """Clear the counters of one subject (an IP, an email, a user id) of a rule or group:
+    its sliding windows and its leaky bucket, whichever it has.
 
     Arguments as for :func:`target`. Returns False when there is nothing to reset (an empty
     or invalid subject); raises ``ValueError`` for an unknown rule and ``BackendError`` when
     the backend fails.
     """
-    found = target(rule_or_group, subject, key, rate, method)
+    found = target(rule_or_group, subject, key, rate, method, algorithm, burst)
     if found is None:
         return False
-    suffixes = sorted(windows.stored_suffixes(found.rates, clock.now(), conf.BUCKETS_PER_WINDOW))
+    suffixes = [gcra.SUFFIX]
+    if found.algorithm == SLIDING_WINDOW:
+        now = clock.now()
+        suffixes += sorted(windows.stored_suffixes(found.rates, now, conf.BUCKETS_PER_WINDOW))
     backend = get_backend()
     for kind, value in found.subjects():
         ns = namespace(found.scope, kind, value)
@@ -390,19 +487,25 @@ def lookup(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> dict[str, Any] | None:
-    """The usage of one subject (as :func:`get_usage` reports it, counting nothing).
+    """The usage of one subject (as :func:`get_usage` reports it, counting nothing): for a
+    leaky bucket, its level, capacity and the seconds until it is empty.
 
     Arguments as for :func:`target`; None for an empty or invalid subject. An IP typed for a
     key of another kind may name the key's own counters (a header holding an address) or the
     IP fallback's: both are read, in one round trip, and the busier is reported. Raises
     ``ValueError`` for an unknown rule and ``BackendError`` when the backend fails.
     """
-    found = target(rule_or_group, subject, key, rate, method)
+    found = target(rule_or_group, subject, key, rate, method, algorithm, burst)
     if found is None:
         return None
     results = check_many(
-        [Check(found.scope, subject, found.rates, False) for subject in found.subjects()]
+        [
+            Check(found.scope, subject, found.rates, False, found.algorithm, found.burst)
+            for subject in found.subjects()
+        ]
     )
     busiest = max(results, key=lambda r: r.binding().count)  # the first on a tie: its own
     return usage_dict(busiest)

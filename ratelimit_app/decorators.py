@@ -1,4 +1,4 @@
-"""``@ratelimit``: django-ratelimit 4.1's decorator, on sliding windows.
+"""``@ratelimit``: django-ratelimit 4.1's decorator, on sliding windows or a leaky bucket.
 
 Works on function views, async views, methods of class-based views (with or without
 ``method_decorator``) and on view classes themselves (their ``dispatch`` is wrapped).
@@ -15,7 +15,7 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, keys, rates
+from ratelimit_app import ALL, UNSAFE, gcra, keys, rates
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.core import Method, get_usage, group_name
@@ -29,16 +29,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 registry: dict[str, list[str]] = {}
 
 
-def _validate(key: object, rate: object) -> list[str]:
+def _validate(
+    key: object, rate: object, algorithm: object = gcra.SLIDING_WINDOW, burst: object = None
+) -> list[str]:
     problems = []
-    if isinstance(rate, str) and not rates.is_dotted_path(rate):
+    static: tuple[rates.Rate, ...] | None = None
+    if (isinstance(rate, str) and not rates.is_dotted_path(rate)) or isinstance(rate, tuple):
         try:
-            rates.parse(rate)
-        except ImproperlyConfigured as exc:
-            problems.append(str(exc))
-    elif isinstance(rate, tuple):
-        try:
-            rates.normalize(rate)
+            static = rates.normalize(rate)
         except ImproperlyConfigured as exc:
             problems.append(str(exc))
     if not key:
@@ -48,6 +46,18 @@ def _validate(key: object, rate: object) -> list[str]:
             keys.compile_key(key)
         except ImproperlyConfigured as exc:
             problems.append(str(exc))
+    try:
+        gcra.validate_algorithm(algorithm)
+        if burst is not None and algorithm != gcra.LEAKY_BUCKET:
+            raise ImproperlyConfigured(
+                f"Burst {burst!r}: a burst is the capacity of a leaky bucket; add "
+                "algorithm='leaky_bucket' or remove it."
+            )
+        gcra.validate_burst(burst)
+        if algorithm == gcra.LEAKY_BUCKET and static is not None:
+            gcra.meter(static, burst)  # type: ignore[arg-type]
+    except ImproperlyConfigured as exc:
+        problems.append(str(exc))
     return problems
 
 
@@ -66,12 +76,19 @@ def ratelimit(
     rate: rates.RateSpec = None,
     method: Method = ALL,
     block: bool = True,
+    algorithm: str = gcra.SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> Callable[[F], F]:
     """Limit a view: django-ratelimit's arguments and meaning, sliding windows underneath.
 
     ``request.limited`` tells the view whether it is over the limit; with ``block=True`` a
     limited request raises ``RATELIMIT_EXCEPTION_CLASS`` (``Ratelimited``, a
     ``PermissionDenied``) before the view runs.
+
+    ``algorithm="leaky_bucket"`` meters a leaky bucket instead (:mod:`ratelimit_app.gcra`):
+    ``rate`` is its leak rate (one rate) and ``burst`` its capacity (default: the rate's
+    count). A bad algorithm or burst is reported like a bad rate: system check E010, and
+    ``ImproperlyConfigured`` when the view is called.
     """
 
     def decorator(fn: F) -> F:
@@ -83,7 +100,7 @@ def ratelimit(
         return _wrap(fn, group, group_name(fn))
 
     def _wrap(fn: F, group: str | None, view_name: str) -> F:
-        problems = _validate(key, rate)
+        problems = _validate(key, rate, algorithm, burst)
         if problems:
             registry[view_name] = problems
 
@@ -91,7 +108,17 @@ def ratelimit(
             if problems:
                 raise ImproperlyConfigured(f"@ratelimit on {view_name}: {problems[0]}")
             old_limited = getattr(request, "limited", False)
-            usage = get_usage(request, group, fn, key, rate, method, increment=True)
+            usage = get_usage(
+                request,
+                group,
+                fn,
+                key,
+                rate,
+                method,
+                increment=True,
+                algorithm=algorithm,
+                burst=burst,
+            )
             limited = bool(usage and usage["should_limit"])
             request.limited = limited or old_limited  # type: ignore[attr-defined]
             if limited and block:

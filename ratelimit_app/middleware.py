@@ -9,7 +9,8 @@ Per request:
    the rules keyed on an email: a denied one gets 403, an allowed one skips those rules (the
    email is what the request claims, so the IP and user rules still apply).
 3. Every matching rule is checked in **one** backend round trip
-   (:func:`~ratelimit_app.core.check_many`): ``count: "all"`` rules count the request,
+   (:func:`~ratelimit_app.core.check_many`; leaky-bucket rules on memcached add a
+   compare-and-set round trip): ``count: "all"`` rules count the request,
    ``count: "failures"`` rules only look. A limited blocking rule answers 429
    (:mod:`~ratelimit_app.responses`) without calling the view, and the request then counts
    nowhere (the other rules' hits are taken back in the same second round trip that times
@@ -139,7 +140,14 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
             if subject[1] in allow.emails:
                 continue
         checks.append(
-            Check(scope(rule.group, ALL, rate_list), subject, rate_list, not rule.failures_only)
+            Check(
+                scope(rule.group, ALL, rate_list),
+                subject,
+                rate_list,
+                not rule.failures_only,
+                rule.algorithm,
+                rule.burst,
+            )
         )
         used.append(rule)
     if not checks:

@@ -5,6 +5,11 @@ A rule is a dict::
     {"name": "login-email", "path": "/accounts/login/", "methods": ["POST"],
      "key": "email", "rate": "5/m;10/d", "count": "failures"}
 
+or, a leaky bucket (a steady rate with a bounded burst, :mod:`ratelimit_app.gcra`)::
+
+    {"name": "api", "path": "/api/", "key": "user_or_ip", "rate": "10/s",
+     "algorithm": "leaky_bucket", "burst": 50}
+
 :func:`parse_rule` validates one (a :class:`RuleError` names the rule and the field);
 :class:`RuleSet` matches requests against many, precompiled so that a request no rule covers
 costs a string comparison or two. Pure logic: no I/O (URL names are resolved through Django's
@@ -23,7 +28,7 @@ from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from ratelimit_app import keys, rates
+from ratelimit_app import gcra, keys, rates
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"
@@ -38,6 +43,8 @@ FIELDS: dict[str, str] = {
     "count": "'all' (default) or 'failures'",
     "block": "True (default) or False",
     "fail_open": "True (default) or False",
+    "algorithm": "'sliding_window' (default) or 'leaky_bucket'",
+    "burst": "a leaky bucket's capacity: an integer from 1 (default: the rate's count)",
 }
 #: Keys whose values an async request can be read for without a database query.
 ASYNC_SAFE_KEYS = ("ip", "email", "device")
@@ -67,6 +74,9 @@ class Rule:
     fail_open: bool = True
     #: The rates when they do not depend on the request (else None: resolved per request).
     static_rates: tuple[rates.Rate, ...] | None = None
+    algorithm: str = gcra.SLIDING_WINDOW
+    #: A leaky bucket's capacity (None: the rate's count).
+    burst: int | None = None
 
     @property
     def group(self) -> str:
@@ -102,6 +112,9 @@ class Rule:
         out["key"] = keys.kind(self.key)
         out["rate"] = self.rate if isinstance(self.rate, str) else repr(self.rate)
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
+        if self.algorithm != gcra.SLIDING_WINDOW:
+            out["algorithm"] = self.algorithm
+            out["burst"] = self.burst if self.burst is not None else "the rate's count"
         return out
 
 
@@ -171,6 +184,7 @@ def parse_rule(raw: object, index: int = 0) -> Rule:
     count = raw.get("count", COUNT_ALL)
     if count not in (COUNT_ALL, COUNT_FAILURES):
         raise RuleError(name, "count", f"expected {FIELDS['count']}, got {count!r}.")
+    algorithm, burst = _algorithm(raw, name, static)
     return Rule(
         name=name,
         key=key,
@@ -182,7 +196,41 @@ def parse_rule(raw: object, index: int = 0) -> Rule:
         block=_flag(raw, name, "block", True),
         fail_open=_flag(raw, name, "fail_open", True),
         static_rates=static,
+        algorithm=algorithm,
+        burst=burst,
     )
+
+
+def _algorithm(
+    raw: Mapping[str, Any], rule: str, static: tuple[rates.Rate, ...] | None
+) -> tuple[str, int | None]:
+    """The rule's ``algorithm`` and ``burst``, checked against its rates when they are fixed."""
+    algorithm = raw.get("algorithm", gcra.SLIDING_WINDOW)
+    try:
+        gcra.validate_algorithm(algorithm)
+    except ImproperlyConfigured:
+        raise RuleError(
+            rule, "algorithm", f"expected {FIELDS['algorithm']}, got {algorithm!r}."
+        ) from None
+    burst = raw.get("burst")
+    if burst is not None and algorithm != gcra.LEAKY_BUCKET:
+        raise RuleError(
+            rule,
+            "burst",
+            "a burst is the capacity of a leaky bucket: set "
+            "'algorithm': 'leaky_bucket', or remove it.",
+        )
+    try:
+        burst = gcra.validate_burst(burst)
+    except ImproperlyConfigured:
+        raise RuleError(rule, "burst", f"expected {FIELDS['burst']}, got {burst!r}.") from None
+    if algorithm == gcra.LEAKY_BUCKET and static is not None:
+        try:
+            gcra.meter(static, burst)
+        except ImproperlyConfigured as exc:
+            field = "rate" if len(static) != 1 else "burst"
+            raise RuleError(rule, field, str(exc)) from exc
+    return algorithm, burst
 
 
 def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:

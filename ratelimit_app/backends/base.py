@@ -4,16 +4,25 @@ A backend runs a :class:`~ratelimit_app.windows.Plan` for one subject in one rou
 increment the plan's write buckets (when counting), then read its buckets, and return the
 values in the order of ``plan.reads``. Any failure raises :class:`BackendError`; a backend
 never returns zeros it did not read.
+
+Leaky buckets (:mod:`ratelimit_app.gcra`) are metered by :meth:`Backend.meter_many`: read a
+subject's TAT, decide, and store the new one only if nothing else changed it meanwhile. The
+default implementation, on any Django cache, is atomic within one process only (for
+development); memcached and Redis override it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from django.core.cache import caches
+
+from ratelimit_app import gcra
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
@@ -32,6 +41,32 @@ class Op(NamedTuple):
     plan: Plan
     increment: bool = False
     undo: Plan | None = None
+
+
+class MeterReply(NamedTuple):
+    """What a leaky-bucket op found and did: the TAT it ``read`` (ticks; None: nothing
+    stored), the TAT it ``written`` (None: the request was not admitted, or only looked), and
+    the backend's ``token`` for taking it back (memcached: the item's CAS id)."""
+
+    read: int | None
+    written: int | None = None
+    token: Any = None
+
+
+class MeterOp(NamedTuple):
+    """One subject's leaky bucket in a round trip: admit (``increment``) when one more
+    fits, or only look. With ``take_back`` (the reply of this request's admitting op), take
+    that request back instead, if nothing has changed the TAT since (else it stays counted:
+    taking back a request another one's TAT depends on could be lenient)."""
+
+    namespace: str
+    meter: gcra.Meter
+    increment: bool = False
+    take_back: MeterReply | None = None
+
+
+#: The default meter's read-decide-write is atomic within a process, not across processes.
+_meter_lock = threading.Lock()
 
 
 class Encoded:
@@ -105,6 +140,51 @@ class Backend(ABC):
     ) -> list[int]:
         """:meth:`run_many` for one subject."""
         return self.run_many((Op(namespace, plan, increment, undo),))[0]
+
+    def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
+        """Meter every op's leaky bucket at ``now_us`` (the client's clock, microseconds);
+        one reply per op. Raise BackendError on any failure.
+
+        This default runs on any Django cache (``get`` and ``set``), under a process-wide
+        lock: exact in one process, racy across processes (for development).
+        """
+        cache = caches[self.alias]  # Django's cache objects are per thread.
+        replies = []
+        with _meter_lock:
+            for op in ops:
+                key = self.rl_prefix + op.namespace + gcra.SUFFIX  # make_key adds prefixes
+                try:
+                    read = gcra.decode(op.meter, cache.get(key))
+                    written = self._meter_decision(op, read, now_us)
+                    if op.take_back is not None:
+                        if read is not None and read == op.take_back.written:
+                            restored = gcra.take_back(op.meter, read)
+                            ttl = gcra.ttl_seconds(op.meter, restored, now_us)
+                            cache.set(key, gcra.encode(op.meter, restored).decode(), ttl)
+                    elif written is not None:
+                        ttl = gcra.ttl_seconds(op.meter, written, now_us)
+                        cache.set(key, gcra.encode(op.meter, written).decode(), ttl)
+                except Exception as exc:  # includes a TAT that is not one
+                    raise BackendError(f"{self.alias}: {exc}") from exc
+                replies.append(MeterReply(read, written))
+        return replies
+
+    @staticmethod
+    def _meter_decision(op: MeterOp, read: int | None, now_us: int) -> int | None:
+        """The TAT ``op`` stores when it read ``read`` (None: it stores nothing)."""
+        if op.take_back is None and op.increment and gcra.fits(op.meter, read, now_us):
+            return gcra.advance(op.meter, read, now_us)
+        return None
+
+    def exchange(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply]]:
+        """:meth:`run_many` and :meth:`meter_many` (the rules of a request of both
+        algorithms) in as few round trips as the backend can: here one call each."""
+        return (
+            self.run_many(ops) if ops else [],
+            self.meter_many(meters, now_us) if meters else [],
+        )
 
     @abstractmethod
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:

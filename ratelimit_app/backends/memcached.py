@@ -10,6 +10,12 @@ All buckets of one subject live on one node (rendezvous hashing on the subject),
 stays one round trip with several servers; a node that fails is skipped for
 ``RATELIMIT_DEAD_RETRY`` seconds and its subjects move to the others (availability over
 accuracy, as the seeds suggest). Sockets set TCP_NODELAY and ``RATELIMIT_SOCKET_TIMEOUT``.
+
+Leaky buckets (:mod:`ratelimit_app.gcra`) are compare-and-set: one round trip reads every
+TAT of the request with its CAS id (``mg <key> v c``), a second stores each admitted
+request's new TAT only if the item is unchanged (``ms <key> C<cas>``, or ``ME``, add, for a
+subject with no TAT yet). A request whose store lost the race reads and decides again, up to
+:data:`CAS_ATTEMPTS` times; after that it is refused (never admitted on a guess).
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ from typing import Any
 
 from pymemcache.client.base import PooledClient
 
-from ratelimit_app.backends.base import MEMCACHED_MAX_RELATIVE_TTL, Backend, Op
+from ratelimit_app import gcra
+from ratelimit_app.backends.base import (
+    MEMCACHED_MAX_RELATIVE_TTL,
+    Backend,
+    MeterOp,
+    MeterReply,
+    Op,
+)
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
@@ -62,6 +75,56 @@ def _exchange(client: Any, command: bytes, end: bytes, count: int = 1) -> bytes:
             raise BackendError("memcached closed the connection mid-reply")
         reply += chunk
     return reply
+
+
+#: Read-decide-store rounds of a leaky-bucket check before it is refused.
+CAS_ATTEMPTS = 8
+#: Meta replies that end a reply line without a value (all but ``VA``).
+_META_FLAGS = re.compile(rb" c(\d+)")
+
+
+def _meta_exchange(client: Any, command: bytes, count: int) -> list[tuple[bytes, bytes]]:
+    """Send ``count`` meta commands followed by ``mn``; return each reply's (head, value).
+
+    Read by length, not by searching for an end marker, so a stored value can never cut a
+    reply short. A reply line that is not a meta reply (``CLIENT_ERROR``...) raises.
+    """
+    if client.sock is None:
+        client.version()  # connects, with the client's timeouts and TCP_NODELAY
+    sock = client.sock
+    sock.sendall(command + b"mn\r\n")
+    buf, pos = b"", 0
+    replies: list[tuple[bytes, bytes]] = []
+    while True:
+        end = buf.find(b"\r\n", pos)
+        if end < 0:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise BackendError("memcached closed the connection mid-reply")
+            buf += chunk
+            continue
+        head = buf[pos:end]
+        if head == b"MN" and len(replies) == count:
+            return replies
+        if head.startswith(b"VA "):
+            size = int(head.split(b" ", 2)[1])
+            while len(buf) < end + 2 + size + 2:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise BackendError("memcached closed the connection mid-reply")
+                buf += chunk
+            replies.append((head, buf[end + 2 : end + 2 + size]))
+            pos = end + 2 + size + 2
+        elif head[:2] in (b"HD", b"EN", b"NS", b"EX", b"NF") and len(replies) < count:
+            replies.append((head, b""))
+            pos = end + 2
+        else:
+            raise BackendError(f"unexpected memcached reply {head[:80]!r}")
+
+
+def _cas(head: bytes) -> int | None:
+    found = _META_FLAGS.search(head)
+    return int(found[1]) if found else None
 
 
 # A hit of the multi-get as (bucket suffix, count). The suffix (":W/G:index" or ":hL:index")
@@ -107,9 +170,18 @@ class MemcachedBackend(Backend):
 
     def _call(self, node: _Node, command: bytes, end: bytes, count: int = 1) -> bytes:
         """Send ``command`` on a pooled connection and read the reply up to ``end``."""
+        return self._on(node, lambda client: _exchange(client, command, end, count))
+
+    def _meta(self, node: _Node, command: bytes, count: int) -> list[tuple[bytes, bytes]]:
+        """Send ``count`` meta commands on a pooled connection; their (head, value) replies."""
+        return self._on(node, lambda client: _meta_exchange(client, command, count))
+
+    def _on(self, node: _Node, exchange: Any) -> Any:
+        """``exchange(client)`` on a pooled connection of ``node``; a failure marks the node
+        down (and the pool drops the connection)."""
         try:
             with node.client.client_pool.get_and_release(destroy_on_fail=True) as client:
-                return _exchange(client, command, end, count)
+                return exchange(client)
         except Exception as exc:
             node.dead_until = time.monotonic() + conf.DEAD_RETRY
             raise self._failed(exc) from exc
@@ -176,6 +248,93 @@ class MemcachedBackend(Backend):
                 break
             pending = failed
         return results  # type: ignore[return-value]
+
+    def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
+        replies: list[MeterReply] = [MeterReply(None)] * len(ops)
+        by_node: dict[_Node, list[int]] = {}
+        for i, op in enumerate(ops):
+            by_node.setdefault(self._node(op.namespace), []).append(i)
+        for node, indexes in by_node.items():
+            taking = [i for i in indexes if ops[i].take_back is not None]
+            if taking:
+                self._take_back(node, [ops[i] for i in taking], now_us)
+            metering = [i for i in indexes if ops[i].take_back is None]
+            if metering:
+                self._meter(node, ops, metering, now_us, replies)
+        return replies
+
+    def _key(self, op: MeterOp) -> bytes:
+        return (self.cache_prefix + self.rl_prefix + op.namespace + gcra.SUFFIX).encode()
+
+    def _store(self, op: MeterOp, tat: int, now_us: int, cas: int | None) -> bytes:
+        """``ms`` of a TAT: only over the item with CAS id ``cas`` (None: only if absent)."""
+        value = gcra.encode(op.meter, tat)
+        ttl = gcra.ttl_seconds(op.meter, tat, now_us)
+        if ttl > MEMCACHED_MAX_RELATIVE_TTL:
+            ttl += int(time.time())
+        mode = b"ME" if cas is None else b"C%d" % cas
+        return b"ms %s %d T%d %s c\r\n%s\r\n" % (self._key(op), len(value), ttl, mode, value)
+
+    def _meter(
+        self,
+        node: _Node,
+        ops: Sequence[MeterOp],
+        pending: list[int],
+        now_us: int,
+        replies: list[MeterReply],
+    ) -> None:
+        """Read, decide and compare-and-set the ops ``pending`` of one node, in rounds."""
+        for _ in range(CAS_ATTEMPTS):
+            reads = self._meta(
+                node, b"".join(b"mg %s v c\r\n" % self._key(ops[i]) for i in pending), len(pending)
+            )
+            stores: list[tuple[int, int]] = []
+            command = []
+            for i, (head, value) in zip(pending, reads, strict=True):
+                op = ops[i]
+                if not head.startswith((b"VA", b"EN")):
+                    raise self._failed(BackendError(f"unexpected reply {head[:80]!r}"))
+                try:
+                    read = gcra.decode(op.meter, value if head.startswith(b"VA") else None)
+                except ValueError as exc:
+                    raise self._failed(exc) from exc
+                replies[i] = MeterReply(read)
+                written = self._meter_decision(op, read, now_us)
+                if written is not None:
+                    stores.append((i, written))
+                    cas = _cas(head) if head.startswith(b"VA") else None
+                    command.append(self._store(op, written, now_us, cas))
+            if not stores:
+                return
+            pending = []
+            for (i, written), (head, _) in zip(
+                stores, self._meta(node, b"".join(command), len(stores)), strict=True
+            ):
+                if head.startswith(b"HD"):
+                    replies[i] = MeterReply(replies[i].read, written, _cas(head))
+                elif head.startswith((b"NS", b"EX", b"NF")):  # lost the race: again
+                    pending.append(i)
+                else:
+                    raise self._failed(BackendError(f"unexpected reply {head[:80]!r}"))
+            if not pending:
+                return
+        # Still losing the race: refused (replies[i] stored nothing), never admitted on a guess.
+
+    def _take_back(self, node: _Node, ops: Sequence[MeterOp], now_us: int) -> None:
+        """Take back admitted requests whose TAT nobody has changed since (by CAS id)."""
+        command = []
+        for op in ops:
+            taken = op.take_back
+            assert taken is not None
+            assert taken.written is not None
+            assert taken.token is not None
+            restored = gcra.take_back(op.meter, taken.written)
+            if restored > op.meter.ticks(now_us):
+                command.append(self._store(op, restored, now_us, taken.token))
+            else:  # the bucket would be empty: forget it
+                command.append(b"md %s C%d\r\n" % (self._key(op), taken.token))
+        # EX or NF: another request moved the TAT meanwhile; it stays counted (safe side).
+        self._meta(node, b"".join(command), len(command))
 
     def _decrements(self, base: bytes, plan: Plan) -> bytes:
         return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.encoded(plan).writes)

@@ -5,6 +5,10 @@ bucket of the window, atomically, in one round trip. Keys of one subject share a
 (``{...}``), so the script also runs on Redis Cluster. Connections come from django-redis's
 connection factory with bounded socket timeouts. Bucket indexes come from the client's
 clock (:func:`ratelimit_app.clock.now`), never the server's.
+
+Leaky buckets (:mod:`ratelimit_app.gcra`) have a script of their own, :data:`METER_SCRIPT`:
+every leaky-bucket rule of a request in one atomic call. A request with rules of both
+algorithms sends both scripts in one pipelined round trip (each atomic on its own).
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ratelimit_app.backends.base import Backend, Encoded, Op
+from redis.exceptions import NoScriptError
+
+from ratelimit_app import gcra
+from ratelimit_app.backends.base import Backend, Encoded, MeterOp, MeterReply, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
@@ -98,9 +105,75 @@ return reply
 """
 
 
+#: Every leaky bucket of a request, atomically: KEYS[i] is the i-th subject's TAT key,
+#: ARGV[1] the client's time in microseconds ``t``, then seven ARGV per subject (offset
+#: ``o``; ARGV[n] stands for ARGV[o + n]): the rate's count ``n``; the interval ``T`` and the
+#: tolerance ``tau`` as (microseconds, ticks of 1/n microsecond) pairs, ARGV[2], ARGV[3] and
+#: ARGV[4], ARGV[5]; the mode, ARGV[6]: "c" counts (stores the new TAT when the request
+#: fits), "l" looks, "u" takes back the request that stored ARGV[7], if the TAT is still
+#: that. A TAT is stored as "<microseconds>:<ticks>" (see :mod:`ratelimit_app.gcra`): every
+#: number stays an exact integer in Lua's doubles. The reply, per subject: the TAT read ("" if
+#: none) and the TAT stored ("" if none).
+METER_SCRIPT = """
+local t = tonumber(ARGV[1])
+local margin = MARGIN_MS
+local function parse(text, n)
+  local a, r = string.match(text, '^(%d+):(%d+)$')
+  if not a or tonumber(r) >= n then
+    error('not a leaky-bucket TAT: ' .. string.sub(text, 1, 40))
+  end
+  return tonumber(a), tonumber(r)
+end
+local function store(key, a, r)
+  local text = string.format('%.0f:%.0f', a, r)
+  redis.call('SET', key, text, 'PX', math.floor((a - t) / 1000) + margin)
+  return text
+end
+local reply = {}
+for i = 1, #KEYS do
+  local o = 1 + (i - 1) * 7
+  local key, mode = KEYS[i], ARGV[o + 6]
+  local n = tonumber(ARGV[o + 1])
+  local q, rem = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
+  local stored = redis.call('GET', key)
+  local written = ''
+  if stored then parse(stored, n) end
+  if mode == 'u' then
+    if stored == ARGV[o + 7] then
+      local a, r = parse(stored, n)
+      a, r = a - q, r - rem
+      if r < 0 then a, r = a - 1, r + n end
+      if a > t or (a == t and r > 0) then store(key, a, r) else redis.call('DEL', key) end
+    end
+  elseif mode == 'c' and n > 0 then
+    local a, r = t, 0
+    if stored then
+      local sa, sr = parse(stored, n)
+      if sa > t or (sa == t and sr > 0) then a, r = sa, sr end
+    end
+    a, r = a + q, r + rem
+    if r >= n then a, r = a + 1, r - n end
+    local tau_a, tau_r = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
+    if a - t < tau_a or (a - t == tau_a and r <= tau_r) then written = store(key, a, r) end
+  end
+  reply[#reply + 1] = stored or ''
+  reply[#reply + 1] = written
+end
+return reply
+""".replace("MARGIN_MS", str(gcra.TTL_MARGIN * 1000 + 1))
+
+
+def _meter_args(m: gcra.Meter) -> list[bytes]:
+    """A meter's part of :data:`METER_SCRIPT`'s ARGV, less the mode and the take-back."""
+    n = m.rate.count or 1  # a count of 0 never admits: the script only reads
+    q, rem = divmod(m.interval, n)
+    tau_a, tau_r = divmod(m.tau, n)
+    return [b"%d" % m.rate.count, b"%d" % q, b"%d" % rem, b"%d" % tau_a, b"%d" % tau_r]
+
+
 def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
     """``b":60/60:123"`` -> ``(b":60/60", b"123")`` for uniform buckets, else None."""
-    if suffix.startswith(b":h"):
+    if suffix.startswith(b":h") or suffix == gcra.SUFFIX.encode():
         return None
     level, _, field = suffix.rpartition(b":")
     return level, field
@@ -180,9 +253,61 @@ class RedisBackend(Backend):
             **factory.redis_client_cls_kwargs,
         )
         self.script = self.client.register_script(SCRIPT)
+        self.meter_script = self.client.register_script(METER_SCRIPT)
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
+        return self._exchange(ops, (), 0)[0]
+
+    def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
+        return self._exchange((), ops, now_us)[1]
+
+    def exchange(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply]]:
+        """Both scripts pipelined into one round trip (one alone when the other has no work)."""
+        if not meters:
+            return self.run_many(ops), []
+        if not ops:
+            return [], self.meter_many(meters, now_us)
+        return self._exchange(ops, meters, now_us)
+
+    def _exchange(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply]]:
         self._check_alive()
+        calls: list[tuple[Any, list[bytes], list[bytes]]] = []
+        if ops:
+            calls.append((self.script, *self._window_args(ops)))
+        if meters:
+            calls.append((self.meter_script, *self._meter_args(meters, now_us)))
+        try:
+            replies = self._evaluate(calls)
+            values = self._window_values(ops, replies[0]) if ops else []
+            metered = self._meter_replies(meters, replies[-1]) if meters else []
+        except Exception as exc:  # includes a counter that is not a number
+            raise self._failed(exc) from exc
+        self._succeeded()
+        return values, metered
+
+    def _evaluate(self, calls: list[tuple[Any, list[bytes], list[bytes]]]) -> list[Any]:
+        """Run the scripts: one alone through redis-py (which loads it if needed), several
+        as EVALSHAs in one pipeline (a script the server lacks is then run again alone)."""
+        if len(calls) == 1:
+            script, keys, args = calls[0]
+            return [script(keys=keys, args=args)]
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies = pipe.execute(raise_on_error=False)
+        for n, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # not run: safe to run again
+                script, keys, args = calls[n]
+                replies[n] = script(keys=keys, args=args)
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _window_args(self, ops: Sequence[Op]) -> tuple[list[bytes], list[bytes]]:
         keys, args = [], []
         for op in ops:
             enc: Any = self.encoded(op.plan)
@@ -194,25 +319,46 @@ class RedisBackend(Backend):
             if op.undo is not None:
                 taken: Any = self.encoded(op.undo)
                 args[-2:] = [taken.undo_hash, taken.undo_keys]
-        try:
-            reply = self.script(keys=keys, args=args)
-            results = []
-            for n, op in enumerate(ops):
-                written, found = reply[2 * n], reply[2 * n + 1]
-                enc = self.encoded(op.plan)
-                values = [0] * len(enc.reads)
-                tokens = found.split()
-                for k in range(0, len(tokens), 2):
-                    values[enc.index[tokens[k]]] = int(tokens[k + 1])
-                if len(written) != (len(enc.writes) if op.increment else 0):
-                    raise BackendError("lost counter writes")
-                if op.increment:
-                    enc.merge(values, written)
-                results.append(values)
-        except Exception as exc:  # includes a counter that is not a number
-            raise self._failed(exc) from exc
-        self._succeeded()
+        return keys, args
+
+    def _window_values(self, ops: Sequence[Op], reply: Any) -> list[list[int]]:
+        results = []
+        for n, op in enumerate(ops):
+            written, found = reply[2 * n], reply[2 * n + 1]
+            enc = self.encoded(op.plan)
+            values = [0] * len(enc.reads)
+            tokens = found.split()
+            for k in range(0, len(tokens), 2):
+                values[enc.index[tokens[k]]] = int(tokens[k + 1])
+            if len(written) != (len(enc.writes) if op.increment else 0):
+                raise BackendError("lost counter writes")
+            if op.increment:
+                enc.merge(values, written)
+            results.append(values)
         return results
+
+    def _meter_args(self, ops: Sequence[MeterOp], now_us: int) -> tuple[list[bytes], list[bytes]]:
+        keys, args = [], [b"%d" % now_us]
+        for op in ops:
+            keys.append((self.cache_prefix + self.rl_prefix + op.namespace + gcra.SUFFIX).encode())
+            args += _meter_args(op.meter)
+            if op.take_back is not None:
+                written = op.take_back.written
+                taken = b"" if written is None else gcra.encode(op.meter, written)
+                args += [b"u", taken]
+            else:
+                args += [b"c" if op.increment else b"l", b""]
+        return keys, args
+
+    @staticmethod
+    def _meter_replies(ops: Sequence[MeterOp], reply: Any) -> list[MeterReply]:
+        return [
+            MeterReply(
+                gcra.decode(op.meter, reply[2 * n] or None),
+                gcra.decode(op.meter, reply[2 * n + 1] or None),
+            )
+            for n, op in enumerate(ops)
+        ]
 
     def close(self) -> None:
         self.client.connection_pool.disconnect()

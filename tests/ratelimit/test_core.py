@@ -50,6 +50,7 @@ def test_usage_dict(group: str) -> None:
                     "should_limit": False,
                 }
             ],
+            "algorithm": "sliding_window",
         }
         hit(group, increment=True)
         hit(group, increment=True)
