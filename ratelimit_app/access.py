@@ -18,6 +18,7 @@ one lifts the rules keyed on it, and the client's other limits still apply.
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from django.http import HttpRequest
 from ratelimit_app import keys
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+logger = logging.getLogger("ratelimit_app")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,27 @@ def compile_list(entries: Iterable[object]) -> AccessList:
             emails.add(value)  # type: ignore[arg-type]
     single = frozenset(str(n.network_address) for n in networks if n.num_addresses == 1)
     return AccessList(tuple(networks), frozenset(users), frozenset(emails), single)
+
+
+def merge(base: AccessList, entries: Iterable[str]) -> AccessList:
+    """``base`` with more entries (the database's); an invalid entry is logged and skipped."""
+    extra = []
+    for entry in entries:
+        try:
+            parse_entry(entry)
+        except ImproperlyConfigured as exc:
+            logger.error("ratelimit: %s (entry left out)", exc)
+            continue
+        extra.append(entry)
+    if not extra:
+        return base
+    more = compile_list(extra)
+    return AccessList(
+        base.networks + more.networks,
+        base.users | more.users,
+        base.emails | more.emails,
+        base._ips | more._ips,
+    )
 
 
 EMPTY = AccessList()

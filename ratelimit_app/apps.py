@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.utils.translation import gettext_lazy as _
 
 
@@ -10,4 +10,20 @@ class RatelimitAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
         from ratelimit_app import checks  # noqa: F401  (registers the system checks)
+        from ratelimit_app.models import AccessEntry, Rule
+        from ratelimit_app.store import bump
+
+        def changed(**kwargs: object) -> None:
+            bump()
+
+        for model in (Rule, AccessEntry):  # weak=False: ``changed`` is local to ready()
+            uid = f"ratelimit_app.{model.__name__}"
+            post_save.connect(changed, sender=model, weak=False, dispatch_uid=uid + ".save")
+            post_delete.connect(changed, sender=model, weak=False, dispatch_uid=uid + ".delete")
+        if apps.is_installed("metrics_app"):
+            from ratelimit_app.metrics import connect
+
+            connect()

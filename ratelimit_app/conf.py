@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 
 if TYPE_CHECKING:
     from ratelimit_app.access import AccessList
-    from ratelimit_app.rules import RuleSet
+    from ratelimit_app.rules import Rule, RuleSet
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 logger = logging.getLogger("ratelimit_app")
@@ -51,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_FAILURE_STATUSES": (400, 401, 403),
     "RATELIMIT_HEADERS": True,
     "RATELIMIT_FAIL_CLOSED_STATUS": 503,
+    "RATELIMIT_DB_RULES": True,
+    "RATELIMIT_CONFIG_REFRESH": 1.0,
 }
 
 
@@ -148,26 +150,56 @@ class Settings:
 
     @property
     def RULES(self) -> RuleSet:
-        """``RATELIMIT_RULES``, validated and compiled (invalid rules are left out and
-        logged; the system checks report them)."""
+        """The rules in force: ``RATELIMIT_RULES`` and the enabled rules of the database
+        (:mod:`ratelimit_app.store`), validated and compiled."""
+        from ratelimit_app.store import current
+
+        return current().rules
+
+    @property
+    def ALLOW(self) -> AccessList:
+        """``RATELIMIT_ALLOW`` and the database's allow list."""
+        from ratelimit_app.store import current
+
+        return current().allow
+
+    @property
+    def DENY(self) -> AccessList:
+        """``RATELIMIT_DENY`` and the database's deny list."""
+        from ratelimit_app.store import current
+
+        return current().deny
+
+    @property
+    def SETTINGS_RULES(self) -> tuple[Rule, ...]:
+        """``RATELIMIT_RULES`` alone, validated (invalid rules are left out and logged; the
+        system checks report them)."""
         try:
-            return _values["RULES"]
+            return _values["SETTINGS_RULES"]
         except KeyError:
-            from ratelimit_app.rules import RuleSet, parse_rules
+            from ratelimit_app.rules import parse_rules
 
             found, errors = parse_rules(_get("RATELIMIT_RULES"))
             for error in errors:
                 logger.error("ratelimit: %s (rule left out)", error)
-            ruleset = _values["RULES"] = RuleSet(found)
-            return ruleset
+            result = _values["SETTINGS_RULES"] = tuple(found)
+            return result
 
     @property
-    def ALLOW(self) -> AccessList:
+    def SETTINGS_ALLOW(self) -> AccessList:
         return _access("RATELIMIT_ALLOW")
 
     @property
-    def DENY(self) -> AccessList:
+    def SETTINGS_DENY(self) -> AccessList:
         return _access("RATELIMIT_DENY")
+
+    @property
+    def DB_RULES(self) -> bool:
+        return bool(_get("RATELIMIT_DB_RULES"))
+
+    @property
+    def CONFIG_REFRESH(self) -> float:
+        return float(_get("RATELIMIT_CONFIG_REFRESH"))
 
     @property
     def FAILURE_STATUSES(self) -> frozenset[int]:
@@ -204,6 +236,11 @@ def _access(name: str) -> AccessList:
 conf = Settings()
 
 
+def settings_rule_names() -> set[str]:
+    """Names of the rules in ``RATELIMIT_RULES`` (a database rule may not reuse one)."""
+    return {rule.name for rule in conf.SETTINGS_RULES}
+
+
 @lru_cache(maxsize=8)
 def _hash_function(value: Any) -> Callable[[bytes], Any]:
     func = import_string(value) if isinstance(value, str) else value
@@ -233,6 +270,9 @@ def _clear_caches(*, setting: str, **kwargs: Any) -> None:
         clear_caches()
     if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
         _values.clear()
+        from ratelimit_app.store import forget
+
+        forget()
         _hash_function.cache_clear()
         _networks.cache_clear()
         from ratelimit_app.backends import reset_backends

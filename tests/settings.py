@@ -69,3 +69,8 @@ TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 USE_I18N = True
 STATIC_URL = "/static/"
+
+# No flusher thread or SIGTERM handler in the test process (rules record their blocks as
+# metrics): tests flush by hand.
+METRICS_FLUSH_INTERVAL = 0
+METRICS_HANDLE_SIGTERM = False

@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import Client, override_settings
 
-from ratelimit_app import core
+from ratelimit_app import core, store
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.signals import backend_failed, ratelimited
 from ratelimit_app.testing import frozen_clock
@@ -84,7 +84,11 @@ def test_every_matching_rule_in_one_round_trip(
         rule("ip-d", rate="1000/d"),
         rule("header", key="header:x-api-key", rate="50/h"),
         rule("elsewhere", path="/other/"),
+        # The configuration's version counter is read at most once a second per process,
+        # whatever the requests: loaded here, before counting the checks' round trips.
+        RATELIMIT_CONFIG_REFRESH=3600,
     ):
+        store.current()
         spy = Spy(monkeypatch)
         response = client.get("/rules/named/", HTTP_X_API_KEY="k1")
         assert response.status_code == 200
@@ -103,9 +107,15 @@ def test_one_memcached_round_trip_for_three_rules(
     }
     with (
         override_settings(CACHES={"default": config}, RATELIMIT_USE_CACHE="default"),
-        rules(rule("a", rate="100/m"), rule("b", rate="100/h"), rule("c", rate="100/d")),
+        rules(
+            rule("a", rate="100/m"),
+            rule("b", rate="100/h"),
+            rule("c", rate="100/d"),
+            RATELIMIT_CONFIG_REFRESH=3600,  # the version counter: read once, here
+        ),
     ):
         reset_backends()
+        store.current()
         backend: Any = get_backend()
         sent: list[bytes] = []
         original = backend._call

@@ -1,0 +1,204 @@
+"""The admin of ratelimit_app: rules, allow and deny lists, usage lookup and reset.
+
+* **Rules**: the database's rules, editable and validated as ``RATELIMIT_RULES`` entries are
+  (a bad rate or key is a form error naming it), and, read-only beside them, the rules of
+  the settings: the whole configuration in force. A change applies in every process within
+  about a second (:mod:`ratelimit_app.store`).
+* **Allow and deny lists**: IPs, CIDR networks, ``user:<id>`` and emails, with a note and an
+  optional expiry; merged with ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY``.
+* **Usage lookup**: a rule and a subject (an IP, an email, a user id) give each rate's count,
+  remaining and reset; the reset button (POST, CSRF, the ``reset_counters`` permission) clears
+  them and is written to the admin log.
+* Where ``metrics_app`` is installed, each rule links to the chart of its limited requests
+  (the series ``ratelimit:<rule>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from ratelimit_app import core
+from ratelimit_app.conf import conf
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.metrics import series_name
+from ratelimit_app.models import AccessEntry, Rule
+
+
+def chart_url(rule: str) -> str | None:
+    """The admin page of the series counting ``rule``'s limited requests, if it exists."""
+    from django.apps import apps
+
+    if not apps.is_installed("metrics_app"):
+        return None
+    from metrics_app.models import Series
+
+    pk = Series.objects.filter(name=series_name(rule)).values_list("pk", flat=True).first()
+    if pk is None:
+        return None
+    try:
+        return reverse("admin:metrics_app_series_change", args=[pk])
+    except Exception:  # the metrics admin is not registered
+        return None
+
+
+class UsageForm(forms.Form):
+    """A rule in force and a subject, as a person types it."""
+
+    rule = forms.ChoiceField(label=_("Rule"))
+    subject = forms.CharField(
+        label=_("Subject"),
+        max_length=320,
+        help_text=_("An IP address, an email address or a user id, as the rule's key reads it."),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = [
+            (r.name, f"{r.name} — key {r.key if isinstance(r.key, str) else 'callable'}, {r.rate}")
+            for r in conf.RULES.rules
+        ]
+        self.fields["rule"].choices = choices  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "rule" in data and "subject" in data:
+            try:
+                found = core.target(data["rule"], data["subject"])
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from exc
+            if found is None:
+                raise forms.ValidationError(
+                    {"subject": _("Not a value this rule's key can have.")}
+                )
+            data["target"] = found
+        return data
+
+
+@admin.register(Rule)
+class RuleAdmin(admin.ModelAdmin):
+    list_display = ("name", "enabled", "where", "key", "rate", "count", "block", "chart")
+    list_filter = ("enabled", "count", "block", "fail_open")
+    search_fields = ("name", "path", "url_name", "key", "note")
+    fieldsets = (
+        (None, {"fields": ("name", "enabled", "note")}),
+        (_("Which requests"), {"fields": ("path", "url_name", "methods")}),
+        (_("Limit"), {"fields": ("key", "rate", "count", "block", "fail_open")}),
+    )
+    change_list_template = "admin/ratelimit_app/rule/change_list.html"
+
+    @admin.display(description=_("path / URL name"))
+    def where(self, obj: Rule) -> str:
+        return ", ".join(obj.as_dict().get("path", []) + obj.as_dict().get("url_name", []))
+
+    @admin.display(description=_("limited requests"))
+    def chart(self, obj: Rule) -> str:
+        url = chart_url(obj.name)
+        return format_html('<a href="{}">{}</a>', url, _("chart")) if url else "-"
+
+    def get_urls(self) -> list[URLPattern]:
+        usage = path(
+            "usage/",
+            self.admin_site.admin_view(self.usage_view),
+            name="ratelimit_app_rule_usage",
+        )
+        return [usage, *super().get_urls()]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        settings_rules = [
+            {**rule.describe(), "chart": chart_url(rule.name)} for rule in conf.SETTINGS_RULES
+        ]
+        context = {"settings_rules": settings_rules, **(extra_context or {})}
+        return super().changelist_view(request, extra_context=context)
+
+    def usage_view(self, request: HttpRequest) -> HttpResponse:
+        """Look up (and reset) one subject's counters under a rule in force."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        can_reset = request.user.has_perm("ratelimit_app.reset_counters")
+        form = UsageForm(request.POST if request.method == "POST" else None)
+        usage = None
+        if form.is_bound and form.is_valid():
+            found: core.Target = form.cleaned_data["target"]
+            rule = form.cleaned_data["rule"]
+            try:
+                if "reset" in request.POST:
+                    if not can_reset:
+                        raise PermissionDenied
+                    core.reset(rule, form.cleaned_data["subject"])
+                    self._log_reset(request, rule, found.value)
+                    messages.success(
+                        request,
+                        _("Reset %(subject)s for rule %(rule)s.")
+                        % {
+                            "subject": found.value,
+                            "rule": rule,
+                        },
+                    )
+                usage = core.lookup(rule, form.cleaned_data["subject"])
+            except BackendError as exc:
+                messages.error(request, _("The counter backend failed: %s") % exc)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Rate-limit usage"),
+            "form": form,
+            "usage": usage,
+            "can_reset": can_reset,
+            "chart": chart_url(form.cleaned_data["rule"]) if usage else None,
+        }
+        return TemplateResponse(request, "admin/ratelimit_app/rule/usage.html", context)
+
+    def _log_reset(self, request: HttpRequest, rule: str, subject: str) -> None:
+        row = Rule.objects.filter(name=rule).first()
+        LogEntry.objects.create(
+            user_id=request.user.pk or 0,
+            content_type=ContentType.objects.get_for_model(Rule),
+            object_id=str(row.pk) if row else None,
+            object_repr=rule[:200],
+            action_flag=CHANGE,
+            change_message=f"Reset the rate-limit counters of {subject}.",
+        )
+
+
+@admin.register(AccessEntry)
+class AccessEntryAdmin(admin.ModelAdmin):
+    list_display = ("value", "list", "note", "expires", "is_active")
+    list_filter = ("list",)
+    search_fields = ("value", "note")
+    fields = ("list", "value", "note", "expires")
+
+    @admin.display(boolean=True, description=_("active"))
+    def is_active(self, obj: AccessEntry) -> bool:
+        return obj.active
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {
+            "settings_allow": list(getattr_setting("RATELIMIT_ALLOW")),
+            "settings_deny": list(getattr_setting("RATELIMIT_DENY")),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra_context=context)
+
+    change_list_template = "admin/ratelimit_app/accessentry/change_list.html"
+
+
+def getattr_setting(name: str) -> list[str]:
+    from django.conf import settings
+
+    value = getattr(settings, name, ())
+    return [str(v) for v in value] if isinstance(value, list | tuple) else []

@@ -1,0 +1,30 @@
+"""Requests over a rule's limit, counted as the metrics series ``ratelimit:<rule>``.
+
+Connected when ``metrics_app`` is installed: the admin then charts each rule's refused
+requests over time like any other series (one in-memory increment per limited request).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratelimit_app.signals import ratelimited
+
+SERIES_PREFIX = "ratelimit:"
+
+
+def series_name(rule: str) -> str:
+    """The metrics series of a rule's limited requests."""
+    return SERIES_PREFIX + rule
+
+
+def _count(sender: Any, rule: str | None = None, **kwargs: Any) -> None:
+    if rule is None:  # a decorator's limit: counted by its view, if at all
+        return
+    from metrics_app import record
+
+    record(series_name(rule))
+
+
+def connect() -> None:
+    ratelimited.connect(_count, dispatch_uid="ratelimit_app.metrics")

@@ -1,0 +1,159 @@
+"""Rules and allow/deny entries kept in the database, edited in the admin.
+
+They apply together with ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMIT_DENY`` (see
+:mod:`ratelimit_app.store` for how a change reaches every process within a second or so,
+without a query per request). Validation is the settings' own: :func:`Rule.as_dict` goes
+through :func:`ratelimit_app.rules.parse_rule`, and an entry through
+:func:`ratelimit_app.access.parse_entry`, so the admin and the system checks never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ratelimit_app import access, rules
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
+
+
+class Rule(models.Model):
+    """A ``RATELIMIT_RULES`` entry kept in the database."""
+
+    COUNT_CHOICES = [
+        (rules.COUNT_ALL, _("every matching request")),
+        (rules.COUNT_FAILURES, _("failed requests only")),
+    ]
+
+    name = models.CharField(
+        _("name"),
+        max_length=100,
+        unique=True,
+        help_text=_("Unique, without spaces; the counters are kept under it."),
+    )
+    enabled = models.BooleanField(_("enabled"), default=True)
+    path = models.TextField(
+        _("path prefixes"),
+        blank=True,
+        help_text=_("URL path prefixes starting with '/', one per line."),
+    )
+    url_name = models.TextField(
+        _("URL names"),
+        blank=True,
+        help_text=_("URL names such as 'login' or 'accounts:login', one per line."),
+    )
+    methods = models.CharField(
+        _("methods"),
+        max_length=100,
+        blank=True,
+        help_text=_("HTTP methods separated by commas, e.g. 'POST'; empty: all."),
+    )
+    key = models.CharField(
+        _("key"),
+        max_length=200,
+        help_text=_(
+            "What is counted: 'ip', 'user', 'email', 'email:username', 'header:x-api-key'."
+        ),
+    )
+    rate = models.CharField(
+        _("rate"),
+        max_length=200,
+        help_text=_("'5/m', or several: '5/m;10/d'."),
+    )
+    count = models.CharField(
+        _("count"), max_length=10, choices=COUNT_CHOICES, default=rules.COUNT_ALL
+    )
+    block = models.BooleanField(
+        _("block"),
+        default=True,
+        help_text=_("Answer 429 over the limit; otherwise only mark the request as limited."),
+    )
+    fail_open = models.BooleanField(
+        _("fail open"),
+        default=True,
+        help_text=_("When the counter backend is down, let requests through."),
+    )
+    note = models.TextField(_("note"), blank=True)
+    created = models.DateTimeField(_("created"), auto_now_add=True)
+    updated = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("rule")
+        verbose_name_plural = _("rules")
+        ordering = ["name"]
+        permissions = [("reset_counters", _("Can reset rate-limit counters"))]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def as_dict(self) -> dict[str, Any]:
+        """The rule as a ``RATELIMIT_RULES`` entry."""
+        out: dict[str, Any] = {"name": self.name, "key": self.key.strip(), "rate": self.rate}
+        if _lines(self.path):
+            out["path"] = _lines(self.path)
+        if _lines(self.url_name):
+            out["url_name"] = _lines(self.url_name)
+        if _lines(self.methods):
+            out["methods"] = _lines(self.methods)
+        out.update(count=self.count, block=self.block, fail_open=self.fail_open)
+        return out
+
+    def clean(self) -> None:
+        """Validate as the system checks validate a settings rule; name the field."""
+        from ratelimit_app.conf import settings_rule_names
+
+        if self.name in settings_rule_names():
+            raise ValidationError({"name": _("RATELIMIT_RULES already has a rule of this name.")})
+        try:
+            rules.parse_rule(self.as_dict())
+        except rules.RuleError as exc:
+            field = exc.field if exc.field in {f.name for f in self._meta.fields} else None
+            raise ValidationError({field: exc.problem} if field else exc.problem) from exc
+
+
+class AccessEntry(models.Model):
+    """An IP, CIDR network, ``user:<id>`` or email on the allow or the deny list."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    LIST_CHOICES = [(ALLOW, _("allow")), (DENY, _("deny"))]
+
+    list = models.CharField(_("list"), max_length=5, choices=LIST_CHOICES)
+    value = models.CharField(
+        _("value"),
+        max_length=320,
+        help_text=_("An IP address, a CIDR network (IPv4 or IPv6), 'user:<id>' or an email."),
+    )
+    note = models.TextField(_("note"), blank=True)
+    expires = models.DateTimeField(
+        _("expires"), null=True, blank=True, help_text=_("Empty: never.")
+    )
+    created = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("allow/deny entry")
+        verbose_name_plural = _("allow and deny lists")
+        ordering = ["list", "value"]
+        constraints = [
+            models.UniqueConstraint(fields=["list", "value"], name="ratelimit_access_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_list_display()} {self.value}"
+
+    @property
+    def active(self) -> bool:
+        return self.expires is None or self.expires > timezone.now()
+
+    def clean(self) -> None:
+        self.value = (self.value or "").strip()
+        try:
+            access.parse_entry(self.value)
+        except ImproperlyConfigured as exc:
+            raise ValidationError({"value": str(exc)}) from exc

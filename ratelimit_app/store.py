@@ -1,0 +1,210 @@
+"""The configuration in force: settings and database rules and lists, in every process.
+
+``RATELIMIT_RULES`` / ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY`` and the admin's
+:class:`~ratelimit_app.models.Rule` and :class:`~ratelimit_app.models.AccessEntry` rows apply
+together. Each process keeps a :class:`Snapshot` of them and, at most once every
+``RATELIMIT_CONFIG_REFRESH`` seconds (1 s), reads one **version counter** from the counter
+backend; it queries the database only when that version changed (a save or delete in the
+admin increments it: :func:`bump`) or when an entry it holds has expired. So a change takes
+effect in every process within about a second, and a request never costs a database query.
+
+Requests handled on an event loop never wait for the database: when a reload is due there,
+it runs in a thread and the request uses the snapshot it has (at start, the settings alone).
+A database that cannot be read (tables not migrated, a test without database access) is
+logged once, and the settings apply alone until it can be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from ratelimit_app.access import AccessList, merge
+from ratelimit_app.conf import conf
+from ratelimit_app.rules import Rule, RuleError, RuleSet, parse_rule
+from ratelimit_app.windows import Plan
+
+logger = logging.getLogger("ratelimit_app")
+
+VERSION_KEY = "config-version"
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The rules and lists in force, and when to look again."""
+
+    rules: RuleSet
+    allow: AccessList
+    deny: AccessList
+    #: The version key's value this snapshot was loaded at (None: unknown).
+    version: str | None = None
+    #: time.monotonic() of the last look at the version key.
+    checked: float = -math.inf
+    #: Unix time at which the first database entry it holds expires.
+    expires: float = math.inf
+    #: Rules of the database, as loaded (for the admin).
+    db_rules: tuple[Rule, ...] = ()
+
+    def fresh(self) -> bool:
+        return time.monotonic() - self.checked < conf.CONFIG_REFRESH and time.time() < self.expires
+
+
+_snapshot: Snapshot | None = None
+_loading = threading.Lock()
+_warned = False
+
+
+def current() -> Snapshot:
+    """The snapshot in force (reloaded when due; see the module docstring)."""
+    snap = _snapshot
+    if snap is not None and snap.fresh():
+        return snap
+    return _refresh(snap)
+
+
+def forget() -> None:
+    """Drop the snapshot (settings changed): the next request loads afresh."""
+    global _snapshot
+    _snapshot = None
+
+
+def bump() -> None:
+    """A database rule or entry changed: a new version for every process, and this process
+    reloads on its next request."""
+    try:
+        _version_op(increment=True)
+    except Exception as exc:  # other processes catch up when the cache is back
+        logger.warning("ratelimit: could not announce a configuration change: %s", exc)
+    if _snapshot is not None:
+        _snapshot.version = None
+        _snapshot.checked = -math.inf
+
+
+#: The version is a counter in the counter backend (its timeouts and dead-server skipping
+#: apply): one key, incremented by every change; an eviction changes it too (a reload).
+VERSION_PLAN = Plan(writes=((":h0:0", 400 * 86400),), reads=(":h0:0",), rates=())
+
+
+def _version_op(increment: bool) -> str:
+    from ratelimit_app.backends import get_backend
+    from ratelimit_app.core import namespace
+
+    ns = namespace("ratelimit-config", VERSION_KEY, "")
+    return str(get_backend().run(ns, VERSION_PLAN, increment)[0])
+
+
+def _read_version() -> str | None:
+    try:
+        return _version_op(increment=False)
+    except Exception as exc:
+        logger.debug("ratelimit: could not read the configuration version: %s", exc)
+        return None
+
+
+def settings_only() -> Snapshot:
+    return Snapshot(RuleSet(conf.SETTINGS_RULES), conf.SETTINGS_ALLOW, conf.SETTINGS_DENY)
+
+
+def _refresh(snap: Snapshot | None) -> Snapshot:
+    global _snapshot
+    if not conf.DB_RULES:
+        snap = settings_only()
+        snap.checked = math.inf  # settings changes clear it (forget)
+        _snapshot = snap
+        return snap
+    version = _read_version()
+    if (
+        snap is not None
+        and version is not None
+        and version == snap.version
+        and time.time() < snap.expires
+    ):
+        snap.checked = time.monotonic()
+        return snap
+    if _in_event_loop():
+        _load_in_background(version)
+        if snap is None:
+            snap = settings_only()
+            _snapshot = snap
+        snap.checked = time.monotonic()
+        return snap
+    return _load(version)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _load_in_background(version: str | None) -> None:
+    if not _loading.acquire(blocking=False):
+        return  # a load is under way
+
+    def run() -> None:
+        from django.db import connections
+
+        try:
+            _load(version)
+        except Exception:
+            logger.exception("ratelimit: could not load the configuration")
+        finally:
+            connections.close_all()  # this thread's connections only
+            _loading.release()
+
+    threading.Thread(target=run, name="ratelimit-config", daemon=True).start()
+
+
+def _load(version: str | None) -> Snapshot:
+    """Settings and database, merged; the database's problems never stop the settings."""
+    global _snapshot, _warned
+    from django.utils import timezone
+
+    from ratelimit_app.models import AccessEntry
+    from ratelimit_app.models import Rule as RuleRow
+
+    checked = time.monotonic()
+    now = timezone.now()
+    try:
+        rows = list(RuleRow.objects.filter(enabled=True))
+        entries = [e for e in AccessEntry.objects.all() if e.expires is None or e.expires > now]
+    except Exception as exc:  # not migrated, no database access: the settings apply
+        if not _warned:
+            logger.warning("ratelimit: database rules and lists not read: %s", exc)
+            _warned = True
+        snap = settings_only()
+        snap.version, snap.checked = version, checked
+        _snapshot = snap
+        return snap
+    taken = {rule.name for rule in conf.SETTINGS_RULES}
+    db_rules = []
+    for row in rows:
+        try:
+            rule = parse_rule(row.as_dict())
+        except RuleError as exc:  # saved before a rule's validation changed
+            logger.error("ratelimit: database %s (rule left out)", exc)
+            continue
+        if rule.name in taken:
+            logger.error("ratelimit: database rule %r has a settings rule's name", rule.name)
+            continue
+        db_rules.append(rule)
+    allow = merge(conf.SETTINGS_ALLOW, [e.value for e in entries if e.list == AccessEntry.ALLOW])
+    deny = merge(conf.SETTINGS_DENY, [e.value for e in entries if e.list == AccessEntry.DENY])
+    expiries = [e.expires.timestamp() for e in entries if e.expires is not None]
+    snap = Snapshot(
+        RuleSet((*conf.SETTINGS_RULES, *db_rules)),
+        allow,
+        deny,
+        version,
+        checked,
+        min(expiries, default=math.inf),
+        tuple(db_rules),
+    )
+    _snapshot = snap
+    return snap
