@@ -30,8 +30,6 @@ from metrics_app.retention import align
 #: Where each list row's sparkline and "last 24 h" count are kept (set per page of results).
 RECENT_ATTR = "_metrics_recent"
 
-HOUR, DAY = 3600, 86400
-
 if TYPE_CHECKING:
     SeriesAdminBase = admin.ModelAdmin[Series]
 else:  # ModelAdmin is generic only in django-stubs; no runtime monkeypatching needed.
@@ -40,41 +38,42 @@ else:  # ModelAdmin is generic only in django-stubs; no runtime monkeypatching n
 
 @dataclass(frozen=True)
 class Period:
-    """A choice of the chart page: ``?period=<key>`` shows ``length`` up to now."""
+    """A choice of the chart page: ``?period=<key>`` shows ``length`` up to now.
+
+    ``label`` names its tab, ``phrase`` ends "N events in ...".
+    """
 
     key: str
     length: timedelta
     label: str | Promise
+    phrase: str | Promise
+
+    def range(self, now: float) -> tuple[datetime, datetime]:
+        """``(start, end)`` of the period as of ``now``.
+
+        The end is the first whole second at or after ``now``, so a period exactly as long as
+        a tier's age starts inside that tier: 24 hours get the 1-minute buckets of the default
+        retention (a fraction of a second earlier would be the 5-minute tier's).
+        """
+        end = datetime.fromtimestamp(math.ceil(now), tz=UTC)
+        return end - self.length, end
 
 
 PERIODS: tuple[Period, ...] = (
-    Period("24h", timedelta(hours=24), _("24 hours")),
-    Period("7d", timedelta(days=7), _("7 days")),
-    Period("30d", timedelta(days=30), _("30 days")),
-    Period("1y", timedelta(days=365), _("1 year")),
+    Period("24h", timedelta(hours=24), _("24 hours"), _("the last 24 hours")),
+    Period("7d", timedelta(days=7), _("7 days"), _("the last 7 days")),
+    Period("30d", timedelta(days=30), _("30 days"), _("the last 30 days")),
+    Period("1y", timedelta(days=365), _("1 year"), _("the last year")),
 )
 DEFAULT_PERIOD = PERIODS[0]
+#: Points of a sparkline: the list's last 24 hours, one point per hour.
+SPARKLINE_POINTS = 24
 
 
 def period_from(request: HttpRequest) -> Period:
     """The period asked for in ``?period=``; the first one when missing or unknown."""
     key = request.GET.get("period")
     return next((p for p in PERIODS if p.key == key), DEFAULT_PERIOD)
-
-
-def recent_window(now: float) -> tuple[datetime, datetime, int]:
-    """``(start, end, step)`` of the list's "last 24 h": a day of hourly buckets up to now.
-
-    Hourly unless the retention stores the last day coarser, or in steps that do not divide
-    an hour (then the next multiple of that step). The first bucket is whole, so the sum is
-    that of the current hour and the 23 before it.
-    """
-    stored = conf.RETENTION.expected_step(now - DAY, now)
-    step = -(-HOUR // stored) * stored
-    buckets = -(-DAY // step)
-    last = align(now - 1, step)
-    start = last - (buckets - 1) * step
-    return datetime.fromtimestamp(start, tz=UTC), datetime.fromtimestamp(now, tz=UTC), step
 
 
 def step_of(points: list[charts.Point], end: datetime) -> int:
@@ -96,15 +95,18 @@ def step_of(points: list[charts.Point], end: datetime) -> int:
 
 
 class SeriesChangeList(ChangeList):
-    """Reads the sparklines of a whole page of series in one query, after the page's own."""
+    """Reads the last 24 hours of a whole page of series in one query, after the page's own.
+
+    The same buckets as the chart page's "24 hours", so both pages show the same numbers.
+    """
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         rows = list(self.result_list)
-        start, end, step = recent_window(clock.now())
-        recent = query.series_many([s.name for s in rows], start, end, step)
+        start, end = DEFAULT_PERIOD.range(clock.now())
+        recent = query.series_many([s.name for s in rows], start, end)
         for row in rows:
-            setattr(row, RECENT_ATTR, (recent[row.name], step))
+            setattr(row, RECENT_ATTR, [count for _, count in recent[row.name]])
 
 
 @admin.register(Series)
@@ -115,8 +117,8 @@ class SeriesAdmin(SeriesAdminBase):
     search_fields = ["name"]
     ordering = ["-total", "name"]
     list_per_page = 50
-    fields = ["name", "total", "first_seen", "last_seen"]
-    readonly_fields = ["name", "total", "first_seen", "last_seen"]
+    fields = ["name", "total_count", "first_seen", "last_seen"]
+    readonly_fields = ["name", "total_count", "first_seen", "last_seen"]
 
     # Read-only for everyone, superusers included: series are written by record() only.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -142,23 +144,17 @@ class SeriesAdmin(SeriesAdminBase):
 
     @admin.display(description=_("last 24 h"))
     def last_24h(self, obj: Series) -> str:
-        points, _step = getattr(obj, RECENT_ATTR, ([], HOUR))
-        return formats.number_format(sum(c for _, c in points), force_grouping=True)
+        return formats.number_format(sum(getattr(obj, RECENT_ATTR, [])), force_grouping=True)
 
     @admin.display(description=_("activity, last 24 h"))
     def activity(self, obj: Series) -> SafeString:
-        points, step = getattr(obj, RECENT_ATTR, ([], HOUR))
-        counts = [c for _, c in points]
-        title = gettext(
-            "%(name)s: %(total)s in the last 24 hours, at most %(peak)s per %(step)s"
-        ) % {
+        counts = getattr(obj, RECENT_ATTR, [])
+        title = gettext("%(name)s: %(total)s in the last 24 hours") % {
             "name": obj.name,
             "total": charts.format_count(sum(counts)),
-            "peak": charts.format_count(max(counts, default=0)),
-            "step": charts.describe_step(step),
         }
         # Safe: sparkline() escapes the title and draws nothing else from the data.
-        return mark_safe(charts.sparkline(counts, title=title))
+        return mark_safe(charts.sparkline(charts.rebin(counts, SPARKLINE_POINTS), title=title))
 
     def render_change_form(
         self,
@@ -178,10 +174,8 @@ class SeriesAdmin(SeriesAdminBase):
     def chart_context(self, request: HttpRequest, obj: Series) -> dict[str, Any]:
         """The chart page's extra context: the period links, the chart and its numbers."""
         period = period_from(request)
-        # A whole second at or after now: a period of exactly one tier's age then starts
-        # inside that tier, so 24 hours get the 1-minute step of the default retention.
-        end = datetime.fromtimestamp(math.ceil(clock.now()), tz=UTC)
-        points = query.series(obj.name, end - period.length, end)
+        start, end = period.range(clock.now())
+        points = query.series(obj.name, start, end)
         step = step_of(points, end)
         counts = [c for _, c in points]
         links = []
@@ -195,10 +189,10 @@ class SeriesAdmin(SeriesAdminBase):
                     "active": choice == period,
                 }
             )
-        title = gettext("%(name)s: events per %(step)s over the last %(period)s") % {
+        title = gettext("%(name)s: events per %(step)s in %(period)s") % {
             "name": obj.name,
             "step": charts.describe_step(step),
-            "period": period.label,
+            "period": period.phrase,
         }
         return {
             "metrics_periods": links,

@@ -36,6 +36,8 @@ __all__ = [
     "describe_step",
     "format_count",
     "format_tick",
+    "mark_title",
+    "rebin",
     "sparkline",
     "time_ticks",
 ]
@@ -44,8 +46,9 @@ Point = tuple[datetime, int]
 
 #: Size of the bar chart's drawing, in user units (it scales to its container).
 WIDTH, HEIGHT = 880, 300
-#: Room for the count labels (left), the time labels (bottom) and the last label (right).
-LEFT, RIGHT, TOP, BOTTOM = 64, 36, 14, 34
+#: Room for the count labels (left), the time labels (bottom) and half the last time label
+#: (right), sized for the larger labels of narrow screens (see ``_STYLE``).
+LEFT, RIGHT, TOP, BOTTOM = 78, 44, 20, 42
 #: Fewest user units between two time labels at full size.
 LABEL_SPACING = 60
 
@@ -85,7 +88,7 @@ font-family:var(--font-family-primary,sans-serif);font-size:12px}
 .bkt-chart .bkt-mark:hover .bkt-hit{fill:var(--hairline-color,#e8e8e8)}
 .bkt-chart .bkt-mark:hover .bkt-bar{fill:var(--link-hover-color,#036)}
 .bkt-chart .bkt-empty{fill:var(--body-quiet-color,#666);font-size:16px}
-@media (max-width:767px){.bkt-chart text{font-size:22px}.bkt-chart .bkt-empty{font-size:26px}
+@media (max-width:767px){.bkt-chart text{font-size:26px}.bkt-chart .bkt-empty{font-size:30px}
 .bkt-chart .bkt-alt{display:none}}
 """
 
@@ -290,6 +293,8 @@ def bar_chart(points: Sequence[Point], step: int, *, title: str) -> str:
         parts.append("</g>")
         # Time axis: a short tick and a label per round instant; odd labels hide when narrow.
         instants, unit = time_ticks(lo, hi, plot_w // LABEL_SPACING)
+        # A label at the very end would stick out of the drawing once labels grow.
+        instants = [t for t in instants if x_of(t) <= LEFT + plot_w - 10]
         for i, t in enumerate(instants):
             tx = _n(x_of(t))
             alt = " bkt-alt" if i % 2 else ""
@@ -309,6 +314,17 @@ def bar_chart(points: Sequence[Point], step: int, *, title: str) -> str:
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def rebin(counts: Sequence[int], n: int) -> list[int]:
+    """``counts`` summed into ``n`` consecutive groups of (nearly) equal length.
+
+    For a sparkline of evenly spaced buckets: 1,440 minutes become 24 hours. Fewer than
+    ``n`` counts are returned as they are.
+    """
+    if len(counts) <= n:
+        return list(counts)
+    return [sum(counts[i * len(counts) // n : (i + 1) * len(counts) // n]) for i in range(n)]
 
 
 def sparkline(counts: Sequence[int], *, title: str, width: int = 100, height: int = 24) -> str:

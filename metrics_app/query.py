@@ -57,19 +57,19 @@ def series(
 
 
 def series_many(
-    names: Iterable[str], start: datetime, end: datetime, step: int | timedelta
+    names: Iterable[str], start: datetime, end: datetime, step: int | timedelta | None = None
 ) -> dict[str, list[Point]]:
-    """:func:`series` of each of ``names`` at one ``step``, read in one query.
+    """``{name: series(name, start, end, step)}`` for each of ``names``, read in one query.
 
-    For lists of series (the admin's sparklines): ``{name: points}`` for every name asked, an
-    unknown name zero-filled like in :func:`series`. ``step`` is required so every list has
-    the same buckets; it raises ``ValueError`` as :func:`series` does.
+    For lists of series (the admin's sparklines). Every name asked gets its points, an unknown
+    one zero-filled; without ``step`` each name gets the step :func:`series` would choose for
+    it. Raises ``ValueError`` where :func:`series` would.
     """
     wanted = list(dict.fromkeys(names))
     lo, hi = _seconds(start, "start"), _seconds(end, "end")
     if hi <= lo:
         return {name: [] for name in wanted}
-    size = _step_seconds(step, conf.RETENTION.finest.precision)
+    size = None if step is None else _step_seconds(step, conf.RETENTION.finest.precision)
     by_name: dict[str, list[tuple[int, int, int]]] = {name: [] for name in wanted}
     if wanted:
         for name, resolution, t, count in (

@@ -17,12 +17,12 @@ import pytest
 from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import metrics_app
 from metrics_app import charts, query, rollup
-from metrics_app.admin import PERIODS, recent_window, step_of
+from metrics_app.admin import DEFAULT_PERIOD, PERIODS, step_of
 from metrics_app.models import Series
 from metrics_app.testing import FrozenClock
 from tests.metrics.conftest import T0
@@ -225,17 +225,21 @@ def test_list_is_busiest_first_with_last_24h_and_sparklines(
     ]
     assert len(sparks) == 4
     assert [s.findtext("svg:title", namespaces=NS) for s in sparks] == [
-        f"{SECRET}: 98,765 in the last 24 hours, at most 98,765 per 1 hour",
-        "shop:home: 432 in the last 24 hours, at most 18 per 1 hour",
-        "ratelimit:login: 24 in the last 24 hours, at most 2 per 1 hour",
-        "old: 0 in the last 24 hours, at most 0 per 1 hour",
+        f"{SECRET}: 98,765 in the last 24 hours",
+        "shop:home: 432 in the last 24 hours",
+        "ratelimit:login: 24 in the last 24 hours",
+        "old: 0 in the last 24 hours",
     ]
-    # One point per hour of the last day, as series() reads them.
-    start, end, step = recent_window(T0.timestamp())
-    expected = [c for _, c in query.series("ratelimit:login", start, end, step)]
+    # The chart page's 24 hours (1,440 minutes), an hour per point.
+    minutes = query.series("ratelimit:login", T0 - timedelta(hours=24), T0)
+    assert len(minutes) == 1440
     line = sparks[2].find("svg:polyline", NS)
     assert line is not None
-    assert len(line.get("points", "").split()) == len(expected) == 24
+    ys = [float(p.split(",")[1]) for p in line.get("points", "").split()]
+    assert len(ys) == 24
+    hourly = charts.rebin([c for _, c in minutes], 24)
+    assert hourly[-12:] == [2] * 12 and hourly[:12] == [0] * 12
+    assert ys[-12:] == [min(ys)] * 12 and ys[:12] == [max(ys)] * 12
 
 
 def test_list_search_and_ordering(data: dict[str, Series], make_user: UserFactory) -> None:
@@ -297,7 +301,7 @@ def test_chart_marks_are_the_queried_buckets(
     assert mark_titles(root) == [charts.mark_title(t, c) for t, c in expected]
     assert sum(c for _, c in expected) > 0
     body = response.content.decode()
-    assert f"per {charts.describe_step(step)}" in body
+    assert f"in buckets of {charts.describe_step(step)}" in body
     assert f"<strong>{sum(c for _, c in expected):,}</strong>" in body
 
 
@@ -376,17 +380,18 @@ def test_series_many_edge_cases(data: dict[str, Series]) -> None:
         query.series_many(["old"], T0 - timedelta(days=1), T0, 90)
 
 
-def test_recent_window_is_a_day_of_whole_hours(clock: FrozenClock) -> None:
-    start, end, step = recent_window(T0.timestamp() + 1800)
-    assert (start, end, step) == (
-        datetime(2024, 3, 5, 13, tzinfo=UTC),
-        T0 + timedelta(minutes=30),
-        HOUR,
+def test_periods_end_on_the_next_whole_second(
+    data: dict[str, Series], make_user: UserFactory, clock: FrozenClock
+) -> None:
+    assert DEFAULT_PERIOD.range(T0.timestamp() + 0.25) == (
+        T0 - timedelta(hours=24) + timedelta(seconds=1),
+        T0 + timedelta(seconds=1),
     )
-    with override_settings(METRICS_RETENTION="1m:2h,2h:1y"):
-        start, end, step = recent_window(T0.timestamp())
-        assert step == 2 * HOUR
-        assert len(query.series("any", start, end, step)) == 12
+    # A fraction of a second after T0, 24 hours still start inside the 1-minute tier.
+    clock.set(T0.timestamp() + 0.25)
+    response = client_for(make_user, "viewer").get(change_url(data["shop:home"]))
+    assert len(mark_titles(chart_of(response))) == 1441
+    assert "in buckets of 1 minute" in response.content.decode()
 
 
 def test_step_of() -> None:

@@ -259,3 +259,13 @@ def test_describe_step() -> None:
         "1 week",
         "90 seconds",
     ]
+
+
+def test_rebin_keeps_the_sum_in_order() -> None:
+    minutes = list(range(1441))
+    hours = charts.rebin(minutes, 24)
+    assert len(hours) == 24
+    assert sum(hours) == sum(minutes)
+    assert hours == sorted(hours)
+    assert charts.rebin([1, 2, 3], 24) == [1, 2, 3]
+    assert charts.rebin([], 24) == []
