@@ -25,6 +25,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # As a project installs it. With no rule configured it costs a prefix test; the live
+    # server of the admin browser tests loads its middleware once, at start.
+    "ratelimit_app.middleware.RatelimitMiddleware",
 ]
 
 ROOT_URLCONF = "tests.urls"
