@@ -88,12 +88,15 @@ class UsageForm(forms.Form):
 @admin.register(Rule)
 class RuleAdmin(admin.ModelAdmin):
     list_display = ("name", "enabled", "where", "key", "rate", "count", "block", "chart")
-    list_filter = ("enabled", "count", "block", "fail_open")
+    list_filter = ("enabled", "algorithm", "count", "block", "fail_open")
     search_fields = ("name", "path", "url_name", "key", "note")
     fieldsets = (
         (None, {"fields": ("name", "enabled", "note")}),
         (_("Which requests"), {"fields": ("path", "url_name", "methods")}),
-        (_("Limit"), {"fields": ("key", "rate", "count", "block", "fail_open")}),
+        (
+            _("Limit"),
+            {"fields": ("key", "rate", "algorithm", "burst", "count", "block", "fail_open")},
+        ),
     )
     change_list_template = "admin/ratelimit_app/rule/change_list.html"
 

@@ -16,7 +16,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import access, rules
+from ratelimit_app import access, gcra, rules
 
 
 def _lines(text: str) -> list[str]:
@@ -26,6 +26,10 @@ def _lines(text: str) -> list[str]:
 class Rule(models.Model):
     """A ``RATELIMIT_RULES`` entry kept in the database."""
 
+    ALGORITHM_CHOICES = [
+        (gcra.SLIDING_WINDOW, _("sliding window")),
+        (gcra.LEAKY_BUCKET, _("leaky bucket")),
+    ]
     COUNT_CHOICES = [
         (rules.COUNT_ALL, _("every matching request")),
         (rules.COUNT_FAILURES, _("failed requests only")),
@@ -79,6 +83,19 @@ class Rule(models.Model):
         default=True,
         help_text=_("When the counter backend is down, let requests through."),
     )
+    algorithm = models.CharField(
+        _("algorithm"),
+        max_length=20,
+        choices=ALGORITHM_CHOICES,
+        default=gcra.SLIDING_WINDOW,
+        help_text=_("Sliding window: at most N per window. Leaky bucket: a steady rate."),
+    )
+    burst = models.PositiveIntegerField(
+        _("burst"),
+        null=True,
+        blank=True,
+        help_text=_("A leaky bucket's capacity; empty: the rate's count."),
+    )
     note = models.TextField(_("note"), blank=True)
     created = models.DateTimeField(_("created"), auto_now_add=True)
     updated = models.DateTimeField(_("updated"), auto_now=True)
@@ -102,6 +119,10 @@ class Rule(models.Model):
         if _lines(self.methods):
             out["methods"] = _lines(self.methods)
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
+        if self.algorithm != gcra.SLIDING_WINDOW or self.burst is not None:
+            out["algorithm"] = self.algorithm
+        if self.burst is not None:
+            out["burst"] = self.burst
         return out
 
     def clean(self) -> None:

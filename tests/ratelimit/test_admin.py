@@ -115,6 +115,8 @@ class TestDatabaseRules:
             ({"path": "", "url_name": ""}, "path", "needs a 'path' prefix"),
             ({"name": "from-settings"}, "name", "already has a rule of this name"),
             ({"name": "two words"}, "name", "without spaces"),
+            ({"burst": "3"}, "burst", "capacity of a leaky bucket"),
+            ({"algorithm": "leaky_bucket", "rate": "5/m;10/d"}, "rate", "one leak rate"),
         ],
     )
     def test_invalid_rules_are_form_errors_naming_the_field(
@@ -130,6 +132,8 @@ class TestDatabaseRules:
             "key": "ip",
             "rate": "5/m",
             "count": "all",
+            "algorithm": "sliding_window",
+            "burst": "",
             "block": "on",
             "fail_open": "on",
             "note": "",
@@ -140,6 +144,13 @@ class TestDatabaseRules:
         errors = response.context["adminform"].form.errors
         assert words in " ".join(errors[field])
         assert not Rule.objects.exists()
+
+    def test_a_leaky_bucket_rule(self, client: Client) -> None:
+        db_rule(algorithm="leaky_bucket", rate="1/m", burst=2)
+        with frozen_clock(T0) as clock:
+            assert [client.get("/rules/named/").status_code for _ in range(3)] == [200, 200, 429]
+            clock.advance(60)  # one request leaks out per minute
+            assert [client.get("/rules/named/").status_code for _ in range(2)] == [200, 429]
 
     def test_the_changelist_shows_settings_rules_read_only(self) -> None:
         db_rule()
