@@ -30,7 +30,7 @@ MESSAGES: dict[str, str] = {
     "E007": "A RATELIMIT_* dotted path cannot be imported.",
     "E008": "RATELIMIT_CACHE_PREFIX must be a short string without spaces or control characters.",
     "E009": "RATELIMIT_BUCKETS_PER_WINDOW must be an integer from 1 to 600.",
-    "E010": "A @ratelimit decorator has an invalid rate or key.",
+    "E010": "A @ratelimit decorator has an invalid rate, key, algorithm or burst.",
     "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
     "E012": "RATELIMIT_SOCKET_TIMEOUT and RATELIMIT_DEAD_RETRY must be positive numbers.",
     "E013": "The rate-limit cache has no LOCATION: no server to count on.",

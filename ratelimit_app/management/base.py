@@ -1,7 +1,8 @@
 """What ``ratelimit_usage`` and ``ratelimit_reset`` share: naming a limit and a subject.
 
 A limit is either a rule of ``RATELIMIT_RULES`` (by its name) or the group of a
-``@ratelimit`` decorator, named with the decorator's ``key`` and ``rate`` (and ``method``):
+``@ratelimit`` decorator, named with the decorator's ``key`` and ``rate`` (and ``method``,
+``algorithm`` and ``burst``):
 :func:`ratelimit_app.core.target` finds the counters either way. Every mistake a person can
 make on the command line becomes a :class:`~django.core.management.CommandError` that says
 what to type instead, never a traceback.
@@ -11,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -24,7 +25,7 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE, keys, rates
+from ratelimit_app import ALL, UNSAFE, gcra, keys, rates
 from ratelimit_app.conf import conf
 from ratelimit_app.core import Method, Target, target
 from ratelimit_app.exceptions import BackendError
@@ -36,11 +37,16 @@ A rule is named as in RATELIMIT_RULES. A @ratelimit decorator's counters are nam
 group (the view's "module.qualname" when the decorator has no group=) with --key and
 --rate (and --method when the decorator has method=), exactly as the decorator has them.
 
+A leaky-bucket group also needs --algorithm leaky_bucket (and --burst when its decorator
+has burst=).
+
 The subject is what the limit counts, typed as a person would: an IP address (masked as
 RATELIMIT_IPV4_MASK / RATELIMIT_IPV6_MASK mask it), an email address (case and spaces do
 not matter), a user id, a header value. An IP typed for a key of another kind (email, user,
 ...) addresses the counters of requests that had no such value and fell back to the IP.
 """
+
+T = TypeVar("T")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, DjangoHelpFormatter):
@@ -58,6 +64,8 @@ class Limit:
     key: keys.KeySpec | None = None
     rate: rates.RateSpec = None
     method: Method = ALL
+    algorithm: str = gcra.SLIDING_WINDOW
+    burst: int | None = None
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
@@ -67,6 +75,19 @@ class Limit:
         """The kind of the limit's key ("ip", "email", ...)."""
         spec = self.rule_or_group.key if isinstance(self.rule_or_group, Rule) else self.key
         return keys.kind(spec) if spec is not None else ""
+
+    def apply(self, fn: Callable[..., T], subject: str) -> T:
+        """``fn(limit, subject, key, rate, method, algorithm, burst)``: :func:`target`,
+        :func:`~ratelimit_app.core.lookup` or :func:`~ratelimit_app.core.reset`."""
+        return fn(
+            self.rule_or_group,
+            subject,
+            self.key,
+            self.rate,
+            self.method,
+            self.algorithm,
+            self.burst,
+        )
 
     def find(self, subject: str) -> Target:
         """The counters of ``subject`` under this limit; CommandError when there are none."""
@@ -78,7 +99,7 @@ class Limit:
         if self.key_kind == "ip" and keys.mask_ip(subject) is None:
             raise CommandError(f"{subject!r} is not an IP address, and {self} is keyed by IP.")
         try:
-            found = target(self.rule_or_group, subject, self.key, self.rate, self.method)
+            found = self.apply(target, subject)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         if found is None:
@@ -142,6 +163,13 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
     key: str | None = options["key"]
     rate: str | None = options["rate"]
     method: str | None = options["method"]
+    algorithm: str | None = options.get("algorithm")
+    burst: int | None = options.get("burst")
+    if key is None and (algorithm is not None or burst is not None):
+        raise CommandError(
+            "--algorithm and --burst are for a @ratelimit group (with --key and --rate): a "
+            "rule has its own."
+        )
     if key is not None:
         if rate is None:
             raise CommandError(
@@ -152,9 +180,25 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
             keys.compile_key(key)
         except ImproperlyConfigured as exc:
             raise CommandError(f"--key: {exc}") from exc
-        _parse_rate(rate)
+        rate_list = _parse_rate(rate)
+        algorithm = algorithm or gcra.SLIDING_WINDOW
+        try:
+            gcra.validate_algorithm(algorithm)
+            if burst is not None and algorithm != gcra.LEAKY_BUCKET:
+                raise ImproperlyConfigured("--burst is for --algorithm leaky_bucket.")
+            if algorithm == gcra.LEAKY_BUCKET:
+                gcra.meter(rate_list, burst)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         return Limit(
-            "group", name, name, key, rate, parse_method(method) if method is not None else ALL
+            "group",
+            name,
+            name,
+            key,
+            rate,
+            parse_method(method) if method is not None else ALL,
+            algorithm,
+            burst,
         )
     if method is not None:
         raise CommandError(
@@ -170,7 +214,7 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
                 f"Rule {name!r} has a rate that depends on the request ({rule.rate!r}): "
                 "pass --rate with the rate it returns for this subject, such as '5/m'."
             )
-        return Limit("rule", name, rule)
+        return Limit("rule", name, rule, algorithm=rule.algorithm, burst=rule.burst)
     given = _parse_rate(rate)
     if rule.static_rates is not None and given != rule.static_rates:
         fixed = ";".join(map(str, rule.static_rates))
@@ -179,7 +223,7 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
             "whose rate depends on the request)."
         )
     # A rule is counted as the group "rule:<name>" with its key, for every method.
-    return Limit("rule", name, rule.group, rule.key, rate, ALL)
+    return Limit("rule", name, rule.group, rule.key, rate, ALL, rule.algorithm, rule.burst)
 
 
 @contextlib.contextmanager
@@ -232,4 +276,15 @@ class LimitCommand(BaseCommand):
             "--method",
             help="The group's decorator method= argument: POST, GET,POST, UNSAFE or ALL "
             "(default: ALL).",
+        )
+        parser.add_argument(
+            "--algorithm",
+            choices=gcra.ALGORITHMS,
+            help="The group's decorator algorithm= argument (default: sliding_window).",
+        )
+        parser.add_argument(
+            "--burst",
+            type=int,
+            help="The group's decorator burst= argument (a leaky bucket's capacity; default: "
+            "the rate's count).",
         )

@@ -27,9 +27,7 @@ Examples:
         limit = limit_from_options(options)
         found = limit.find(options["subject"])
         with backend_errors():
-            done = reset(
-                limit.rule_or_group, options["subject"], limit.key, limit.rate, limit.method
-            )
+            done = limit.apply(reset, options["subject"])
         if not done:  # found above: cannot happen unless the settings changed meanwhile
             raise CommandError(f"No counters found for {options['subject']!r}.")
         if options["verbosity"] >= 1:

@@ -8,30 +8,56 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ratelimit_app.core import Target, lookup
+from ratelimit_app.gcra import LEAKY_BUCKET
 from ratelimit_app.management.base import Limit, LimitCommand, backend_errors, limit_from_options
 
 COLUMNS = ("rate", "count", "limit", "remaining", "reset (s)", "state")
+#: A leaky bucket's columns: its level (fractional: it drains continuously), its capacity,
+#: and the seconds until it is empty.
+METER_COLUMNS = ("rate", "level", "capacity", "remaining", "empty in (s)", "state")
+
+
+def _rows(usage: dict[str, Any]) -> list[tuple[str, ...]]:
+    if usage.get("algorithm") == LEAKY_BUCKET:
+        return [
+            METER_COLUMNS,
+            (
+                str(usage["rate"]),
+                f"{usage['level']:.2f}",
+                str(usage["capacity"]),
+                str(usage["remaining"]),
+                str(usage["reset"]),
+                "limited" if usage["should_limit"] else "ok",
+            ),
+        ]
+    return [
+        COLUMNS,
+        *(
+            (
+                str(r["rate"]),
+                str(r["count"]),
+                str(r["limit"]),
+                str(r["remaining"]),
+                str(r["reset"]),
+                "limited" if r["should_limit"] else "ok",
+            )
+            for r in usage["rates"]
+        ),
+    ]
 
 
 def table(usage: dict[str, Any]) -> list[str]:
     """One aligned line per rate under a header line: rate, count, limit, remaining,
-    reset (seconds until every counted hit has left the window), and limited or ok."""
-    rows = [COLUMNS] + [
-        (
-            str(r["rate"]),
-            str(r["count"]),
-            str(r["limit"]),
-            str(r["remaining"]),
-            str(r["reset"]),
-            "limited" if r["should_limit"] else "ok",
-        )
-        for r in usage["rates"]
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    reset (seconds until every counted hit has left the window), and limited or ok. For a
+    leaky bucket, one line: rate, level, capacity, remaining, seconds until it is empty,
+    and limited or ok."""
+    rows = _rows(usage)
+    columns = len(rows[0])
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
     lines = []
     for row in rows:
         cells = [
-            cell.ljust(width) if i in (0, len(COLUMNS) - 1) else cell.rjust(width)
+            cell.ljust(width) if i in (0, columns - 1) else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
@@ -42,12 +68,14 @@ class Command(LimitCommand):
     help = """\
 Show a subject's usage of a rate limit: for each rate, the hits counted in its window, the
 limit, how many more it admits now, the seconds until every counted hit has left the window,
-and whether the subject is limited. Counts nothing.
+and whether the subject is limited. For a leaky bucket: its level, its capacity, how many
+more it admits now and the seconds until it is empty. Counts nothing.
 
 Examples:
   manage.py ratelimit_usage login-email alice@example.com
   manage.py ratelimit_usage api 203.0.113.7 --json
   manage.py ratelimit_usage accounts.views.login 203.0.113.7 --key ip --rate 5/m --method POST
+  manage.py ratelimit_usage api.views.send 42 --key user --rate 1/s --algorithm leaky_bucket
 """
     verb = "read"
 
@@ -57,16 +85,15 @@ Examples:
             "--json",
             action="store_true",
             help="Print the usage as JSON (the dict get_usage returns: count, limit, "
-            "should_limit, remaining, reset, retry_after, rate, and rates: one per rate).",
+            "should_limit, remaining, reset, retry_after, rate, rates: one per rate, and "
+            "algorithm; level and capacity for a leaky bucket).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         limit = limit_from_options(options)
         found = limit.find(options["subject"])
         with backend_errors():
-            usage = lookup(
-                limit.rule_or_group, options["subject"], limit.key, limit.rate, limit.method
-            )
+            usage = limit.apply(lookup, options["subject"])
         if usage is None:  # found above: cannot happen unless the settings changed meanwhile
             raise CommandError(f"No counters found for {options['subject']!r}.")
         if options["json"]:
