@@ -48,7 +48,7 @@ class Period:
     label: str | Promise
     phrase: str | Promise
 
-    def range(self, now: float) -> tuple[datetime, datetime]:
+    def bounds(self, now: float) -> tuple[datetime, datetime]:
         """``(start, end)`` of the period as of ``now``.
 
         The end is the first whole second at or after ``now``, so a period exactly as long as
@@ -103,7 +103,7 @@ class SeriesChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         rows = list(self.result_list)
-        start, end = DEFAULT_PERIOD.range(clock.now())
+        start, end = DEFAULT_PERIOD.bounds(clock.now())
         recent = query.series_many([s.name for s in rows], start, end)
         for row in rows:
             setattr(row, RECENT_ATTR, [count for _, count in recent[row.name]])
@@ -174,7 +174,7 @@ class SeriesAdmin(SeriesAdminBase):
     def chart_context(self, request: HttpRequest, obj: Series) -> dict[str, Any]:
         """The chart page's extra context: the period links, the chart and its numbers."""
         period = period_from(request)
-        start, end = period.range(clock.now())
+        start, end = period.bounds(clock.now())
         points = query.series(obj.name, start, end)
         step = step_of(points, end)
         counts = [c for _, c in points]

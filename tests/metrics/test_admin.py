@@ -383,7 +383,7 @@ def test_series_many_edge_cases(data: dict[str, Series]) -> None:
 def test_periods_end_on_the_next_whole_second(
     data: dict[str, Series], make_user: UserFactory, clock: FrozenClock
 ) -> None:
-    assert DEFAULT_PERIOD.range(T0.timestamp() + 0.25) == (
+    assert DEFAULT_PERIOD.bounds(T0.timestamp() + 0.25) == (
         T0 - timedelta(hours=24) + timedelta(seconds=1),
         T0 + timedelta(seconds=1),
     )
