@@ -133,26 +133,28 @@ def assert_no_leak(response: Any) -> None:
     assert SECRET not in response.get("Location", "")
 
 
+def assert_every_page_refused(client: Client, data: dict[str, Series], status: int) -> None:
+    """Every metrics page answers ``status`` (302: to the login page) and shows no data."""
+    for url in pages(data):
+        response = client.get(url)
+        assert response.status_code == status, url
+        if status == 302:
+            assert response["Location"].startswith(reverse("admin:login") + "?next="), url
+        assert_no_leak(response)
+
+
 @pytest.mark.parametrize("kind", ["anonymous", "plain"])
 def test_anonymous_and_non_staff_are_sent_to_the_login_page(
     data: dict[str, Series], make_user: UserFactory, kind: str
 ) -> None:
-    client = client_for(make_user, kind)
-    for url in pages(data):
-        response = client.get(url)
-        assert response.status_code == 302, url
-        assert response["Location"].startswith(reverse("admin:login") + "?next="), url
-        assert_no_leak(response)
+    assert_every_page_refused(client_for(make_user, kind), data, 302)
 
 
 def test_staff_without_the_view_permission_is_refused(
     data: dict[str, Series], make_user: UserFactory
 ) -> None:
     client = client_for(make_user, "staff")
-    for url in pages(data):
-        response = client.get(url)
-        assert response.status_code == 403, url
-        assert_no_leak(response)
+    assert_every_page_refused(client, data, 403)
     index = client.get(reverse("admin:index"))
     assert index.status_code == 200
     assert changelist_url() not in index.content.decode()
@@ -180,10 +182,7 @@ def test_the_change_permission_alone_does_not_show_series(
     )
     client = Client()
     client.force_login(user)
-    for url in pages(data):
-        response = client.get(url)
-        assert response.status_code == 403, url
-        assert_no_leak(response)
+    assert_every_page_refused(client, data, 403)
 
 
 def test_read_only_even_for_superusers(data: dict[str, Series], make_user: UserFactory) -> None:
