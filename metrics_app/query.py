@@ -7,6 +7,7 @@ process still buffers.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
@@ -108,13 +109,20 @@ def _points(
         limit = limits[resolution]
         return t + resolution if limit is None or limit <= t else min(t + resolution, limit)
 
+    automatic = size is None
     if size is None:
         found = {r for r, t, _ in fetched if t < hi and ends(r, t) > lo}
         size = max([retention.expected_step(lo, now), *found])
-    # Buckets are whole: the answer covers [align(lo), end of the bucket holding hi - 1).
-    out_lo, out_hi = align(lo, size), align(hi - 1, size) + size
-    rows = [row for row in fetched if row[1] < out_hi and ends(row[0], row[1]) > out_lo]
-    coarser = sorted({r for r, _, _ in rows if size % r})
+    while True:
+        # Buckets are whole: the answer covers [align(lo), end of the bucket holding hi - 1).
+        out_lo, out_hi = align(lo, size), align(hi - 1, size) + size
+        rows = [row for row in fetched if row[1] < out_hi and ends(row[0], row[1]) > out_lo]
+        coarser = sorted({r for r, _, _ in rows if size % r})
+        if not (automatic and coarser):
+            break
+        # The widened range reaches a coarser row: a step of its own chooses wider, until
+        # every row it covers fits whole (each pass only widens; precisions divide).
+        size = math.lcm(size, *coarser)
     if coarser:
         raise ValueError(
             f"step {size}s is finer than the {coarser[-1]}s buckets stored for part of "

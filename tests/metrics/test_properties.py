@@ -121,11 +121,14 @@ def check_queries(
             assert step is not None  # the default step is always answerable
             # A tier's age is a minimum: inside it, the tier's step is always answerable.
             assert not (step in ages and lo >= now - ages[step]), (lo, now, step)
+            # Buckets are whole: the answer would cover [align(lo), the end of the bucket
+            # holding hi - 1), and some row there does not fit the step.
             widest = max(retention.precisions)
+            out_lo, out_hi = align(lo, step), align(hi - 1, step) + step
             resolutions = Bucket.objects.filter(
-                series__name=name, start__lt=hi, start__gt=lo - widest
+                series__name=name, start__lt=out_hi, start__gt=out_lo - widest
             ).values_list("resolution", "start")
-            assert any(step % r and s + r > lo for r, s in resolutions)
+            assert any(step % r and s + r > out_lo for r, s in resolutions)
             continue
         size = int((points[1][0] - points[0][0]).total_seconds()) if len(points) > 1 else None
         if step is not None and size is not None:
