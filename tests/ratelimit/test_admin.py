@@ -151,6 +151,8 @@ class TestDatabaseRules:
             assert [client.get("/rules/named/").status_code for _ in range(3)] == [200, 200, 429]
             clock.advance(60)  # one request leaks out per minute
             assert [client.get("/rules/named/").status_code for _ in range(2)] == [200, 429]
+            page = staff(superuser=True).post(USAGE, {"rule": "db-rule", "subject": "127.0.0.1"})
+        assert "Leaky bucket: level 2.00 of 2" in page.content.decode()
 
     def test_the_changelist_shows_settings_rules_read_only(self) -> None:
         db_rule()
