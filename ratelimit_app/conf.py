@@ -24,6 +24,7 @@ from django.utils.module_loading import import_string
 if TYPE_CHECKING:
     from ratelimit_app.access import AccessList
     from ratelimit_app.rules import Rule, RuleSet
+    from ratelimit_app.store import Snapshot
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 logger = logging.getLogger("ratelimit_app")
@@ -152,23 +153,17 @@ class Settings:
     def RULES(self) -> RuleSet:
         """The rules in force: ``RATELIMIT_RULES`` and the enabled rules of the database
         (:mod:`ratelimit_app.store`), validated and compiled."""
-        from ratelimit_app.store import current
-
-        return current().rules
+        return _current().rules
 
     @property
     def ALLOW(self) -> AccessList:
         """``RATELIMIT_ALLOW`` and the database's allow list."""
-        from ratelimit_app.store import current
-
-        return current().allow
+        return _current().allow
 
     @property
     def DENY(self) -> AccessList:
         """``RATELIMIT_DENY`` and the database's deny list."""
-        from ratelimit_app.store import current
-
-        return current().deny
+        return _current().deny
 
     @property
     def SETTINGS_RULES(self) -> tuple[Rule, ...]:
@@ -216,6 +211,19 @@ class Settings:
     @property
     def FAIL_CLOSED_STATUS(self) -> int:
         return int(_get("RATELIMIT_FAIL_CLOSED_STATUS"))
+
+
+def _current() -> Snapshot:
+    # Read on every request: the function is looked up once, not imported each time.
+    global _current_fn
+    if _current_fn is None:
+        from ratelimit_app.store import current
+
+        _current_fn = current
+    return _current_fn()
+
+
+_current_fn: Callable[[], Snapshot] | None = None
 
 
 def _access(name: str) -> AccessList:

@@ -42,15 +42,25 @@ class Snapshot:
     deny: AccessList
     #: The version key's value this snapshot was loaded at (None: unknown).
     version: str | None = None
-    #: time.monotonic() of the last look at the version key.
+    #: time.monotonic() of the last look at the version counter.
     checked: float = -math.inf
     #: Unix time at which the first database entry it holds expires.
     expires: float = math.inf
     #: Rules of the database, as loaded (for the admin).
     db_rules: tuple[Rule, ...] = ()
+    #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
+    deadline: float = -math.inf
+
+    def looked(self, at: float | None = None) -> Snapshot:
+        """Mark a look at the version counter: good for RATELIMIT_CONFIG_REFRESH seconds, or
+        until the first entry expires."""
+        self.checked = time.monotonic() if at is None else at
+        until_expiry = self.expires - time.time()
+        self.deadline = self.checked + min(conf.CONFIG_REFRESH, until_expiry)
+        return self
 
     def fresh(self) -> bool:
-        return time.monotonic() - self.checked < conf.CONFIG_REFRESH and time.time() < self.expires
+        return time.monotonic() < self.deadline
 
 
 _snapshot: Snapshot | None = None
@@ -81,7 +91,7 @@ def bump() -> None:
         logger.warning("ratelimit: could not announce a configuration change: %s", exc)
     if _snapshot is not None:
         _snapshot.version = None
-        _snapshot.checked = -math.inf
+        _snapshot.deadline = -math.inf
 
 
 #: The version is a counter in the counter backend (its timeouts and dead-server skipping
@@ -113,7 +123,7 @@ def _refresh(snap: Snapshot | None) -> Snapshot:
     global _snapshot
     if not conf.DB_RULES:
         snap = settings_only()
-        snap.checked = math.inf  # settings changes clear it (forget)
+        snap.deadline = math.inf  # settings changes clear it (forget)
         _snapshot = snap
         return snap
     version = _read_version()
@@ -123,15 +133,13 @@ def _refresh(snap: Snapshot | None) -> Snapshot:
         and version == snap.version
         and time.time() < snap.expires
     ):
-        snap.checked = time.monotonic()
-        return snap
+        return snap.looked()
     if _in_event_loop():
         _load_in_background(version)
         if snap is None:
             snap = settings_only()
             _snapshot = snap
-        snap.checked = time.monotonic()
-        return snap
+        return snap.looked()
     return _load(version)
 
 
@@ -179,8 +187,8 @@ def _load(version: str | None) -> Snapshot:
             logger.warning("ratelimit: database rules and lists not read: %s", exc)
             _warned = True
         snap = settings_only()
-        snap.version, snap.checked = version, checked
-        _snapshot = snap
+        snap.version = version
+        _snapshot = snap.looked(checked)
         return snap
     taken = {rule.name for rule in conf.SETTINGS_RULES}
     db_rules = []
@@ -202,9 +210,8 @@ def _load(version: str | None) -> Snapshot:
         allow,
         deny,
         version,
-        checked,
-        min(expiries, default=math.inf),
-        tuple(db_rules),
+        expires=min(expiries, default=math.inf),
+        db_rules=tuple(db_rules),
     )
-    _snapshot = snap
+    _snapshot = snap.looked(checked)
     return snap

@@ -18,6 +18,20 @@ MIDDLEWARE_429 = {
 }
 
 
+@pytest.fixture(autouse=True)
+def without_middleware() -> Any:
+    """As django-ratelimit behaves on its own: no RatelimitMiddleware (the tests' settings
+    have it), so a blocked request is the 403 of ``Ratelimited``. Tests that want the 429
+    override MIDDLEWARE again."""
+    with override_settings(
+        MIDDLEWARE=[
+            "django.contrib.sessions.middleware.SessionMiddleware",
+            "django.contrib.auth.middleware.AuthenticationMiddleware",
+        ]
+    ):
+        yield
+
+
 def statuses(client: Client, url: str, n: int, **extra: Any) -> list[int]:
     return [client.get(url, **extra).status_code for _ in range(n)]
 
