@@ -9,7 +9,7 @@ import argparse
 import importlib
 import time
 
-from bench import accuracy, ratelimit_latency, ratelimit_middleware
+from bench import accuracy, leaky_bucket, ratelimit_latency, ratelimit_middleware
 from bench.common import machine
 
 
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         rounds=rounds, calls=calls, ips=ips, batch=batch
     )
     print(ratelimit_middleware.render(rule_rows, no_match, rounds, calls), end="\n\n")
+    meter_rows = leaky_bucket.run(rounds=rounds, calls=calls, ips=ips)
+    print(leaky_bucket.render(meter_rows, rounds, calls), end="\n\n")
     print(accuracy.render(accuracy.run(scale=scale)), end="\n\n")
     try:
         bench_metrics = importlib.import_module("bench.bench_metrics")

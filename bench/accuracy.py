@@ -16,7 +16,7 @@ Limiters:
   :mod:`ratelimit_app.windows`, run over an in-memory dict of counters, as ``core.check``
   runs it: increment, read, evaluate, and take the increment back when the hit is refused.
 * **ours, refused hits counted**: the same without taking refused hits back (what
-  django-ratelimit's counter does, and what ratelimit_app did before ``Backend.undo``), with
+  django-ratelimit's counter does, and what ratelimit_app did before it took them back), with
   its exact reference, **sliding log, refused hits counted**.
 
 Run: ``python -m bench.accuracy``.
@@ -31,7 +31,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ratelimit_app import windows
-from ratelimit_app.backends.base import Backend
 from ratelimit_app.rates import Rate
 
 SEED = 20261122
@@ -96,9 +95,9 @@ class FixedWindow(Limiter):
         return self.count <= self.limit
 
 
-#: Whether ratelimit_app takes back the increment of a refused hit (``Backend.undo``, called
-#: by ``core.check``): then refused requests do not use up the quota.
-UNDOES_REFUSED = hasattr(Backend, "undo")
+#: ratelimit_app takes back the increment of a refused hit (``core.check_many``'s second
+#: round trip, an ``Op`` with ``undo``): refused requests do not use up the quota.
+UNDOES_REFUSED = True
 
 
 class Buckets(Limiter):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import platform
 import subprocess
@@ -32,6 +33,15 @@ def configure_django() -> None:
         USE_TZ=True,
     )
     django.setup()
+
+
+def timing_parser(doc: str) -> argparse.ArgumentParser:
+    """A command line with the options of every interleaved latency benchmark."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds")
+    parser.add_argument("--calls", type=int, default=300, help="checks per round")
+    parser.add_argument("--ips", type=int, default=100, help="client IPs in the pool")
+    return parser
 
 
 @dataclass

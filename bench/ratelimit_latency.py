@@ -22,7 +22,6 @@ Run: ``python -m bench.ratelimit_latency [--rounds 20 --calls 300]``.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +29,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.common import Servers, configure_django, quantile, table, throwaway_servers
+from bench.common import (
+    Servers,
+    configure_django,
+    quantile,
+    table,
+    throwaway_servers,
+    timing_parser,
+)
 
 ONE_RATE = "1000000/m"
 OVER_RATE = "1/h"
@@ -192,9 +198,16 @@ def _validate(c: Contender, results: Any) -> None:
             raise RuntimeError(f"{c.name}: unexpected usage {usage!r}")
 
 
-def time_backend(backend: str, rounds: int, calls: int, pool: list[Any]) -> list[Contender]:
-    """Interleaved rounds of every contender on one cache alias; returns the samples."""
-    runners = contenders(backend)
+def time_backend(
+    backend: str,
+    rounds: int,
+    calls: int,
+    pool: list[Any],
+    runners: list[Contender] | None = None,
+) -> list[Contender]:
+    """Interleaved rounds of every contender (default: this module's) on one cache alias;
+    returns them with their samples."""
+    runners = contenders(backend) if runners is None else runners
     clock = time.perf_counter_ns
     # Failed checks are counted in the table; a log line for each would drown it.
     log = logging.getLogger("ratelimit_app")
@@ -320,11 +333,7 @@ def render(rows: list[Row], rounds: int, calls: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--ips", type=int, default=100)
-    args = parser.parse_args(argv)
+    args = timing_parser(__doc__).parse_args(argv)
     rows = run(args.rounds, args.calls, args.ips)
     print(render(rows, args.rounds, args.calls))
     return rows

@@ -42,7 +42,6 @@ Run: ``python -m bench.ratelimit_middleware [--rounds 20 --calls 300 --ips 100 -
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +50,14 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from bench.common import Servers, configure_django, quantile, table, throwaway_servers
+from bench.common import (
+    Servers,
+    configure_django,
+    quantile,
+    table,
+    throwaway_servers,
+    timing_parser,
+)
 from bench.ratelimit_latency import caches_for
 
 PATH = "/login/"
@@ -426,10 +432,7 @@ def render(rows: list[Row], no_match: NoMatchRow, rounds: int, calls: int) -> st
 
 
 def main(argv: list[str] | None = None) -> tuple[list[Row], NoMatchRow]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--ips", type=int, default=100)
+    parser = timing_parser(__doc__)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--backend", choices=BACKENDS, action="append", dest="backends")
     args = parser.parse_args(argv)

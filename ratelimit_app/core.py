@@ -355,9 +355,13 @@ def is_ratelimited(
     rate: rates.RateSpec = None,
     method: Method = ALL,
     increment: bool = False,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
 ) -> bool:
     """True when the request is over the limit (django-ratelimit's ``is_ratelimited``)."""
-    usage = get_usage(request, group, fn, key, rate, method, increment)
+    usage = get_usage(
+        request, group, fn, key, rate, method, increment, algorithm=algorithm, burst=burst
+    )
     return bool(usage and usage["should_limit"])
 
 

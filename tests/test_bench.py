@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench import accuracy, common, ratelimit_latency, ratelimit_middleware
+from bench import (
+    accuracy,
+    common,
+    figures,
+    leaky_bucket,
+    ratelimit_latency,
+    ratelimit_middleware,
+)
 
 
 def test_quantile_and_table() -> None:
@@ -33,6 +40,25 @@ def test_latency_bench_on_real_servers(memcached_server: str, redis_server: str)
     assert "ours/peer" in text
     assert "<= 0.8x" in text
     assert "<= 0.5x" in text
+
+
+def test_leaky_bucket_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    rows = leaky_bucket.run(rounds=2, calls=5, ips=3, servers=servers)
+    assert [(r.backend, r.case) for r in rows] == [
+        (backend, case) for backend in ("memcached", "redis") for case in leaky_bucket.CASES
+    ]
+    for row in rows:
+        assert row.samples == 2 * 5
+        assert row.failed == 0
+        assert 0 < row.leaky_median <= row.leaky_p90
+        assert row.sliding_median > 0 and row.peer_median > 0
+        assert row.vs_sliding == pytest.approx(row.leaky_median / row.sliding_median)
+        assert row.vs_peer == pytest.approx(row.leaky_median / row.peer_median)
+    text = leaky_bucket.render(rows, 2, 5)
+    assert "leaky/sliding" in text and "leaky/django-rl" in text
+    for row in rows:  # every row has its ratios
+        assert f"{row.vs_sliding:.2f}x" in text and f"{row.vs_peer:.2f}x" in text
 
 
 def test_middleware_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
@@ -122,3 +148,20 @@ def test_max_in_window() -> None:
     assert accuracy.max_in_window([0, 1, 2, 60, 61], 60) == 3  # (0, 60] holds 1, 2, 60
     assert accuracy.max_in_window([0, 59.9, 60], 60) == 2
     assert accuracy.max_in_window([], 60) == 0
+
+
+def test_the_algorithms_figure_is_up_to_date() -> None:
+    """docs/_static/algorithms.svg is what bench/figures.py draws from the real logic."""
+    assert figures.PATH.read_text(encoding="utf-8") == figures.svg(), "python -m bench.figures"
+
+
+def test_the_figure_shows_both_algorithms_at_work() -> None:
+    o = figures.simulate()
+    # The same 24 requests: the window lets a full burst through again as soon as the old
+    # one has left it; the bucket spaces them one per interval once full.
+    assert len(o.times) == 24
+    assert sum(o.window) < len(o.times) and sum(o.bucket) < len(o.times)
+    assert o.window[:6] == [True] * 4 + [False] * 2 == o.bucket[:6]
+    assert max(level for _, level in o.levels) <= figures.BURST
+    counts = [c for _, c in figures.in_window(o.times, o.window)]
+    assert max(counts) == figures.COUNT

@@ -264,3 +264,38 @@ def traces(draw: st.DrawFn) -> tuple[gcra.Meter, list[tuple[int, bool]]]:
 @given(traces())
 def test_gcra_equals_the_reference_meter(case: tuple[gcra.Meter, list[tuple[int, bool]]]) -> None:
     run_trace(*case)
+
+
+@settings(max_examples=200, deadline=None)
+@given(traces())
+def test_any_interval_admits_at_most_the_burst_plus_what_leaks_out(
+    case: tuple[gcra.Meter, list[tuple[int, bool]]],
+) -> None:
+    """In any L seconds at most ``B + floor(L / T)`` admitted, clocks going back included."""
+    m, trace = case
+    tat, admitted = None, []
+    for now_us, _ in trace:
+        state = gcra.evaluate(m, tat, now_us, True)
+        if state.admitted:
+            tat = state.tat
+            admitted.append(now_us)
+    interval = Fraction(m.rate.seconds * gcra.MICROS, max(m.rate.count, 1))
+    ordered = sorted(admitted)
+    for i, first in enumerate(ordered):
+        for j in range(i, len(ordered)):
+            assert j - i + 1 <= m.capacity + math.floor((ordered[j] - first) / interval)
+
+
+def test_a_full_burst_then_the_leak_is_2n_minus_1_in_a_window() -> None:
+    """With the default burst (N), a window ``(t - W, t]`` can hold 2N - 1 admitted
+    requests (the comparison in the docs), never 2N."""
+    m = gcra.meter(parse("5/m"))
+    tat, admitted = None, []
+    for now in [T0_US] * 5 + [T0_US + k * 12 * gcra.MICROS for k in range(1, 6)]:
+        state = gcra.evaluate(m, tat, now, True)
+        assert state.admitted  # 5 at once, then one every 12 s
+        tat = state.tat
+        admitted.append(now)
+    window = 60 * gcra.MICROS
+    most = max(sum(t - window < a <= t for a in admitted) for t in admitted)
+    assert most == 2 * 5 - 1

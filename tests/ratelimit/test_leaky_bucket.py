@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from ratelimit_app import checks, core, gcra
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.backends.base import MeterOp, Op
-from ratelimit_app.core import check, get_usage, namespace
+from ratelimit_app.core import check, get_usage, is_ratelimited, namespace
 from ratelimit_app.decorators import ratelimit, registry
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.rates import parse
@@ -283,6 +283,42 @@ def test_usage_dict(backend: Any, group: str) -> None:
     assert over["reset"] == over["time_left"] == 28  # 27.5 s until empty
 
 
+def test_the_docs_example(backend: Any, group: str) -> None:
+    """docs/ratelimit.rst's leaky-bucket dict: two requests at once, a third 2 s later."""
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.14")
+    kwargs: dict[str, Any] = {"key": "ip", "rate": "6/m", "algorithm": LEAKY, "burst": 3}
+    with frozen_clock(T0) as clock:
+        get_usage(request, group, increment=True, **kwargs)
+        get_usage(request, group, increment=True, **kwargs)
+        clock.advance(2)
+        usage = get_usage(request, group, increment=True, **kwargs)
+        assert is_ratelimited(request, group, **kwargs)  # a look: no room for one more
+    assert usage == {
+        "count": 3,
+        "limit": 3,
+        "should_limit": False,
+        "time_left": 28,
+        "remaining": 0,
+        "reset": 28,
+        "retry_after": 0,
+        "rate": "6/m",
+        "rates": [
+            {
+                "rate": "6/m",
+                "window": 60,
+                "count": 3,
+                "limit": 3,
+                "remaining": 0,
+                "reset": 28,
+                "should_limit": False,
+            }
+        ],
+        "algorithm": LEAKY,
+        "level": 2.8,
+        "capacity": 3,
+    }
+
+
 def test_a_count_of_zero_refuses_everything(backend: Any, group: str) -> None:
     request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.5")
     usage = get_usage(request, group, key="ip", rate="0/m", algorithm=LEAKY, increment=True)
@@ -395,6 +431,47 @@ def test_processes_and_threads_never_admit_more_than_the_capacity(
     reset_backends()
     # 4 processes x 8 threads x 10 tries against a capacity of 20: exactly the capacity.
     assert sum(admitted) == 20
+
+
+def test_memcached_refuses_a_check_that_keeps_losing_the_race(
+    memcached_server: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client changes the item before every store: after CAS_ATTEMPTS rounds the
+    check is refused (the safe side), although the bucket is empty."""
+    from ratelimit_app.backends import memcached
+
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": memcached_server,
+    }
+    with override_settings(CACHES={"default": config, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        backend: Any = get_backend()
+        m = gcra.meter(parse("5/m"))
+        ns = namespace(group, "ip", "192.0.2.15")
+        key = (backend.cache_prefix + backend.rl_prefix + ns + gcra.SUFFIX).encode()
+        empty = gcra.encode(m, m.ticks(T0_US - gcra.MICROS))  # a second ago: empty
+        stores = []
+        original = backend._meta
+
+        def meta(node: Any, command: bytes, count: int) -> Any:
+            if command.startswith(b"ms "):  # the competitor writes first
+                stores.append(command)
+                node.client.set(key, empty, expire=60, noreply=False)
+            return original(node, command, count)
+
+        monkeypatch.setattr(backend, "_meta", meta)
+        (reply,) = backend.meter_many([MeterOp(ns, m, True)], T0_US)
+        assert len(stores) == memcached.CAS_ATTEMPTS
+        assert reply.written is None  # refused
+        assert reply.read == gcra.decode(m, empty)
+        state = gcra.outcome(m, reply.read, reply.written, T0_US, True)
+        assert state.limited and state.remaining == 5
+        assert backend.nodes[0].client.get(key) == empty  # nothing of ours was stored
+        monkeypatch.setattr(backend, "_meta", original)
+        (reply,) = backend.meter_many([MeterOp(ns, m, True)], T0_US)  # no competitor
+        assert reply.written == gcra.advance(m, reply.read, T0_US)
+    reset_backends()
 
 
 def test_redis_sends_both_algorithms_in_one_round_trip(
