@@ -251,17 +251,40 @@ class MemcachedBackend(Backend):
 
     def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
         replies: list[MeterReply] = [MeterReply(None)] * len(ops)
-        by_node: dict[_Node, list[int]] = {}
-        for i, op in enumerate(ops):
-            by_node.setdefault(self._node(op.namespace), []).append(i)
-        for node, indexes in by_node.items():
-            taking = [i for i in indexes if ops[i].take_back is not None]
-            if taking:
-                self._take_back(node, [ops[i] for i in taking], now_us)
-            metering = [i for i in indexes if ops[i].take_back is None]
-            if metering:
-                self._meter(node, ops, metering, now_us, replies)
+        pending = list(range(len(ops)))
+        for attempt in range(len(self.nodes)):
+            # As for the windows: the ops of a node that fails go to the next choice, which
+            # takes over its subjects (their buckets stay behind on the dead node).
+            by_node: dict[_Node, list[int]] = {}
+            for i in pending:
+                by_node.setdefault(self._node(ops[i].namespace), []).append(i)
+            failed: list[int] = []
+            for node, indexes in by_node.items():
+                try:
+                    self._meter_node(node, ops, indexes, now_us, replies)
+                except BackendError:
+                    if attempt == len(self.nodes) - 1 or node.dead_until <= time.monotonic():
+                        raise  # the last node, or not a node failure (a corrupt TAT)
+                    failed += indexes
+            if not failed:
+                break
+            pending = failed
         return replies
+
+    def _meter_node(
+        self,
+        node: _Node,
+        ops: Sequence[MeterOp],
+        indexes: list[int],
+        now_us: int,
+        replies: list[MeterReply],
+    ) -> None:
+        taking = [i for i in indexes if ops[i].take_back is not None]
+        if taking:
+            self._take_back(node, [ops[i] for i in taking], now_us)
+        metering = [i for i in indexes if ops[i].take_back is None]
+        if metering:
+            self._meter(node, ops, metering, now_us, replies)
 
     def _key(self, op: MeterOp) -> bytes:
         return (self.cache_prefix + self.rl_prefix + op.namespace + gcra.SUFFIX).encode()
