@@ -22,15 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.common import (
-    Servers,
-    configure_django,
-    quantile,
-    table,
-    throwaway_servers,
-    timing_parser,
-)
-from bench.ratelimit_latency import Contender, caches_for, requests, time_backend
+from bench.common import Servers, quantile, table, timing_parser
+from bench.ratelimit_latency import Contender, time_backends
 
 ADMITTED_RATE = "1000000/m"
 REFUSED_RATE = "1/h"
@@ -100,32 +93,22 @@ def run(
     rounds: int = 20, calls: int = 300, ips: int = 100, servers: Servers | None = None
 ) -> list[Row]:
     """Time every case on memcached and Redis; start throwaway servers unless given."""
-    configure_django()
-    if servers is None:
-        with throwaway_servers() as started:
-            return run(rounds, calls, ips, started)
-    from django.test import override_settings
-
-    pool = requests(ips)
     rows = []
-    with override_settings(CACHES=caches_for(servers)):
-        for backend in ("memcached", "redis"):
-            runners = time_backend(backend, rounds, calls, pool, contenders(backend))
-            by_name = {c.name: c for c in runners}
-            for case in CASES:
-                leaky = by_name[f"leaky {case}"]
-                rows.append(
-                    Row(
-                        backend=backend,
-                        case=case,
-                        leaky_median=quantile(leaky.samples, 0.5),
-                        leaky_p90=quantile(leaky.samples, 0.9),
-                        sliding_median=quantile(by_name[f"sliding {case}"].samples, 0.5),
-                        peer_median=quantile(by_name[f"peer {case}"].samples, 0.5),
-                        samples=len(leaky.samples),
-                        failed=sum(by_name[f"{c} {case}"].failures for c in ("leaky", "sliding")),
-                    )
+    for backend, by_name in time_backends(rounds, calls, ips, servers, contenders).items():
+        for case in CASES:
+            leaky = by_name[f"leaky {case}"]
+            rows.append(
+                Row(
+                    backend=backend,
+                    case=case,
+                    leaky_median=quantile(leaky.samples, 0.5),
+                    leaky_p90=quantile(leaky.samples, 0.9),
+                    sliding_median=quantile(by_name[f"sliding {case}"].samples, 0.5),
+                    peer_median=quantile(by_name[f"peer {case}"].samples, 0.5),
+                    samples=len(leaky.samples),
+                    failed=sum(by_name[f"{c} {case}"].failures for c in ("leaky", "sliding")),
                 )
+            )
     return rows
 
 

@@ -257,41 +257,55 @@ def _rounds(
                     c.failures += failures
 
 
+def time_backends(
+    rounds: int,
+    calls: int,
+    ips: int,
+    servers: Servers | None,
+    make: Callable[[str], list[Contender]],
+) -> dict[str, dict[str, Contender]]:
+    """Interleaved rounds of the contenders ``make(backend)`` returns, on memcached and then
+    Redis (throwaway servers unless given); the contenders by backend and name."""
+    configure_django()
+    if servers is None:
+        with throwaway_servers() as started:
+            return time_backends(rounds, calls, ips, started, make)
+    from django.test import override_settings
+
+    pool = requests(ips)
+    with override_settings(CACHES=caches_for(servers)):
+        return {
+            backend: {c.name: c for c in time_backend(backend, rounds, calls, pool, make(backend))}
+            for backend in ("memcached", "redis")
+        }
+
+
 def run(
     rounds: int = 20, calls: int = 300, ips: int = 100, servers: Servers | None = None
 ) -> list[Row]:
     """Time every case on memcached and Redis; start throwaway servers unless given."""
-    configure_django()
-    if servers is None:
-        with throwaway_servers() as started:
-            return run(rounds, calls, ips, started)
-    from django.test import override_settings
-
-    pool = requests(ips)
     rows = []
-    with override_settings(CACHES=caches_for(servers)):
-        for backend in ("memcached", "redis"):
-            by_name = {c.name: c for c in time_backend(backend, rounds, calls, pool)}
-            for case, ours, peer in (
-                ("1 rate", "ours 1", "peer 1"),
-                ("3 rates", "ours 3", "peer 3"),
-                ("3 rates, hierarchical", "ours 3h", "peer 3"),
-                ("1 rate, over the limit", "ours over", "peer over"),
-            ):
-                o, p = by_name[ours].samples, by_name[peer].samples
-                rows.append(
-                    Row(
-                        backend=backend,
-                        case=case,
-                        ours_median=quantile(o, 0.5),
-                        ours_p90=quantile(o, 0.9),
-                        peer_median=quantile(p, 0.5),
-                        peer_p90=quantile(p, 0.9),
-                        samples=len(o),
-                        ours_failed=by_name[ours].failures,
-                        peer_failed=by_name[peer].failures,
-                    )
+    for backend, by_name in time_backends(rounds, calls, ips, servers, contenders).items():
+        for case, ours, peer in (
+            ("1 rate", "ours 1", "peer 1"),
+            ("3 rates", "ours 3", "peer 3"),
+            ("3 rates, hierarchical", "ours 3h", "peer 3"),
+            ("1 rate, over the limit", "ours over", "peer over"),
+        ):
+            o, p = by_name[ours].samples, by_name[peer].samples
+            rows.append(
+                Row(
+                    backend=backend,
+                    case=case,
+                    ours_median=quantile(o, 0.5),
+                    ours_p90=quantile(o, 0.9),
+                    peer_median=quantile(p, 0.5),
+                    peer_p90=quantile(p, 0.9),
+                    samples=len(o),
+                    ours_failed=by_name[ours].failures,
+                    peer_failed=by_name[peer].failures,
                 )
+            )
     return rows
 
 

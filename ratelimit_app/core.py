@@ -192,7 +192,7 @@ def check_many(
         i: windows.plan(checks[i].rates, t, per_window, fine_only=True)
         for i in (limited.intersection(windowed) if exact else ())
     }
-    second = sorted((undo.intersection(windowed)) | set(detail))
+    second = sorted(undo.intersection(windowed) | set(detail))
     untake = sorted(undo.intersection(admitted))
     if not second and not untake:
         return results

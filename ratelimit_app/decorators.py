@@ -55,7 +55,7 @@ def _validate(
             )
         gcra.validate_burst(burst)
         if algorithm == gcra.LEAKY_BUCKET and static is not None:
-            gcra.meter(static, burst)  # type: ignore[arg-type]
+            gcra.meter(static, burst)
     except ImproperlyConfigured as exc:
         problems.append(str(exc))
     return problems

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -223,53 +223,49 @@ class MemcachedBackend(Backend):
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         results: list[list[int] | None] = [None] * len(ops)
-        pending = list(range(len(ops)))
-        for attempt in range(len(self.nodes)):
-            # Every op of one node goes in one write and comes back in one reply. A failed
-            # node is marked down; the next choice is another node, which takes over its
-            # subjects (their earlier counts stay behind on the dead node).
-            by_node: dict[_Node, list[int]] = {}
-            for i in pending:
-                by_node.setdefault(self._node(ops[i].namespace), []).append(i)
-            failed: list[int] = []
-            for node, indexes in by_node.items():
-                command = b"".join(self._command(ops[i]) for i in indexes)
-                try:
-                    reply = self._call(node, command[:-2], b"END\r\n", len(indexes))
-                except BackendError:
-                    if attempt == len(self.nodes) - 1:
-                        raise
-                    failed += indexes
-                    continue
-                parts = reply.split(b"END\r\n")
-                for i, part in zip(indexes, parts, strict=False):
-                    results[i] = self._values(ops[i], part)
-            if not failed:
-                break
-            pending = failed
+
+        def run(node: _Node, indexes: list[int]) -> None:
+            # Every op of one node goes in one write and comes back in one reply.
+            command = b"".join(self._command(ops[i]) for i in indexes)
+            reply = self._call(node, command[:-2], b"END\r\n", len(indexes))
+            parts = reply.split(b"END\r\n")
+            for i, part in zip(indexes, parts, strict=False):
+                results[i] = self._values(ops[i], part)
+
+        self._by_node([op.namespace for op in ops], run)
         return results  # type: ignore[return-value]
 
     def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
         replies: list[MeterReply] = [MeterReply(None)] * len(ops)
-        pending = list(range(len(ops)))
+        self._by_node(
+            [op.namespace for op in ops],
+            lambda node, indexes: self._meter_node(node, ops, indexes, now_us, replies),
+        )
+        return replies
+
+    def _by_node(self, namespaces: Sequence[str], run: Callable[[_Node, list[int]], None]) -> None:
+        """``run(node, indexes)`` for the subjects (``namespaces[i]``) of each node.
+
+        A node that fails is marked down; the next choice is another node, which takes over
+        its subjects at once (their earlier counts stay behind on the dead node). A failure
+        that is not the node's (a lost write, a corrupt value) is raised as it is.
+        """
+        pending = list(range(len(namespaces)))
         for attempt in range(len(self.nodes)):
-            # As for the windows: the ops of a node that fails go to the next choice, which
-            # takes over its subjects (their buckets stay behind on the dead node).
             by_node: dict[_Node, list[int]] = {}
             for i in pending:
-                by_node.setdefault(self._node(ops[i].namespace), []).append(i)
+                by_node.setdefault(self._node(namespaces[i]), []).append(i)
             failed: list[int] = []
             for node, indexes in by_node.items():
                 try:
-                    self._meter_node(node, ops, indexes, now_us, replies)
+                    run(node, indexes)
                 except BackendError:
                     if attempt == len(self.nodes) - 1 or node.dead_until <= time.monotonic():
-                        raise  # the last node, or not a node failure (a corrupt TAT)
+                        raise
                     failed += indexes
             if not failed:
-                break
+                return
             pending = failed
-        return replies
 
     def _meter_node(
         self,

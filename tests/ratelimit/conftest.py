@@ -58,3 +58,27 @@ def rf() -> RequestFactory:
 def group() -> str:
     """A fresh group per test, so counters of other tests never interfere."""
     return f"test-group-{next(_unique)}"
+
+
+def several_memcached(*addresses: str) -> Any:
+    """Settings that count on several memcached servers (alias "rl"), with short timeouts."""
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": list(addresses),
+    }
+    return override_settings(
+        CACHES={"default": config, "rl": config},
+        RATELIMIT_USE_CACHE="rl",
+        RATELIMIT_SOCKET_TIMEOUT=0.05,
+    )
+
+
+@pytest.fixture
+def two_memcached(memcached_server: str) -> Iterator[list[Any]]:
+    """The session's memcached address and a second server (a ``Server``: stop it to
+    simulate a lost node)."""
+    from tests.servers import start_memcached
+
+    second = start_memcached()
+    yield [memcached_server, second]
+    second.stop()

@@ -19,6 +19,7 @@ from ratelimit_app.core import check, namespace
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.rates import parse
 from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.conftest import several_memcached
 
 T0 = 1_800_000_000.5
 
@@ -274,26 +275,9 @@ def test_dead_servers_fail_fast(kind: str, server: str, blackhole: str, group: s
     assert later < 0.01  # loose: this machine is shared; the match above is the real check
 
 
-@pytest.fixture
-def two_memcached(memcached_server: str) -> Any:
-    from tests.servers import start_memcached
-
-    second = start_memcached()
-    yield [memcached_server, second]
-    second.stop()
-
-
 def test_several_memcached_nodes(two_memcached: list[Any], group: str) -> None:
     first, second = two_memcached
-    config = {
-        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
-        "LOCATION": [first, second.address],
-    }
-    with override_settings(
-        CACHES={"default": config, "rl": config},
-        RATELIMIT_USE_CACHE="rl",
-        RATELIMIT_SOCKET_TIMEOUT=0.05,
-    ):
+    with several_memcached(first, second.address):
         reset_backends()
         backend: Any = get_backend()
         plan = windows.plan(parse("5/m;10/h;100/d"), time.time())

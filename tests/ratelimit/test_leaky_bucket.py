@@ -41,6 +41,7 @@ from ratelimit_app.exceptions import BackendError
 from ratelimit_app.rates import parse
 from ratelimit_app.rules import RuleError, parse_rule
 from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.conftest import several_memcached
 from tests.ratelimit.test_gcra import ReferenceMeter
 
 T0 = 1_800_000_000.0
@@ -473,26 +474,9 @@ def test_memcached_refuses_a_check_that_keeps_losing_the_race(
     reset_backends()
 
 
-@pytest.fixture
-def two_memcached(memcached_server: str) -> Iterator[list[Any]]:
-    from tests.servers import start_memcached
-
-    second = start_memcached()
-    yield [memcached_server, second]
-    second.stop()
-
-
 def test_buckets_move_when_a_memcached_node_fails(two_memcached: list[Any], group: str) -> None:
     first, second = two_memcached
-    config = {
-        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
-        "LOCATION": [first, second.address],
-    }
-    with override_settings(
-        CACHES={"default": config, "rl": config},
-        RATELIMIT_USE_CACHE="rl",
-        RATELIMIT_SOCKET_TIMEOUT=0.05,
-    ):
+    with several_memcached(first, second.address):
         reset_backends()
         backend: Any = get_backend()
         ips = [f"192.0.2.{n}" for n in range(100, 140)]
