@@ -1,0 +1,69 @@
+"""Shared helpers: measured numbers go to ``tests/artifacts/reliability.json`` (git-ignored),
+which ``docs/reliability.rst`` quotes; percentiles; subprocesses that always end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACT = ROOT / "tests" / "artifacts" / "reliability.json"
+_lock = threading.Lock()
+
+
+def report(name: str, **numbers: Any) -> None:
+    """Keep what a test measured (printed with ``-s``, and merged into the artifact)."""
+    print(f"\n[reliability] {name}: {json.dumps(numbers, sort_keys=True)}")
+    with _lock:
+        ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(ARTIFACT.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data[name] = numbers
+        ARTIFACT.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    """p50 / p99 / max in milliseconds."""
+    if not latencies:
+        return {"n": 0}
+    ordered = sorted(latencies)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {
+        "n": len(ordered),
+        "p50_ms": ms(statistics.median(ordered)),
+        "p99_ms": ms(p99),
+        "max_ms": ms(ordered[-1]),
+    }
+
+
+def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``: a test never leaves a process behind."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The environment of a Django subprocess of ours."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}

@@ -1,0 +1,31 @@
+"""Settings of the metrics subprocesses of the fault tests (``tests.reliability.worker``).
+
+The database comes from ``RELIABILITY_DB`` (a JSON ``DATABASES`` entry); the downsampling
+lock's cache from ``RELIABILITY_LOCK_CACHE`` (a memcached address shared by the processes, or
+empty: local memory, one lock per process, so two runs really run at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.settings import *  # noqa: F403
+
+DATABASES = {"default": json.loads(os.environ["RELIABILITY_DB"])}
+_lock_cache = os.environ.get("RELIABILITY_LOCK_CACHE", "")
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+            "LOCATION": _lock_cache,
+        }
+        if _lock_cache
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    ),
+}
+METRICS_FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "0"))
+METRICS_MAX_RETRY_DELAY = 1.0
+METRICS_HANDLE_SIGTERM = True
+METRICS_QUERY_DOWNSAMPLE = None
+METRICS_LOCK_TTL = int(os.environ.get("RELIABILITY_LOCK_TTL", "600"))
