@@ -88,16 +88,11 @@ docs: venv
 bench: venv servers
 	$(PY) -m bench
 
+# Migrate, seed and create the superuser when needed, then run the web server and a Celery
+# worker with beat until Ctrl-C (demo_site/run.py; DATABASE_URL, MEMCACHED_SERVERS, REDIS_URL
+# switch to real servers, see docs/demo.rst).
 demo: venv
-	@$(PY) manage.py migrate --no-input -v 0
-	@$(PY) manage.py shell -v 0 -c "from django.contrib.auth import get_user_model; \
-	User = get_user_model(); \
-	created = not User.objects.filter(username='demo').exists(); \
-	created and User.objects.create_superuser('demo', 'demo@example.com', 'demo'); \
-	print('created superuser demo' if created else 'superuser demo exists')"
-	@echo "WARNING: the demo superuser's password is 'demo'. Keep this server on 127.0.0.1."
-	@echo "==> demo site: http://127.0.0.1:$${PORT:-8000}/   admin: http://127.0.0.1:$${PORT:-8000}/admin/   login: demo / demo"
-	$(PY) manage.py runserver 127.0.0.1:$${PORT:-8000}
+	@$(PY) -m demo_site.run --port "$${PORT:-8000}"
 
 clean:
 	rm -rf docs/_build var build dist *.egg-info tests/artifacts \

@@ -1,18 +1,37 @@
-"""Settings for the demo site. Not for production: DEBUG defaults on, the key is public."""
+"""Settings of the demo site (``make demo``): a URL shortener and accounts behind rate limits.
+
+Not for production as they stand: DEBUG defaults on and the superuser is demo/demo. Every
+server is optional and chosen from the environment (:mod:`demo_site.env` parses it and names
+the variable when a value is wrong):
+
+* ``DATABASE_URL``: ``postgres://user:password@host:port/name`` or ``sqlite:///path``;
+  default, a SQLite file in the state directory;
+* ``MEMCACHED_SERVERS``: ``host:port,host:port``: the rate-limit counters go there;
+* ``REDIS_URL``: the default cache (the downsample lock) and Celery's broker go there (the
+  counters too, without memcached); default, local memory and a filesystem broker;
+* ``DEBUG`` (default true), ``ALLOWED_HOSTS`` (comma-separated), ``SECRET_KEY`` (default: one
+  generated on first use and kept in ``<state dir>/secret_key``);
+* ``DEMO_STATE_DIR``: where the demo keeps its files (default ``.demo`` in the project, git
+  ignored; a relative path is taken from the project directory).
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
+from demo_site import env
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "django-bucketry-demo-not-secret")
-DEBUG = os.environ.get("DJANGO_DEBUG", "true").strip().lower() in {"1", "true", "yes", "on"}
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = env.state_dir(os.environ, BASE_DIR)
+
+SECRET_KEY = env.secret_key(os.environ, STATE_DIR / "secret_key")
+DEBUG = env.get_bool(os.environ, "DEBUG", True)
+ALLOWED_HOSTS = env.get_list(os.environ, "ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 
 INSTALLED_APPS = [
+    "demo_site.shortener",
+    "demo_site.accounts",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -31,6 +50,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # After AuthenticationMiddleware, so that rules keyed on the user see who it is.
     "ratelimit_app.middleware.RatelimitMiddleware",
 ]
 
@@ -41,7 +61,9 @@ ASGI_APPLICATION = "demo_site.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # First: the base template, and the pages this site restyles (the 429 of
+        # ratelimit_app, the log-in and password-reset pages the admin would otherwise give).
+        "DIRS": [BASE_DIR / "demo_site" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -53,64 +75,111 @@ TEMPLATES = [
     },
 ]
 
-# The database lives under var/ (git-ignored), so `make clean` can wipe the demo state.
-VAR_DIR.mkdir(exist_ok=True)
+_database_url = os.environ.get("DATABASE_URL", "").strip()
 DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": VAR_DIR / "demo.sqlite3",
-    },
+    "default": (
+        env.parse_database_url(_database_url, base_dir=BASE_DIR)
+        if _database_url
+        else env.sqlite_database(STATE_DIR / "db.sqlite3")
+    ),
 }
 
-# Counters: local memory by default, so the demo needs no server (each process counts on
-# its own). MEMCACHED_SERVERS="127.0.0.1:11211,..." or REDIS_URL="redis://..." switch the
-# limiter to a shared store.
-MEMCACHED_SERVERS = [s for s in os.environ.get("MEMCACHED_SERVERS", "").split(",") if s.strip()]
-REDIS_URL = os.environ.get("REDIS_URL", "").strip()
-if MEMCACHED_SERVERS:
-    RATELIMIT_CACHE = {
-        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
-        "LOCATION": MEMCACHED_SERVERS,
-    }
-elif REDIS_URL:
-    RATELIMIT_CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL}
-else:
-    RATELIMIT_CACHE = {
-        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-        "LOCATION": "bucketry-demo-ratelimit",
-    }
-CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-        "LOCATION": "bucketry-demo",
-    },
-    "ratelimit": RATELIMIT_CACHE,
-}
+MEMCACHED_SERVERS = env.parse_memcached_servers(os.environ.get("MEMCACHED_SERVERS", ""))
+_redis_url = os.environ.get("REDIS_URL", "").strip()
+REDIS_URL = env.parse_redis_url(_redis_url) if _redis_url else None
+CACHES = env.caches(MEMCACHED_SERVERS, REDIS_URL)
+
+# Local memory is fine for one web process and one worker, and needs no server: say so
+# instead of warning on every start.
+SILENCED_SYSTEM_CHECKS = env.silenced_checks(CACHES)
+
+# -- Rate limits (docs/rules.rst): the seeds' scenarios, as rules the middleware applies. ----
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
-# Limits without decorators (docs/rules.rst): wrong passwords on the admin login, per account
-# and per IP (each alone is weak: see the docs). Only failed logins count.
+# A 404 is a failure too: the "shorturl-scan" rule counts the keys a client guesses wrong.
+RATELIMIT_FAILURE_STATUSES = [400, 401, 403, 404]
 RATELIMIT_RULES = [
+    # Wrong passwords per account (the login form's username, compared like an email:
+    # case and spaces do not matter): 5 a minute and 10 a day. Only failures count.
     {
-        "name": "admin-login-account",
-        "path": "/admin/login/",
+        "name": "login-account",
+        "path": ["/accounts/login/", "/admin/login/"],
         "methods": ["POST"],
-        "key": "post:username",
+        "key": "email:username",
         "rate": "5/m;10/d",
         "count": "failures",
     },
+    # ...and per client address, so that one address cannot spray many accounts.
     {
-        "name": "admin-login-ip",
-        "path": "/admin/login/",
+        "name": "login-ip",
+        "path": ["/accounts/login/", "/admin/login/"],
         "methods": ["POST"],
         "key": "ip",
-        "rate": "30/h",
+        "rate": "20/m;200/d",
+        "count": "failures",
+    },
+    # Password-reset emails: 5 an hour per address (every request counts, whether the
+    # address has an account or not, so the answer gives nothing away).
+    {
+        "name": "password-reset",
+        "path": "/accounts/password_reset/",
+        "methods": ["POST"],
+        "key": "email",
+        "rate": "5/h",
+    },
+    # Sign-ups: 20 a day per client address.
+    {
+        "name": "signup",
+        "path": "/accounts/signup/",
+        "methods": ["POST"],
+        "key": "ip",
+        "rate": "20/d",
+    },
+    # One message a second per user.
+    {
+        "name": "send-message",
+        "path": "/messages/",
+        "url_name": "send_message",
+        "methods": ["POST"],
+        "key": "user",
+        "rate": "1/s",
+    },
+    # Short keys guessed wrong (404s) per client address: scanning the key space is slow.
+    {
+        "name": "shorturl-scan",
+        "path": "/s/",
+        "key": "ip",
+        "rate": "30/m;300/d",
         "count": "failures",
     },
 ]
 
-# Local memory on purpose: the demo runs without servers (one web process, one worker).
-SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001", "metrics_app.W001"]
+# -- Metrics: visits per short link, flushed from memory every 10 s, downsampled by Celery. --
+METRICS_FLUSH_INTERVAL = 10
+METRICS_LOCK_CACHE = "default"
+
+# -- Celery: the worker runs metrics_app's downsampling on the beat schedule (celery.py). ----
+CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = env.celery_broker(
+    REDIS_URL, STATE_DIR / "broker"
+)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# -- Accounts. --------------------------------------------------------------------------------
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "shortener:index"
+LOGOUT_REDIRECT_URL = "shortener:index"
+# Password-reset emails are printed by the web server (in the `make demo` terminal).
+EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+DEFAULT_FROM_EMAIL = "demo@localhost"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"

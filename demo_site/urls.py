@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import URLPattern, URLResolver, path
+from django.urls import URLPattern, URLResolver, include, path
 
 from demo_site import views
 
 urlpatterns: list[URLPattern | URLResolver] = [
-    path("", views.hello, name="hello"),
+    path("", include("demo_site.shortener.urls")),
+    path("", include("demo_site.accounts.urls")),
+    # login/, logout/, password_reset/, reset/<uidb64>/<token>/, password_change/...
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("limits/", views.limits, name="limits"),
     path("admin/", admin.site.urls),
 ]

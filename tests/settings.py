@@ -15,6 +15,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "ratelimit_app",
     "metrics_app",
+    # The demo site's apps (tests/demo), so the test database has their tables.
+    "demo_site.shortener",
+    "demo_site.accounts",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,13 @@
+"""URLs of the demo's accounts, beside django.contrib.auth's under /accounts/."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, path
+
+from demo_site.accounts import views
+
+urlpatterns: list[URLPattern] = [
+    path("accounts/signup/", views.signup, name="signup"),
+    path("messages/", views.board, name="messages"),
+    path("messages/send/", views.send_message, name="send_message"),
+]

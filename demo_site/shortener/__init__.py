@@ -1,0 +1,1 @@
+"""The demo's URL shortener: short links, their redirects counted as metrics, a chart each."""

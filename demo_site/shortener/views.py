@@ -1,0 +1,173 @@
+"""The shortener's pages: the form and recent links, the redirect, and a chart per link.
+
+The redirect is counted with metrics_app's own decorator; the charts reuse what the admin
+draws (:mod:`metrics_app.charts`, the admin's periods) from :func:`metrics_app.query.series`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.safestring import SafeString, mark_safe
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_http_methods, require_safe
+
+from demo_site.shortener.forms import LinkForm
+from demo_site.shortener.keys import KeyspaceExhausted, create_link
+from demo_site.shortener.models import Link
+from metrics_app import charts, clock, query
+from metrics_app.admin import DEFAULT_PERIOD, PERIODS, SPARKLINE_POINTS, period_from, step_of
+from metrics_app.conf import conf as metrics_conf
+from metrics_app.decorators import count_visits
+from metrics_app.models import Series
+from ratelimit_app.decorators import ratelimit
+
+logger = logging.getLogger(__name__)
+
+#: Links a client may create: per account when logged in, else per IP address.
+CREATE_RATE = "10/m;100/d"
+#: Links listed on the home page.
+RECENT_LINKS = 10
+
+
+@dataclass(frozen=True)
+class LinkRow:
+    """A row of the home page's list: a link, its visits and a sparkline of its last day."""
+
+    link: Link
+    short_url: str
+    total: int
+    last_day: int
+    sparkline: SafeString
+
+
+def short_url(request: HttpRequest, key: str) -> str:
+    """The absolute ``/s/<key>`` URL of a key, on the host the request came to."""
+    return request.build_absolute_uri(reverse("shortener:follow", args=[key]))
+
+
+def recent_rows(request: HttpRequest) -> list[LinkRow]:
+    """The newest links with their totals and last 24 hours: two queries for the lot."""
+    links = list(Link.objects.all()[:RECENT_LINKS])
+    names = [link.series_name for link in links]
+    start, end = DEFAULT_PERIOD.bounds(clock.now())
+    recent = query.series_many(names, start, end)
+    totals = dict(Series.objects.filter(name__in=names).values_list("name", "total"))
+    rows = []
+    for link in links:
+        counts = [count for _, count in recent[link.series_name]]
+        title = f"/s/{link.key}: {charts.format_count(sum(counts))} visits in the last 24 hours"
+        rows.append(
+            LinkRow(
+                link=link,
+                short_url=short_url(request, link.key),
+                total=totals.get(link.series_name, 0),
+                last_day=sum(counts),
+                # Safe: sparkline() escapes its title and draws nothing else from the data.
+                sparkline=mark_safe(
+                    charts.sparkline(charts.rebin(counts, SPARKLINE_POINTS), title=title)
+                ),
+            )
+        )
+    return rows
+
+
+def _index(request: HttpRequest, form: LinkForm, status: int = 200) -> HttpResponse:
+    context = {"form": form, "rows": recent_rows(request), "create_rate": CREATE_RATE}
+    return render(request, "shortener/index.html", context, status=status)
+
+
+@require_http_methods(["GET", "HEAD", "POST"])
+@ratelimit(group="shortener:create", key="user_or_ip", rate=CREATE_RATE, method="POST")
+def index(request: HttpRequest) -> HttpResponse:
+    """``/``: the form (POST creates a link and shows its page) and the newest links.
+
+    Creating is limited by a decorator, 10 a minute and 100 a day per user (or per IP when
+    anonymous); reading is not. An invalid URL is shown again with its error (400).
+    """
+    if request.method != "POST":
+        return _index(request, LinkForm())
+    form = LinkForm(request.POST)
+    if not form.is_valid():
+        return _index(request, form, status=400)
+    try:
+        created = create_link(form.cleaned_data["url"], user=request.user)
+    except KeyspaceExhausted as exc:
+        logger.error("shortener: %s", exc)
+        form.add_error(None, "No free short key was found. Please try again.")
+        return _index(request, form, status=503)
+    messages.success(request, "Your short link is ready.")
+    return redirect("shortener:link", key=created.key)
+
+
+@count_visits(series="shorturl:{key}")
+@never_cache
+@require_safe
+def follow(request: HttpRequest, key: str) -> HttpResponse:
+    """``/s/<key>``: redirect (302) to the link's URL, counted in ``shorturl:<key>``.
+
+    Only redirects served count (``count_visits`` skips statuses from 400): an unknown key is
+    a 404 that creates no series, and the ``shorturl-scan`` rule counts it against the
+    client. ``never_cache``: a browser that cached the redirect would not be counted again.
+    """
+    target = get_object_or_404(Link.objects.only("url"), key=key).url
+    return HttpResponseRedirect(target)
+
+
+@require_safe
+def link(request: HttpRequest, key: str) -> HttpResponse:
+    """``/links/<key>/``: a link's visits, as a chart of 24 hours, 7 days, 30 days or a year.
+
+    The buckets are the ones the retention keeps for the period (``?period=``, as in the
+    admin), read with :func:`metrics_app.query.series`. Visits reach the chart when the web
+    process flushes its buffer, every ``METRICS_FLUSH_INTERVAL`` seconds.
+    """
+    found = get_object_or_404(Link, key=key)
+    period = period_from(request)
+    context: dict[str, Any] = {
+        "link": found,
+        "short_url": short_url(request, key),
+        "total": query.total(found.series_name),
+        "periods": [
+            {"label": p.label, "url": f"?period={p.key}", "active": p == period} for p in PERIODS
+        ],
+        "period": period,
+        "flush_interval": metrics_conf.FLUSH_INTERVAL,
+        "series_admin_url": _series_admin_url(request, found.series_name),
+    }
+    start, end = period.bounds(clock.now())
+    try:
+        points = query.series(found.series_name, start, end)
+    except ValueError as exc:  # a range the stored buckets cannot answer: say so, no 500
+        logger.warning("shortener: no chart for %s: %s", found.series_name, exc)
+        context["chart_error"] = "This period cannot be drawn right now; try another one."
+        return render(request, "shortener/link.html", context)
+    step = step_of(points, end)
+    counts = [count for _, count in points]
+    peak = max(points, key=lambda point: point[1], default=None)
+    title = f"Visits to /s/{key} per {charts.describe_step(step)} in {period.phrase}"
+    context.update(
+        step=charts.describe_step(step),
+        period_total=sum(counts),
+        peak=peak if peak and peak[1] else None,
+        # Safe: bar_chart() escapes every text it draws.
+        chart=mark_safe(charts.bar_chart(points, step, title=title)),
+    )
+    return render(request, "shortener/link.html", context)
+
+
+def _series_admin_url(request: HttpRequest, name: str) -> str | None:
+    """The admin page of the series, for a user who may see it."""
+    user = request.user
+    if not (user.is_active and user.is_staff and user.has_perm("metrics_app.view_series")):
+        return None
+    pk = Series.objects.filter(name=name).values_list("pk", flat=True).first()
+    if pk is None:
+        return None
+    return reverse("admin:metrics_app_series_change", args=[pk])

@@ -1,0 +1,53 @@
+"""Site-wide pages of the demo: the limits in force and how to try each one."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_safe
+
+from demo_site.shortener.views import CREATE_RATE
+from ratelimit_app.conf import conf
+
+#: How to reach each rule's 429 from a browser (docs/demo.rst says the same).
+HOW_TO_TRY = {
+    "login-account": "Log in as demo with a wrong password six times within a minute: the "
+    "sixth attempt is refused, even with the right password.",
+    "login-ip": "Fail 21 log-ins within a minute, each with another username: the 21st is "
+    "refused.",
+    "password-reset": "Ask for a password reset for one address six times within an hour "
+    "(the emails are printed in the terminal that runs make demo).",
+    "signup": "Sign up 21 times in a day from one address (docs/demo.rst has a shell loop).",
+    "send-message": "Send two messages within a second: double-click Send.",
+    "shorturl-scan": "Open 31 short links that do not exist within a minute (/s/nope1, "
+    "/s/nope2, ...).",
+}
+
+
+@require_safe
+def limits(request: HttpRequest) -> HttpResponse:
+    """``/limits/``: the rules of ``RATELIMIT_RULES`` and the decorator, with how to try them."""
+    rules = []
+    for rule in conf.SETTINGS_RULES:
+        described = rule.describe()
+        rules.append(
+            {
+                "name": rule.name,
+                "where": ", ".join(described.get("path", []) + described.get("url_name", [])),
+                "methods": described["methods"]
+                if isinstance(described["methods"], str)
+                else ", ".join(described["methods"]),
+                "key": described["key"],
+                "rate": described["rate"],
+                "failures_only": rule.failures_only,
+                "how": HOW_TO_TRY.get(rule.name, ""),
+            }
+        )
+    backend = settings.CACHES.get(conf.USE_CACHE, {}).get("BACKEND", "")
+    context = {
+        "rules": rules,
+        "create_rate": CREATE_RATE,
+        "counters_shared": not backend.endswith("LocMemCache"),
+    }
+    return render(request, "limits.html", context)
