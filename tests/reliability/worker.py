@@ -8,6 +8,8 @@ Commands print one JSON line on stdout (``progress`` lines before it for ``downs
 * ``seed``: wipe the metrics tables and write :func:`seed_counts` (deterministic).
 * ``downsample BATCH``: one downsampling run as of :data:`NOW`, a progress line per batch.
 * ``snapshot``: every bucket and every series total.
+* ``drain``: what the Celery task ``flush_redis_buffer`` does: the Redis buffer into the
+  database.
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ def main(argv: list[str]) -> None:
         downsample(int(args[0]))
     elif command == "snapshot":
         snapshot()
+    elif command == "drain":
+        from metrics_app import redis_buffer
+
+        out(written=redis_buffer.flush())
     else:
         raise SystemExit(f"unknown command {command!r}")
 

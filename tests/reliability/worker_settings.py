@@ -29,3 +29,9 @@ METRICS_MAX_RETRY_DELAY = 1.0
 METRICS_HANDLE_SIGTERM = True
 METRICS_QUERY_DOWNSAMPLE = None
 METRICS_LOCK_TTL = int(os.environ.get("RELIABILITY_LOCK_TTL", "600"))
+if os.environ.get("RELIABILITY_REDIS"):  # to drain the Redis buffer of the gunicorn site
+    CACHES["buffer"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ["RELIABILITY_REDIS"],
+    }
+    METRICS_REDIS_CACHE = "buffer"
