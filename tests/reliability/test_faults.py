@@ -21,6 +21,7 @@ import pytest
 from django.test import Client, override_settings
 
 from ratelimit_app.backends import reset_backends
+from tests.conftest import start_or_skip
 from tests.reliability import procs, worker
 from tests.reliability.common import ROOT, end, env, ms, report, summary
 
@@ -54,10 +55,12 @@ def limiter(config: dict[str, Any], **extra: Any) -> Iterator[None]:
         RATELIMIT_USE_CACHE="rl",
         RATELIMIT_RULES=RULES,
         RATELIMIT_DB_RULES=False,
-        RATELIMIT_DEAD_RETRY=DEAD_RETRY,
-        RATELIMIT_SOCKET_TIMEOUT=SOCKET_TIMEOUT,
         ROOT_URLCONF="tests.reliability.urls",
-        **extra,
+        **{
+            "RATELIMIT_DEAD_RETRY": DEAD_RETRY,
+            "RATELIMIT_SOCKET_TIMEOUT": SOCKET_TIMEOUT,
+            **extra,
+        },
     ):
         reset_backends()
         try:
@@ -414,3 +417,36 @@ def test_two_downsampling_runs_at_once(
     if shared_lock:
         assert len(folding) == 1
     assert run(metrics_db, "snapshot") == folded_once
+
+
+def test_a_lost_memcached_node_moves_its_subjects_through_the_middleware() -> None:
+    """Three nodes, 30 subjects over the limit; one node killed: no error, its subjects
+    start again from zero on the others (availability over accuracy), the rest stay limited.
+    (Bucket placement per node: tests/ratelimit/test_backends.py::test_several_memcached_nodes.)
+    """
+    nodes = [start_or_skip(procs.memcached) for _ in range(3)]  # type: ignore[arg-type]
+    try:
+        config = {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+            "LOCATION": [n.address for n in nodes],
+        }
+        subjects = [f"198.51.100.{n}" for n in range(30)]
+        with limiter(config, RATELIMIT_DEAD_RETRY=60.0):
+            clients = {s: Client(REMOTE_ADDR=s) for s in subjects}
+            for subject, client in clients.items():
+                statuses = [client.get("/open/").status_code for _ in range(LIMIT + 1)]
+                assert statuses == [200] * LIMIT + [429], subject
+            nodes[1].kill()
+            started = time.monotonic()
+            after = {s: c.get("/open/").status_code for s, c in clients.items()}
+            took = time.monotonic() - started
+            moved = [s for s, status in after.items() if status == 200]
+            assert set(after.values()) <= {200, 429}
+            assert 0 < len(moved) < len(subjects)  # the dead node's share, and only that
+            for subject in moved:  # limited again on their new node
+                statuses = [clients[subject].get("/open/").status_code for _ in range(LIMIT)]
+                assert statuses == [200] * (LIMIT - 1) + [429], subject
+        report("memcached-node-lost", subjects=len(subjects), moved=len(moved), ms_for_30=ms(took))
+    finally:
+        for node in nodes:
+            node.stop()
