@@ -264,9 +264,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from django.core.exceptions import ImproperlyConfigured
     from django.db import DatabaseError, connections
 
+    configured = False
     try:
         check_port(args.host, args.port)
         django.setup()
+        configured = True
         from django.conf import settings
 
         say(f"==> django-bucketry demo (files in {getattr(settings, 'STATE_DIR', '?')})")
@@ -280,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"error: the database failed: {exc}", stream=sys.stderr)
         return 2
     finally:
-        connections.close_all()  # the children open their own
+        if configured:
+            connections.close_all()  # the children open their own
 
     say(f"WARNING: this is a demo: the superuser {DEMO_USER} has the password '{DEMO_PASSWORD}'.")
     say(f"         Keep it on {args.host}; never expose it to a network.")

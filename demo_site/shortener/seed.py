@@ -112,7 +112,8 @@ def buckets(start: int, end: int, step: int) -> Iterator[tuple[int, int]]:
     t = start - start % step
     while t < end:
         lo, hi = max(t, start), min(t + step, end)
-        yield lo, hi - lo
+        if hi > lo:
+            yield lo, hi - lo
         t += step
 
 
