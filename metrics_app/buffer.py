@@ -30,6 +30,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -82,6 +83,9 @@ def record(name: str, count: int = 1, at: datetime | float | None = None) -> Non
         raise ValueError(
             f"metric names are strings of 1 to {MAX_NAME_LENGTH} characters, got {name!r:.60}"
         )
+    if "\x00" in name or (not name.isprintable() and not _storable(name)):
+        # A name the database refuses would fail its whole flush batch, again and again.
+        raise ValueError(f"metric names cannot hold NUL or lone surrogates, got {name!r:.60}")
     if count != 1 and (type(count) is not int or count < 0):
         raise ValueError(f"count must be a non-negative int, got {count!r}")
     if at is None:
@@ -97,7 +101,10 @@ def record(name: str, count: int = 1, at: datetime | float | None = None) -> Non
     if _redis_mode:
         from metrics_app import redis_buffer
 
-        redis_buffer.record(name, minute, count)
+        try:
+            redis_buffer.record(name, minute, count)
+        except Exception as exc:  # Redis down: the count is lost, the request is not
+            _report_redis_failure(name, count, exc)
         return
     key = (name, minute)
     global _dropped_events, _dropped_keys
@@ -112,6 +119,29 @@ def record(name: str, count: int = 1, at: datetime | float | None = None) -> Non
         _dropped_events += count
         _dropped_keys += 1
     _report_drop(name, count)
+
+
+def _storable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_redis_failure_logged = 0.0
+
+
+def _report_redis_failure(name: str, count: int, exc: Exception) -> None:
+    """Count what the Redis buffer could not take as dropped; log at most once a minute."""
+    global _dropped_events, _dropped_keys, _redis_failure_logged
+    with _lock:
+        _dropped_events += count
+        _dropped_keys += 1
+    now = time.monotonic()
+    if now - _redis_failure_logged > 60:
+        _redis_failure_logged = now
+        logger.error("metrics: the Redis buffer failed, counts of %r dropped: %s", name, exc)
 
 
 def _report_drop(name: str, count: int) -> None:

@@ -71,6 +71,16 @@ def parse(spec: str) -> tuple[Rate, ...]:
                 f"Invalid rate {spec!r}: expected 'count/period' such as '5/m', '100/10s' or "
                 f"'5/m;100/d' (units s, m, h, d in lower case, no spaces around '/')."
             )
+        if len(match["count"]) > 10 or len(match["multi"]) > 9:  # int() of 5000 digits raises
+            bad = "count" if len(match["count"]) > 10 else "period"
+            raise ImproperlyConfigured(
+                f"Rate {spec!r}: the {bad} must be between "
+                + (
+                    f"0 and {MAX_COUNT}."
+                    if bad == "count"
+                    else f"1 second and {MAX_SECONDS // 86400} days."
+                )
+            )
         multi = int(match["multi"]) if match["multi"] else 1
         seconds = PERIODS[match["unit"] or "s"] * multi
         rates.append(_validated(int(match["count"]), seconds, spec))
