@@ -120,3 +120,26 @@ def test_flusher_thread_starts_lazily_on_first_record() -> None:
         assert thread.is_alive()
     buffer.reset()
     assert not thread.is_alive()
+
+
+def test_redis_buffer_down_drops_the_count_not_the_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "buffer": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{port}/0",
+        },
+    }
+    before = buffer.stats()["dropped_events"]
+    with override_settings(CACHES=dead, METRICS_BUFFER="redis", METRICS_REDIS_CACHE="buffer"):
+        metrics_app.record("shorturl:abc", 3)  # no exception: a view counting visits stays up
+        metrics_app.record("shorturl:abc")
+    assert buffer.stats()["dropped_events"] == before + 4
+    assert caplog.text.count("the Redis buffer failed") == 1  # logged once, not per call
