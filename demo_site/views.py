@@ -34,10 +34,11 @@ def limits(request: HttpRequest) -> HttpResponse:
         rules.append(
             {
                 "name": rule.name,
-                "where": ", ".join(described.get("path", []) + described.get("url_name", [])),
+                "paths": described.get("path", []),
+                "url_names": described.get("url_name", []),
                 "methods": described["methods"]
                 if isinstance(described["methods"], str)
-                else ", ".join(described["methods"]),
+                else " ".join(described["methods"]),
                 "key": described["key"],
                 "rate": described["rate"],
                 "failures_only": rule.failures_only,

@@ -13,7 +13,7 @@ from django.test import Client
 import metrics_app
 from demo_site.shortener.keys import ALPHABET, LENGTH, KeyspaceExhausted, create_link
 from demo_site.shortener.models import MAX_URL_LENGTH, Link
-from metrics_app import query
+from metrics_app import clock, query
 from metrics_app.models import Series
 from metrics_app.testing import frozen_clock
 from ratelimit_app.testing import frozen_clock as frozen_ratelimit_clock
@@ -174,6 +174,16 @@ class TestChartPage:
                 assert '<svg xmlns="http://www.w3.org/2000/svg" class="bkt-chart"' in text
                 assert f'href="?period={period}" aria-current="page"' in text
                 assert "<b>1</b> visits in" in text
+
+    def test_a_day_stays_in_minutes_when_a_second_passes_during_the_query(
+        self, client: Client, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        Link.objects.create(key="abc", url="https://example.com/")
+        ticks = iter(NOW.timestamp() + 30.995 + n / 100 for n in range(10_000))
+        monkeypatch.setattr(clock, "now", lambda: next(ticks))  # a whole second goes by
+        page = client.get("/links/abc/?period=24h").content.decode()
+        assert "one bar per 1 minute" in page
+        assert page.count('<g class="bkt-mark">') in (1440, 1441)
 
     def test_an_unknown_period_shows_the_first(self, client: Client) -> None:
         Link.objects.create(key="abc", url="https://example.com/")
