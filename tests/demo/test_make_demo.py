@@ -40,6 +40,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 START_WAIT, STOP_WAIT = 180.0, 60.0
+SEND_DOWNSAMPLE = "from metrics_app.tasks import downsample; downsample.delay()"
 
 
 def free_port() -> int:
@@ -75,6 +76,7 @@ class Demo:
         env.pop("DJANGO_SETTINGS_MODULE", None)
         env.pop("PORT", None)
         env["DEMO_STATE_DIR"] = str(state_dir)
+        self.env = dict(env, DJANGO_SETTINGS_MODULE="demo_site.settings")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "demo_site.run", "--port", str(port)],
             cwd=ROOT,
@@ -185,6 +187,7 @@ def test_start_use_stop_and_start_again(tmp_path: Path, demos: list[Demo]) -> No
     demos.append(first)
     base = first.wait_for(r"==> demo site: (http://127\.0\.0\.1:\d+)/", START_WAIT).group(1)
     assert base == f"http://127.0.0.1:{port}"
+    first.wait_for(r"Press Ctrl-C to stop", START_WAIT)
     for expected in (
         "applying",
         "Seeded 4 links",
@@ -209,6 +212,19 @@ def test_start_use_stop_and_start_again(tmp_path: Path, demos: list[Demo]) -> No
     assert key is not None
     for _ in range(2):
         assert browser.request(f"/s/{key.group(1)}")[:2] == (302, "https://example.com/e2e")
+
+    # The worker takes tasks from the demo's broker (the filesystem transport here).
+    sent = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", SEND_DOWNSAMPLE],
+        cwd=ROOT,
+        env=first.env,
+        capture_output=True,
+        text=True,
+        timeout=STOP_WAIT,
+        check=False,
+    )
+    assert sent.returncode == 0, sent.stderr
+    first.wait_for(r"\[celery\] .*Task metrics_app\.downsample\[.*\] succeeded", START_WAIT)
 
     running = session_processes(first.process.pid)
     assert len(running) >= 4, first.output  # the script, the web server, the worker, its beat
