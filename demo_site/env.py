@@ -30,7 +30,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"0", "false", "no", "off", ""})
+FALSE = frozenset({"0", "false", "no", "off"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql", "pgsql"})
 REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
 MEMCACHED_PORT = 11211
@@ -44,9 +44,10 @@ def _error(variable: str, problem: str, example: str) -> ImproperlyConfigured:
 
 
 def get_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
-    """``name`` as a boolean: 1/true/yes/on or 0/false/no/off (any case); unset: default."""
+    """``name`` as a boolean: 1/true/yes/on or 0/false/no/off (any case); unset or blank:
+    ``default``."""
     raw = environ.get(name)
-    if raw is None:
+    if raw is None or not raw.strip():
         return default
     value = raw.strip().lower()
     if value in TRUE:
@@ -281,7 +282,7 @@ def celery_broker(redis_url: str | None, broker_dir: Path) -> tuple[str, dict[st
     queue, control = broker_dir / "queue", broker_dir / "control"
     for folder in (queue, control):
         folder.mkdir(parents=True, exist_ok=True)
-    return "filesystem://", {
+    return "filesystem://localhost//", {
         # One folder both ways: producers (web, beat) and the worker share the queue.
         "data_folder_in": str(queue),
         "data_folder_out": str(queue),

@@ -154,6 +154,9 @@ class TestSmallValues:
     def test_booleans(self, raw: str, value: bool) -> None:
         assert env.get_bool({"DEBUG": raw}, "DEBUG", not value) is value
 
+    def test_a_blank_boolean_is_the_default(self) -> None:
+        assert env.get_bool({"DEBUG": " "}, "DEBUG", True) is True
+
     def test_a_bad_boolean_names_the_variable(self) -> None:
         with pytest.raises(ImproperlyConfigured, match=r"^DEBUG: 'maybe' is not a boolean"):
             env.get_bool({"DEBUG": "maybe"}, "DEBUG", True)
@@ -185,7 +188,7 @@ class TestSettingsModule:
             "default": LOCMEM,
             "ratelimit": LOCMEM,
         }
-        assert names["CELERY_BROKER_URL"] == "filesystem://"
+        assert names["CELERY_BROKER_URL"] == "filesystem://localhost//"
         options = names["CELERY_BROKER_TRANSPORT_OPTIONS"]
         assert options["data_folder_in"] == options["data_folder_out"]
         assert Path(options["data_folder_in"]).is_dir()
@@ -202,7 +205,7 @@ class TestSettingsModule:
         assert ratelimit["BACKEND"] == MEMCACHED
         assert ratelimit["LOCATION"] == ["127.0.0.1:11211", "127.0.0.1:11212"]
         assert names["CACHES"]["default"]["BACKEND"] == MEMCACHED  # the lock is shared too
-        assert names["CELERY_BROKER_URL"] == "filesystem://"
+        assert names["CELERY_BROKER_URL"] == "filesystem://localhost//"
         assert names["SILENCED_SYSTEM_CHECKS"] == []
 
     def test_redis_takes_the_caches_and_the_broker(self, tmp_path: Path) -> None:
@@ -246,7 +249,10 @@ class TestSettingsModule:
 
 @pytest.mark.parametrize(
     ("environ", "broker"),
-    [({}, "filesystem://"), ({"REDIS_URL": "redis://127.0.0.1:1/5"}, "redis://127.0.0.1:1/5")],
+    [
+        ({}, "filesystem://localhost//"),
+        ({"REDIS_URL": "redis://127.0.0.1:1/5"}, "redis://127.0.0.1:1/5"),
+    ],
 )
 def test_the_celery_app_takes_the_broker_and_the_beat_schedule(
     tmp_path: Path, environ: dict[str, str], broker: str
