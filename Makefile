@@ -95,7 +95,7 @@ demo: venv
 	@$(PY) -m demo_site.run --port "$${PORT:-8000}"
 
 clean:
-	rm -rf docs/_build var build dist *.egg-info tests/artifacts \
+	rm -rf docs/_build var .demo build dist *.egg-info tests/artifacts \
 	       .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -103,8 +103,9 @@ class SeriesChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         rows = list(self.result_list)
-        start, end = DEFAULT_PERIOD.bounds(clock.now())
-        recent = query.series_many([s.name for s in rows], start, end)
+        now = clock.now()
+        start, end = DEFAULT_PERIOD.bounds(now)
+        recent = query.series_many([s.name for s in rows], start, end, now=now)
         for row in rows:
             setattr(row, RECENT_ATTR, [count for _, count in recent[row.name]])
 
@@ -174,8 +175,9 @@ class SeriesAdmin(SeriesAdminBase):
     def chart_context(self, request: HttpRequest, obj: Series) -> dict[str, Any]:
         """The chart page's extra context: the period links, the chart and its numbers."""
         period = period_from(request)
-        start, end = period.bounds(clock.now())
-        points = query.series(obj.name, start, end)
+        now = clock.now()
+        start, end = period.bounds(now)
+        points = query.series(obj.name, start, end, now=now)
         step = step_of(points, end)
         counts = [c for _, c in points]
         links = []

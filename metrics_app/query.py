@@ -31,7 +31,12 @@ def _seconds(value: datetime, label: str) -> int:
 
 
 def series(
-    name: str, start: datetime, end: datetime, step: int | timedelta | None = None
+    name: str,
+    start: datetime,
+    end: datetime,
+    step: int | timedelta | None = None,
+    *,
+    now: float | None = None,
 ) -> list[Point]:
     """Every bucket of ``[start, end)`` as ``(bucket start, count)``, zero-filled.
 
@@ -44,6 +49,10 @@ def series(
     answered (any range inside the finer tier's age).
     A ``step`` that does not split into the stored buckets (finer than stored for part of
     the range, or not a multiple of the finest tier) raises ``ValueError``.
+
+    ``now`` (Unix seconds; default the clock) is the time the tiers' ages count from: pass the
+    time ``start`` and ``end`` were computed from, so a second ticking between the two reads
+    cannot move a range across a tier's edge.
     """
     lo, hi = _seconds(start, "start"), _seconds(end, "end")
     if hi <= lo:
@@ -54,11 +63,16 @@ def series(
         .filter(series__name=name)
         .values_list("resolution", "start", "count")
     )
-    return _points(name, fetched, lo, hi, size, start, end)
+    return _points(name, fetched, lo, hi, size, start, end, now)
 
 
 def series_many(
-    names: Iterable[str], start: datetime, end: datetime, step: int | timedelta | None = None
+    names: Iterable[str],
+    start: datetime,
+    end: datetime,
+    step: int | timedelta | None = None,
+    *,
+    now: float | None = None,
 ) -> dict[str, list[Point]]:
     """``{name: series(name, start, end, step)}`` for each of ``names``, read in one query.
 
@@ -79,7 +93,9 @@ def series_many(
             .values_list("series__name", "resolution", "start", "count")
         ):
             by_name[name].append((resolution, t, count))
-    return {name: _points(name, rows, lo, hi, size, start, end) for name, rows in by_name.items()}
+    return {
+        name: _points(name, rows, lo, hi, size, start, end, now) for name, rows in by_name.items()
+    }
 
 
 def _rows_near(lo: int, hi: int, size: int | None) -> QuerySet[Bucket]:
@@ -96,9 +112,11 @@ def _points(
     size: int | None,
     start: datetime,
     end: datetime,
+    now: float | None = None,
 ) -> list[Point]:
     """Zero-filled points of ``[lo, hi)`` from the ``(resolution, start, count)`` rows near it."""
-    now = clock.now()
+    if now is None:
+        now = clock.now()
     retention = conf.RETENTION
     # A coarse row may hold only the older part of its period (the younger part is still
     # in finer rows): what it holds ends at ``content_end``, so it only matters to a range
