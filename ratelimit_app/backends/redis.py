@@ -2,7 +2,8 @@
 
 The script increments the write buckets (setting their TTL on creation) and reads every
 bucket of the window, atomically, in one round trip. Keys of one subject share a hash tag
-(``{...}``), so the script also runs on Redis Cluster. Connections come from django-redis's
+(``{...}``), one Redis Cluster slot per subject (a multi-subject call would need one slot, and
+django-redis has no cluster client: see docs/backends). Connections come from django-redis's
 connection factory with bounded socket timeouts. Bucket indexes come from the client's
 clock (:func:`ratelimit_app.clock.now`), never the server's.
 
