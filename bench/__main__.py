@@ -9,7 +9,7 @@ import argparse
 import importlib
 import time
 
-from bench import accuracy, leaky_bucket, ratelimit_latency, ratelimit_middleware
+from bench import accuracy, leaky_bucket, load, ratelimit_latency, ratelimit_middleware
 from bench.common import machine
 
 
@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     meter_rows = leaky_bucket.run(rounds=rounds, calls=calls, ips=ips)
     print(leaky_bucket.render(meter_rows, rounds, calls), end="\n\n")
     print(accuracy.render(accuracy.run(scale=scale)), end="\n\n")
+    # Whole requests through gunicorn, measured with wrk (Debian package wrk, installed by
+    # `make servers`): 3 rounds of 10 s per case, or 1 round of 2 s with --quick.
+    load_rounds, load_seconds, load_warmup = (1, 2, 1) if args.quick else (3, 10, 3)
+    print(load.render(load.run(load_rounds, load_seconds, load_warmup)), end="\n\n")
     try:
         bench_metrics = importlib.import_module("bench.bench_metrics")
     except ModuleNotFoundError as exc:

@@ -55,6 +55,7 @@ PACKAGES: dict[str, str] = {
     "initdb": "postgresql",
     "pg_ctl": "postgresql",
     "chromium": "chromium",
+    "wrk": "wrk",  # the load bench (bench/load.py) and its smoke test
 }
 # Other names a binary may go by on a developer machine.
 ALIASES: dict[str, tuple[str, ...]] = {

@@ -6,6 +6,8 @@ bucket logic) and its outputs are checked, not only that it does not crash.
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from bench import (
@@ -13,9 +15,12 @@ from bench import (
     common,
     figures,
     leaky_bucket,
+    load,
     ratelimit_latency,
     ratelimit_middleware,
 )
+from tests.conftest import in_ci
+from tests.servers import PACKAGES, MissingServerBinary, find_binary
 
 
 def test_quantile_and_table() -> None:
@@ -165,3 +170,53 @@ def test_the_figure_shows_both_algorithms_at_work() -> None:
     assert max(level for _, level in o.levels) <= figures.BURST
     counts = [c for _, c in figures.in_window(o.times, o.window)]
     assert max(counts) == figures.COUNT
+
+
+WRK_OUTPUT = """\
+Running 1s test @ http://127.0.0.1:8000/bench/plain/
+  1 threads and 8 connections
+  Latency Distribution
+     50%  850.00us
+     75%    4.43ms
+     90%    9.10ms
+     99%    1.20s
+  1234 requests in 1.00s, 1.00MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:   1230.55
+"""
+
+
+@pytest.mark.slow
+def test_load_bench_through_gunicorn(
+    memcached_server: str, redis_server: str, tmp_path: pathlib.Path
+) -> None:
+    """A tiny run of bench/load.py: real gunicorn, real wrk, real servers, an SQLite file."""
+    parsed = load.parse_wrk(WRK_OUTPUT)
+    assert parsed == load.WrkResult(
+        rps=1230.55, p50_ms=0.85, p99_ms=1200.0, requests=1234, errors=7
+    )
+    if find_binary("wrk") is None:
+        missing = MissingServerBinary("wrk", PACKAGES["wrk"])
+        if in_ci():
+            pytest.fail(f"CI=true and {missing}", pytrace=False)
+        pytest.skip(str(missing))
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    report = load.run(
+        rounds=1, seconds=1, warmup=1, db="sqlite", servers=servers, state_dir=str(tmp_path)
+    )
+    assert [r.case for r in report.rows] == list(load.CASES)
+    for row in report.rows:
+        # Every case answered as expected (run() checks status and RateLimit headers first).
+        assert len(row.runs) == len(row.costs) == 1
+        assert row.errors == 0
+        assert row.rps > 0 and 0 < row.p50_ms <= row.p99_ms
+    assert report.row("plain").cost == 0
+    for name, (stored, answered) in report.visits.items():
+        # Every visit wrk saw answered is stored after the graceful stop (plus those still
+        # in flight when a wrk run ended).
+        assert answered <= stored <= answered + report.slack[name], name
+    assert set(report.visits) == {"bench:visits", "shorturl:bench"}
+    text = load.render(report)
+    assert "< 25%" in text and "SQLite" in text
+    assert ("yes" if report.met else "NO") in text

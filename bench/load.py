@@ -1,0 +1,633 @@
+"""Requests per second of demo_site under gunicorn, measured with wrk on loopback.
+
+One run starts everything on free loopback ports: memcached and Redis
+(:func:`bench.common.throwaway_servers`), PostgreSQL (``--db postgres``, the default) or an
+SQLite file (``--db sqlite``), and gunicorn with 4 sync workers serving demo_site with
+``DEBUG`` off and the bench's settings (:mod:`bench.load_site`: the demo's, plus the URLs of
+:mod:`bench.load_urls` and three rules). The rate-limit counters are in memcached (the demo's
+``MEMCACHED_SERVERS``), the default cache and Celery's broker in Redis; visits are buffered in
+each worker and flushed to the database every 10 s and at SIGTERM (the demo's settings).
+
+Cases, each a wrk run (1 thread, 8 connections) against one URL:
+
+* **plain view**: ``POST /bench/plain/`` (a login-like form: the view reads ``email`` and
+  answers ``ok``), through the demo's whole middleware stack, RatelimitMiddleware included
+  (no rule covers the path);
+* **+ visit counting**: the same view under ``count_visits`` (``metrics_app``);
+* **+ 3 rules**: the same view behind three ``RATELIMIT_RULES``, ``ip`` per minute,
+  ``email`` per hour, ``ip`` per day;
+* **+ 3 rules + visit counting**: both (the issue's target: under 25% of a plain request's
+  throughput);
+* **+ 3 django-ratelimit decorators**: the plain view under three stacked django-ratelimit
+  4.1 decorators with the same keys and rates (``ip``, ``post:email``, ``ip``), on the same
+  memcached (``RATELIMIT_USE_CACHE``, which both read);
+* **/s/<key> redirect**: the demo's short link (a database read, the demo's ``shorturl-scan``
+  rule checked before the view, the visit counted in ``shorturl:<key>``), ``GET``.
+
+wrk sends every request from 127.0.0.1 (one subject), so every limit is huge (10^9 per
+window): nothing is refused and every check does its full work. Each case is warmed up once
+(and its answer checked: status, ``RateLimit`` headers where rules apply), then timed in
+``rounds`` rounds of ``seconds`` each, the order reversed every other round; the table gives
+the medians over the rounds. A case's **cost** is ``1 - rps / plain rps`` with the plain
+view's rps of the same round, median over the rounds: the share of the plain request's
+throughput the limiter or the counting takes. The machine may be shared, so each run also
+counts CPU time (Linux ``/proc``): the user and system time of gunicorn, memcached, Redis and
+wrk per answered request, its **CPU cost** against the plain view's, and the share of the
+machine's CPU other processes took meanwhile (PostgreSQL's among them). The site is
+CPU-bound (8 connections, 4 workers), so on a quiet machine both costs estimate the same
+share. The database keeps its connections (``CONN_MAX_AGE``, see :mod:`bench.load_site`).
+After a graceful stop, the visits stored are compared with the responses wrk counted (a
+request still in flight when a wrk run stops may be served and counted without wrk seeing
+its answer).
+
+Run: ``python -m bench.load [--rounds 3 --seconds 10 --warmup 3 --db postgres]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.common import Servers, table, throwaway_servers
+from tests.servers import free_port, require_binary, start_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = "bench.load_site"
+WORKERS = 4
+WRK_THREADS = 1
+CONNECTIONS = 8
+#: Target: the three rules plus visit counting take under this share of a plain request's
+#: throughput.
+TARGET = 0.25
+LINK_KEY = "bench"
+LINK_URL = "https://example.com/"
+FORM = "email=bench%40example.com&password=x"
+BENCH_RULES = ("bench-ip-m", "bench-email-h", "bench-ip-d")
+START_TIMEOUT = 60.0
+#: Seconds the site gets to answer what wrk left queued before it is stopped.
+DRAIN = 2.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    label: str
+    path: str
+    post: bool = True
+    #: The series its responses are counted in (None: not counted).
+    series: str | None = None
+    #: Rules whose ``RateLimit`` headers every answer carries.
+    rules: tuple[str, ...] = ()
+    status: int = 200
+
+
+CASES = (
+    Case("plain", "plain view", "/bench/plain/"),
+    Case("counted", "+ visit counting", "/bench/counted/", series="bench:visits"),
+    Case("rules", "+ 3 rules (RatelimitMiddleware)", "/bench/rules/", rules=BENCH_RULES),
+    Case(
+        "rules+counted",
+        "+ 3 rules + visit counting",
+        "/bench/rules/counted/",
+        series="bench:visits",
+        rules=BENCH_RULES,
+    ),
+    Case("django-ratelimit", "+ 3 django-ratelimit decorators", "/bench/django-ratelimit/"),
+    Case(
+        "redirect",
+        "/s/<key> redirect, counted (demo)",
+        f"/s/{LINK_KEY}",
+        post=False,
+        series=f"shorturl:{LINK_KEY}",
+        rules=("shorturl-scan",),
+        status=302,
+    ),
+)
+TARGET_CASE = "rules+counted"
+
+
+class LoadError(RuntimeError):
+    """The site did not start, or answered a case wrongly."""
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    """What one wrk run reports."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    #: Non-2xx/3xx answers plus socket errors (connect, read, write, timeout).
+    errors: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed wrk run of a case, and the CPU it took."""
+
+    wrk: WrkResult
+    #: CPU time (user + system) of the site, its servers and wrk, per answered request.
+    cpu_ms: float
+    #: Share of the machine's CPU that other processes used meanwhile (0..1).
+    others: float
+
+
+@dataclass
+class Row:
+    case: Case
+    runs: list[Sample] = field(default_factory=list)
+    #: Per round: 1 - rps / plain rps.
+    costs: list[float] = field(default_factory=list)
+    #: Per round: 1 - plain CPU per request / CPU per request.
+    cpu_costs: list[float] = field(default_factory=list)
+
+    @property
+    def rps(self) -> float:
+        return statistics.median(r.wrk.rps for r in self.runs)
+
+    @property
+    def p50_ms(self) -> float:
+        return statistics.median(r.wrk.p50_ms for r in self.runs)
+
+    @property
+    def p99_ms(self) -> float:
+        return statistics.median(r.wrk.p99_ms for r in self.runs)
+
+    @property
+    def cpu_ms(self) -> float:
+        return statistics.median(r.cpu_ms for r in self.runs)
+
+    @property
+    def cost(self) -> float:
+        return statistics.median(self.costs) if self.costs else 0.0
+
+    @property
+    def cpu_cost(self) -> float:
+        return statistics.median(self.cpu_costs) if self.cpu_costs else 0.0
+
+    @property
+    def errors(self) -> int:
+        return sum(r.wrk.errors for r in self.runs)
+
+
+@dataclass
+class Report:
+    rows: list[Row]
+    rounds: int
+    seconds: int
+    database: str
+    #: Per series: (visits stored after the graceful stop, responses wrk and the checks saw).
+    visits: dict[str, tuple[int, int]]
+    #: Responses a series may hold beyond what wrk saw: one per connection and wrk run.
+    slack: dict[str, int]
+
+    def row(self, name: str) -> Row:
+        return next(r for r in self.rows if r.case.name == name)
+
+    @property
+    def others(self) -> list[float]:
+        """Other processes' share of the machine's CPU in every timed run."""
+        return [sample.others for row in self.rows for sample in row.runs]
+
+    @property
+    def met(self) -> bool:
+        target = self.row(TARGET_CASE)
+        return target.cost < TARGET and not target.errors
+
+
+# -- wrk ----------------------------------------------------------------------------------------
+
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text).groups()  # type: ignore[union-attr]
+    return float(number) * _UNITS[unit]
+
+
+def parse_wrk(output: str) -> WrkResult:
+    """The numbers of wrk's ``--latency`` report."""
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", output, re.M)
+    p50 = re.search(r"^\s+50%\s+(\S+)", output, re.M)
+    p99 = re.search(r"^\s+99%\s+(\S+)", output, re.M)
+    done = re.search(r"^\s+(\d+) requests in", output, re.M)
+    if not (rps and p50 and p99 and done):
+        raise LoadError(f"unexpected wrk output:\n{output}")
+    errors = 0
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    if bad:
+        errors += int(bad.group(1))
+    sockets = re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
+    )
+    if sockets:
+        errors += sum(int(n) for n in sockets.groups())
+    return WrkResult(
+        rps=float(rps.group(1)),
+        p50_ms=_ms(p50.group(1)),
+        p99_ms=_ms(p99.group(1)),
+        requests=int(done.group(1)),
+        errors=errors,
+    )
+
+
+def run_wrk(wrk: str, url: str, seconds: int, script: str | None) -> WrkResult:
+    argv = [wrk, f"-t{WRK_THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency"]
+    argv += ["--timeout", "10s"]
+    if script:
+        argv += ["-s", script]
+    out = subprocess.run(
+        [*argv, url], capture_output=True, text=True, timeout=seconds + 60, check=False
+    )
+    if out.returncode != 0:
+        raise LoadError(f"wrk failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
+    return parse_wrk(out.stdout)
+
+
+# -- CPU accounting (Linux /proc) ----------------------------------------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _descendant_ticks(root: int) -> int:
+    """CPU ticks (user + system) of the live descendants of ``root``: the site, its servers."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    children: dict[int, list[int]] = {}
+    for pid, parent in parents.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += ticks[pid]
+        todo += children.get(pid, [])
+    return total
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """Busy and total CPU ticks of the machine (all cores) since boot."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    total = sum(values[:8])  # user nice system idle iowait irq softirq steal
+    return total - idle, total
+
+
+def _waited_children_ticks() -> float:
+    """CPU ticks of the children this process has waited for (wrk, once it has ended)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (usage.ru_utime + usage.ru_stime) * CLOCK_TICKS
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    ours: float
+    busy: int
+    total: int
+
+    @classmethod
+    def now(cls) -> CpuMark:
+        busy, total = _machine_ticks()
+        ours = _descendant_ticks(os.getpid()) + _waited_children_ticks()
+        return cls(ours, busy, total)
+
+
+def sample(wrk: WrkResult, before: CpuMark, after: CpuMark) -> Sample:
+    """The CPU per request of a run between two marks, and what other processes used."""
+    ours = after.ours - before.ours
+    busy, total = after.busy - before.busy, after.total - before.total
+    return Sample(
+        wrk=wrk,
+        cpu_ms=1000 * ours / CLOCK_TICKS / max(wrk.requests, 1),
+        others=max(0.0, busy - ours) / max(total, 1),
+    )
+
+
+# -- the site -------------------------------------------------------------------------------------
+
+
+def site_env(servers: Servers, database_url: str, state_dir: str) -> dict[str, str]:
+    """The environment of the bench's Django processes (demo_site reads its servers there)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "DEBUG": "false",
+        "SECRET_KEY": "bench-load-not-secret",
+        "ALLOWED_HOSTS": "127.0.0.1",
+        "DEMO_STATE_DIR": state_dir,
+        "DATABASE_URL": database_url,
+        "MEMCACHED_SERVERS": servers.memcached,
+        "REDIS_URL": servers.redis,
+    }
+
+
+def _django(env: dict[str, str], code: str, timeout: float = 180) -> str:
+    """Run ``code`` in a Django process of the bench's settings; its stdout."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise LoadError(f"Django subprocess failed:\n{out.stdout}{out.stderr}")
+    return out.stdout
+
+
+def prepare(env: dict[str, str]) -> None:
+    """Migrate the database and create the short link the redirect case follows."""
+    _django(
+        env,
+        "from django.core.management import call_command; "
+        "call_command('migrate', verbosity=0, interactive=False); "
+        "from demo_site.shortener.models import Link; "
+        f"Link.objects.get_or_create(key={LINK_KEY!r}, defaults={{'url': {LINK_URL!r}}})",
+    )
+
+
+def visit_totals(env: dict[str, str], names: Sequence[str]) -> dict[str, int]:
+    """All-time totals of ``names`` in the database."""
+    out = _django(
+        env,
+        "import json; from metrics_app import query; "
+        f"print(json.dumps({{n: query.total(n) for n in {list(names)!r}}}))",
+    )
+    return {k: int(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+
+
+def request(port: int, case: Case) -> http.client.HTTPResponse:
+    """One request of ``case``, answer read."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        if case.post:
+            headers = {"Content-Type": "application/x-www-form-urlencoded"}
+            conn.request("POST", case.path, body=FORM, headers=headers)
+        else:
+            conn.request("GET", case.path)
+        response = conn.getresponse()
+        response.read()
+        return response
+    finally:
+        conn.close()
+
+
+def check_answer(port: int, case: Case) -> None:
+    """``case`` answers as the bench expects: its status, and ``RateLimit`` headers naming
+    its rules (none for a case no rule covers)."""
+    response = request(port, case)
+    if response.status != case.status:
+        raise LoadError(f"{case.label}: status {response.status}, expected {case.status}")
+    header = response.getheader("RateLimit") or ""
+    names = set(re.findall(r'"([^":]+):', header))
+    if names != set(case.rules):
+        raise LoadError(f"{case.label}: RateLimit header {header!r}, expected {case.rules}")
+
+
+@contextmanager
+def gunicorn(env: dict[str, str], log_path: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """gunicorn with ``WORKERS`` sync workers on a free loopback port; stopped at exit
+    (SIGTERM, which makes every worker flush its visits; SIGKILL if it hangs)."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--workers",
+                str(WORKERS),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--graceful-timeout",
+                "20",
+                "--timeout",
+                "60",
+                "demo_site.wsgi",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise LoadError(f"gunicorn exited ({proc.returncode}):\n{_tail(log_path)}")
+            try:
+                if request(port, CASES[0]).status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LoadError(
+                    f"gunicorn did not answer in {START_TIMEOUT} s:\n{_tail(log_path)}"
+                )
+            time.sleep(0.1)
+        yield proc, port
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Graceful stop of gunicorn (its workers flush), SIGKILL to the group if it hangs."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout)
+
+
+def _tail(path: str, limit: int = 3000) -> str:
+    try:
+        return Path(path).read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+def run(
+    rounds: int = 3,
+    seconds: int = 10,
+    warmup: int = 3,
+    db: str = "postgres",
+    servers: Servers | None = None,
+    state_dir: str | None = None,
+) -> Report:
+    """Start what is not given, warm every case up, then time ``rounds`` rounds."""
+    wrk = require_binary("wrk")
+    with ExitStack() as stack:
+        if servers is None:
+            servers = stack.enter_context(throwaway_servers())
+        if state_dir is None:
+            state_dir = tempfile.mkdtemp(prefix="bucketry-load-")
+            stack.callback(shutil.rmtree, state_dir, ignore_errors=True)
+        if db == "postgres":
+            pg = start_postgres()
+            stack.callback(pg.stop)
+            database_url, database = pg.url, "PostgreSQL"
+        elif db == "sqlite":
+            path = os.path.join(state_dir, "load.sqlite3")
+            database_url, database = f"sqlite:///{path}", "SQLite file (WAL)"
+        else:
+            raise ValueError(f"db is postgres or sqlite, got {db!r}")
+        env = site_env(servers, database_url, state_dir)
+        prepare(env)
+        script = os.path.join(state_dir, "post.lua")
+        Path(script).write_text(
+            'wrk.method = "POST"\n'
+            f'wrk.body = "{FORM}"\n'
+            'wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"\n'
+        )
+        rows = [Row(case) for case in CASES]
+        seen = {c.series: 0 for c in CASES if c.series}
+        slack = dict.fromkeys(seen, 0)
+
+        def time_case(row: Row, port: int, duration: int) -> Sample:
+            case = row.case
+            url = f"http://127.0.0.1:{port}{case.path}"
+            before = CpuMark.now()
+            result = run_wrk(wrk, url, duration, script if case.post else None)
+            timed = sample(result, before, CpuMark.now())
+            if case.series:
+                seen[case.series] += result.requests
+                slack[case.series] += CONNECTIONS
+            return timed
+
+        log_path = os.path.join(state_dir, "gunicorn.log")
+        with gunicorn(env, log_path) as (_proc, port):
+            for row in rows:
+                check_answer(port, row.case)
+                if row.case.series:
+                    seen[row.case.series] += 1
+                time_case(row, port, warmup)
+            for r in range(rounds):
+                by_name: dict[str, Sample] = {}
+                for row in rows if r % 2 == 0 else rows[::-1]:
+                    by_name[row.case.name] = timed = time_case(row, port, seconds)
+                    row.runs.append(timed)
+                plain = by_name["plain"]
+                for row in rows:
+                    mine = by_name[row.case.name]
+                    row.costs.append(1 - mine.wrk.rps / plain.wrk.rps)
+                    row.cpu_costs.append(1 - plain.cpu_ms / mine.cpu_ms)
+            # Let the requests wrk left queued finish before the stop: a worker that gets
+            # SIGTERM in the middle of a database call hangs until the graceful timeout and
+            # loses its buffered visits (metrics_app's SIGTERM flush reuses the interrupted
+            # connection; docs/reliability.rst, "Found by the load bench").
+            time.sleep(DRAIN)
+        stored = visit_totals(env, list(seen))
+        visits = {name: (stored[name], seen[name]) for name in seen}
+        return Report(rows, rounds, seconds, database, visits, slack)
+
+
+def render(report: Report) -> str:
+    rows = []
+    for row in report.rows:
+        is_target = row.case.name == TARGET_CASE
+        plain = row.case.name == "plain"
+        rows.append(
+            [
+                row.case.label,
+                row.rps,
+                row.p50_ms,
+                row.p99_ms,
+                "-" if plain else f"{100 * row.cost:.1f}%",
+                row.cpu_ms,
+                "-" if plain else f"{100 * row.cpu_cost:.1f}%",
+                f"< {TARGET:.0%}" if is_target else "-",
+                ("yes" if report.met else "NO") if is_target else "-",
+                row.errors,
+            ]
+        )
+    text = table(
+        f"Load through gunicorn: demo_site, {WORKERS} sync workers, {report.database}; wrk "
+        f"{WRK_THREADS} thread x {CONNECTIONS} connections on loopback, {report.rounds} "
+        f"rounds x {report.seconds} s, medians; cost = 1 - rps / plain rps (same round)",
+        [
+            "case",
+            "rps",
+            "p50 ms",
+            "p99 ms",
+            "cost",
+            "CPU ms/req",
+            "CPU cost",
+            "target",
+            "met",
+            "errors",
+        ],
+        rows,
+    )
+    counted = ", ".join(
+        f"{name} {stored} stored / {seen} answered"
+        for name, (stored, seen) in report.visits.items()
+    )
+    others = report.others
+    return (
+        f"{text}\n"
+        "CPU ms/req: user + system time of gunicorn, memcached, Redis and wrk per answered "
+        "request; CPU cost = 1 - plain CPU ms/req / CPU ms/req (same round)\n"
+        f"other processes (PostgreSQL included) used {100 * statistics.median(others):.0f}% "
+        f"of the machine's CPU during a timed run (median; max {100 * max(others):.0f}%)\n"
+        f"visits after the graceful stop: {counted}"
+    )
+
+
+def main(argv: list[str] | None = None) -> Report:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every case")
+    parser.add_argument("--seconds", type=int, default=10, help="seconds of one wrk run")
+    parser.add_argument("--warmup", type=int, default=3, help="seconds of warm-up per case")
+    parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
+    args = parser.parse_args(argv)
+    from bench.common import machine
+
+    info = machine()
+    print(
+        f"machine: {info['cores']} cores, {info['cpu']}; Python {info['python']}; "
+        f"{info['memcached']}; {info['redis']}\n"
+    )
+    report = run(args.rounds, args.seconds, args.warmup, args.db)
+    print(render(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()

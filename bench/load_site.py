@@ -1,0 +1,32 @@
+"""Settings of the load bench (``bench/load.py``): demo_site's, plus a few bench URLs and rules.
+
+Everything of the demo stays as it is (its middleware, its rules, its database and caches from
+the environment: ``DATABASE_URL``, ``MEMCACHED_SERVERS``, ``REDIS_URL``, ``DEBUG``); the bench
+adds its own URLconf (:mod:`bench.load_urls`, which includes the demo's) and three rules on
+``/bench/rules/``. Every limit is huge: wrk sends every request from one address, one subject,
+and nothing may be refused, so that each request does a check's full work.
+"""
+
+from __future__ import annotations
+
+from demo_site.settings import *  # noqa: F403 (the demo's settings, as they are)
+from demo_site.settings import RATELIMIT_RULES as DEMO_RULES
+
+ROOT_URLCONF = "bench.load_urls"
+
+# Persistent database connections, as a production site keeps them (or a pooler does): the
+# demo's settings open one per request, which under load costs more than the whole request
+# (a PostgreSQL backend process forked per connection).
+DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
+
+#: Requests per window of every bench limit (a rule and a django-ratelimit decorator alike).
+HUGE = 1_000_000_000
+RULES_PATH = "/bench/rules/"
+
+RATELIMIT_RULES = [
+    *DEMO_RULES,
+    {"name": "bench-ip-m", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/m"},
+    {"name": "bench-email-h", "path": RULES_PATH, "key": "email", "rate": f"{HUGE}/h"},
+    {"name": "bench-ip-d", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/d"},
+]
