@@ -327,12 +327,11 @@ def _flush_at_exit() -> None:
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     previous = _previous_sigterm
     if callable(previous):
-        # A server's own graceful shutdown (gunicorn, Celery): flush what we can without
-        # waiting on a lock this very thread may hold, then let it run; atexit flushes the rest.
-        try:
-            flush(raise_errors=False, blocking=False)
-        except Exception:  # pragma: no cover  (flush logs its own failures)
-            logger.exception("metrics: flush on SIGTERM failed")
+        # A server's own graceful shutdown (gunicorn, Celery): flush what we can, then let it
+        # run; atexit flushes the rest. The signal may have interrupted this thread inside a
+        # database call (or holding the buffer's lock): flushing on its connection would wait
+        # on itself, so the flush runs in a thread of its own, with its own connection.
+        _flush_beside(SIGTERM_FLUSH_TIMEOUT)
         previous(signum, frame)
     elif previous == signal.SIG_IGN:
         return
@@ -340,6 +339,28 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         # Default action would kill us without atexit: exit through SystemExit instead, which
         # unwinds (releasing any lock) and runs the atexit flush.
         raise SystemExit(128 + signum)
+
+
+#: Seconds a SIGTERM waits for its flush before the server's own handler runs.
+SIGTERM_FLUSH_TIMEOUT = 10.0
+
+
+def _flush_beside(timeout: float) -> None:
+    """Flush from a new thread (its own database connection) and wait up to ``timeout``."""
+
+    def run() -> None:
+        from django.db import connections
+
+        try:
+            flush(raise_errors=False, blocking=False)
+        except Exception:  # pragma: no cover  (flush logs its own failures)
+            logger.exception("metrics: flush on SIGTERM failed")
+        finally:
+            connections.close_all()  # this thread's own
+
+    thread = threading.Thread(target=run, name="metrics-sigterm-flush", daemon=True)
+    thread.start()
+    thread.join(timeout)
 
 
 def _install_exit_hooks() -> None:

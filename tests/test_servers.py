@@ -102,4 +102,10 @@ def test_missing_binary_fails_under_ci_and_skips_otherwise(
 
 def test_missing_packages_are_listed_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(servers, "find_binary", lambda name: None)
-    assert servers.missing_packages() == ["memcached", "redis-server", "postgresql", "chromium"]
+    assert servers.missing_packages() == [
+        "memcached",
+        "redis-server",
+        "postgresql",
+        "chromium",
+        "wrk",
+    ]
