@@ -216,8 +216,11 @@ def _start_process(
     raise ServerStartError(f"{name} did not start after {START_ATTEMPTS} attempts:\n{last_log}")
 
 
-def start_memcached(memory_mb: int = 64, threads: int = 2) -> Server:
-    """Start memcached on a free loopback port. ``url`` is ``127.0.0.1:PORT``."""
+Argv = Callable[[int, str], list[str]]
+
+
+def memcached_argv(memory_mb: int = 64, threads: int = 2) -> Argv:
+    """``argv(port, tmpdir)`` of a loopback memcached (also for servers tests restart)."""
     binary = require_binary("memcached")
 
     def argv(port: int, _tmpdir: str) -> list[str]:
@@ -228,29 +231,29 @@ def start_memcached(memory_mb: int = 64, threads: int = 2) -> Server:
             args += ["-u", "nobody" if _user_exists("nobody") else "root"]
         return args
 
+    return argv
+
+
+def redis_argv() -> Argv:
+    """``argv(port, tmpdir)`` of a loopback redis-server without persistence."""
+    binary = require_binary("redis-server")
+
+    def argv(port: int, tmpdir: str) -> list[str]:
+        args = [binary, "--port", str(port), "--bind", HOST, "--save", ""]
+        return [*args, "--appendonly", "no", "--dir", tmpdir]
+
+    return argv
+
+
+def start_memcached(memory_mb: int = 64, threads: int = 2) -> Server:
+    """Start memcached on a free loopback port. ``url`` is ``127.0.0.1:PORT``."""
+    argv = memcached_argv(memory_mb, threads)
     return _start_process("memcached", argv, url=lambda port: f"{HOST}:{port}")
 
 
 def start_redis() -> Server:
     """Start redis-server on a free loopback port. ``url`` is ``redis://127.0.0.1:PORT/0``."""
-    binary = require_binary("redis-server")
-
-    def argv(port: int, tmpdir: str) -> list[str]:
-        return [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            HOST,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            tmpdir,
-        ]
-
-    return _start_process("redis", argv, url=lambda port: f"redis://{HOST}:{port}/0")
+    return _start_process("redis", redis_argv(), url=lambda port: f"redis://{HOST}:{port}/0")
 
 
 def _user_exists(name: str) -> bool:

@@ -23,10 +23,10 @@ from tests.servers import (
     ServerStartError,
     _accepts,
     _as_postgres_user,
-    _is_root,
     _run,
-    _user_exists,
     free_port,
+    memcached_argv,
+    redis_argv,
     require_binary,
     start_postgres,
 )
@@ -131,36 +131,11 @@ class Restartable:
 
 
 def memcached() -> Restartable:
-    binary = require_binary("memcached")
-
-    def argv(port: int, _tmpdir: str) -> list[str]:
-        args = [binary, "-l", HOST, "-p", str(port), "-U", "0", "-m", "64", "-t", "2"]
-        if _is_root():
-            args += ["-u", "nobody" if _user_exists("nobody") else "root"]
-        return args
-
-    return Restartable("memcached", argv, "{address}").start()
+    return Restartable("memcached", memcached_argv(), "{address}").start()
 
 
 def redis() -> Restartable:
-    binary = require_binary("redis-server")
-
-    def argv(port: int, tmpdir: str) -> list[str]:
-        return [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            HOST,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            tmpdir,
-        ]
-
-    return Restartable("redis", argv, "redis://{address}/0").start()
+    return Restartable("redis", redis_argv(), "redis://{address}/0").start()
 
 
 class Postgres:
