@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "MissingServerBinary",
@@ -42,6 +43,7 @@ __all__ = [
     "start_memcached",
     "start_postgres",
     "start_redis",
+    "wait_for",
 ]
 
 HOST = "127.0.0.1"
@@ -214,6 +216,17 @@ def _start_process(
         last_log = _read(log_path)
         shutil.rmtree(tmpdir, ignore_errors=True)
     raise ServerStartError(f"{name} did not start after {START_ATTEMPTS} attempts:\n{last_log}")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate()`` until it returns something truthy; return its last value (falsy
+    on timeout). For tests waiting on servers, workers and flushes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
 
 
 Argv = Callable[[int, str], list[str]]

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,13 +133,3 @@ def celery_worker(request: pytest.FixtureRequest, redis_server: str) -> Iterator
     worker.start()
     yield worker
     worker.stop()
-
-
-def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.1) -> Any:
-    """Poll ``predicate()`` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)

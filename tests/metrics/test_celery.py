@@ -11,7 +11,8 @@ from django.test.utils import override_settings
 import metrics_app
 from metrics_app.rollup import LOCK_KEY
 from metrics_app.tasks import BEAT_SCHEDULE, beat_schedule
-from tests.metrics.conftest import Worker, wait_for
+from tests.metrics.conftest import Worker
+from tests.servers import wait_for
 
 pytestmark = pytest.mark.db_matrix
 

@@ -173,7 +173,7 @@ def test_database_down_keeps_counts_and_retries(clock: FrozenClock) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
-    from tests.metrics.conftest import wait_for
+    from tests.servers import wait_for
 
     with override_settings(METRICS_FLUSH_INTERVAL=0.05):
         metrics_app.record("threaded", 4)

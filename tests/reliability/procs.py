@@ -34,18 +34,6 @@ from tests.servers import (
 TIMEOUT = 20.0
 
 
-def wait_until(
-    predicate: Callable[[], Any], timeout: float = TIMEOUT, interval: float = 0.02
-) -> Any:
-    """Poll ``predicate()`` until truthy; return its last value (falsy on timeout)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
-
-
 class Restartable:
     """A foreground server process on a fixed port, which tests kill and start again."""
 

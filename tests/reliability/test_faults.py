@@ -24,6 +24,7 @@ from ratelimit_app.backends import reset_backends
 from tests.conftest import start_or_skip
 from tests.reliability import procs, worker
 from tests.reliability.common import ROOT, end, env, ms, report, summary
+from tests.servers import wait_for
 
 #: The limit of the open rule: small, so the subject is over it within a few requests.
 LIMIT = 10
@@ -135,9 +136,7 @@ def test_counter_server_lost_under_load_and_back(
     is enforced again within seconds after it returns."""
     server: procs.Restartable = request.getfixturevalue(f"own_{kind}")
     with limiter(cache_config(kind, server)), Load(("/open/",) * 3 + ("/closed/",)) as load:
-        assert procs.wait_until(lambda: load.first("/open/", 429, 0.0), timeout=20), (
-            "never limited"
-        )
+        assert wait_for(lambda: load.first("/open/", 429, 0.0), timeout=20), "never limited"
         time.sleep(0.5)
         up_end = time.monotonic()
         server.kill() if how == "kill" else server.freeze()
@@ -146,8 +145,8 @@ def test_counter_server_lost_under_load_and_back(
         returning = time.monotonic()  # a restart takes a while: requests may reach it before
         server.restart() if how == "kill" else server.thaw()
         back = time.monotonic()
-        enforced = procs.wait_until(lambda: load.first("/open/", 429, back), timeout=20)
-        reopened = procs.wait_until(lambda: load.first("/closed/", 200, back), timeout=20)
+        enforced = wait_for(lambda: load.first("/open/", 429, back), timeout=20)
+        reopened = wait_for(lambda: load.first("/closed/", 200, back), timeout=20)
         time.sleep(0.2)
 
     errors = [h for h in load.hits if h.status not in (200, 429, 503)]
@@ -377,7 +376,7 @@ def test_downsampling_killed_mid_run(
     assert sums(killed) == seeded  # whatever batch was open rolled back whole
     resolutions = {b[1] for b in killed["buckets"]}
     assert {60, 300} <= resolutions, "not killed mid-run: nothing or everything folded"
-    rerun = procs.wait_until(
+    rerun = wait_for(
         lambda: (r := run(metrics_db, "downsample", "1000", **lock))["skipped"] is False and r,
         timeout=30,
         interval=0.5,

@@ -25,6 +25,7 @@ import pytest
 from tests.reliability import clients, procs, site_urls
 from tests.reliability.common import ROOT, end, env, report
 from tests.reliability.test_faults import run
+from tests.servers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -76,9 +77,7 @@ def gunicorn(pg: procs.Postgres, **settings: str) -> Iterator[tuple[subprocess.P
         stderr=subprocess.STDOUT,
     )
     try:
-        ready = procs.wait_until(
-            lambda: clients.get(port, "/pid/")[0] == 200 or proc.poll() is not None
-        )
+        ready = wait_for(lambda: clients.get(port, "/pid/")[0] == 200 or proc.poll() is not None)
         assert ready and proc.poll() is None, f"gunicorn did not start: {log.name}"
         yield proc, port
     finally:
