@@ -34,6 +34,15 @@ from tests.servers import (
 TIMEOUT = 20.0
 
 
+def process_state(pid: int) -> str:
+    """The one-letter state /proc reports for ``pid`` (``T``: stopped), or ``""`` if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 class Restartable:
     """A foreground server process on a fixed port, which tests kill and start again."""
 
@@ -101,6 +110,13 @@ class Restartable:
         """SIGSTOP: the port still accepts connections (the kernel does), nothing answers."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        # The signal takes effect asynchronously: until the kernel reports the process as
+        # stopped it may still answer a request or two sent after this call.
+        deadline = time.monotonic() + TIMEOUT
+        while process_state(self.proc.pid) not in ("T", "t"):
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{self.name} did not stop on SIGSTOP")
+            time.sleep(0.001)
 
     def thaw(self) -> None:
         assert self.proc is not None

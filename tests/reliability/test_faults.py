@@ -156,7 +156,8 @@ def test_counter_server_lost_under_load_and_back(
     closed_down = load.between("/closed/", lost, returning)
     assert down and closed_down
     # While the server is away nothing is limited (fail open) and nothing is a 500.
-    assert {h.status for h in down} == {200}
+    limited = [(round(h.started - lost, 4), round(h.took, 4)) for h in down if h.status != 200]
+    assert not limited, f"limited while the server was away (started after loss, took): {limited}"
     # The fail-closed rule answers RATELIMIT_FAIL_CLOSED_STATUS (default 503) meanwhile.
     assert {h.status for h in closed_down} == {503}
     assert enforced, "the limit was never enforced again after the server came back"
