@@ -113,7 +113,16 @@ class Load:
             time.sleep(0.002)  # a steady stream, not a spin that starves the main thread
 
     def between(self, path: str, start: float, end: float = float("inf")) -> list[Hit]:
-        return [h for h in list(self.hits) if h.path == path and start <= h.started < end]
+        """The hits on ``path`` sent at or after ``start`` and answered before ``end``.
+
+        A request still waiting on a frozen server when it thaws gets a real answer (a 429
+        when the limit is in force), so it does not belong to the time the server was away.
+        """
+        return [
+            h
+            for h in list(self.hits)
+            if h.path == path and start <= h.started and h.started + h.took < end
+        ]
 
     def first(self, path: str, status: int, after: float) -> Hit | None:
         return next(
