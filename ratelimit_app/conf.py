@@ -121,6 +121,18 @@ class Settings:
             return salt
 
     @property
+    def NAMESPACES(self) -> dict[tuple[str, str, str], str]:
+        """Memo of hashed subjects, ``(scope, kind, value) -> namespace``, for
+        :func:`ratelimit_app.core.namespace`; forgotten when a setting changes (the salt
+        and the hash come from settings)."""
+        try:
+            return _values["NAMESPACES"]
+        except KeyError:
+            memo: dict[tuple[str, str, str], str] = {}
+            _values["NAMESPACES"] = memo
+            return memo
+
+    @property
     def EXCEPTION_CLASS(self) -> type[Exception]:
         value = _get("RATELIMIT_EXCEPTION_CLASS")
         return import_string(value) if isinstance(value, str) else value

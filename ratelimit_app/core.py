@@ -9,13 +9,12 @@ together (:meth:`~ratelimit_app.backends.base.Backend.exchange`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
@@ -55,14 +54,27 @@ def group_name(fn: Callable[..., Any]) -> str:
     return ".".join(p for p in parts if p)
 
 
+#: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
+#: the memo starts over when full.
+NAMESPACE_MEMO = 8192
+
+
 def namespace(group: str, kind: str, value: str) -> str:
     """The hashed, hash-tagged part of a key: no raw IP or email ever reaches the cache.
 
     The hash is salted with a value derived from ``SECRET_KEY``, so a key read off the cache
-    cannot be reversed by hashing every IPv4 address.
+    cannot be reversed by hashing every IPv4 address. Recent subjects are remembered in the
+    process (:attr:`~ratelimit_app.conf.Settings.NAMESPACES`), never stored elsewhere.
     """
-    raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
-    return "{" + conf.HASH(raw).hexdigest()[:32] + "}"
+    memo = conf.NAMESPACES
+    found = memo.get((group, kind, value))
+    if found is None:
+        raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
+        found = "{" + conf.HASH(raw).hexdigest()[:32] + "}"
+        if len(memo) >= NAMESPACE_MEMO:
+            memo.clear()
+        memo[group, kind, value] = found
+    return found
 
 
 def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
@@ -74,22 +86,34 @@ def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
         methods = method.upper()
     else:
         methods = ",".join(sorted(m.upper() for m in method if m))
+    return _scope(group, methods, rate_list)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scope(group: str, methods: str, rate_list: tuple[rates.Rate, ...]) -> str:
+    # The same limits come back on every request: their scopes are formatted once.
     return f"{group}\x00{methods}\x00{';'.join(map(str, rate_list))}"
 
 
-@dataclass(frozen=True, slots=True)
 class Result:
-    """Outcome of one check of one subject."""
+    """Outcome of one check of one subject (built on every request: a plain slotted class,
+    cheaper to make than a frozen dataclass)."""
 
-    usages: list[windows.Usage]
-    namespace: str
-    #: A leaky bucket's state (its one usage is derived from it); None for sliding windows.
-    meter: gcra.State | None = None
-    #: True when any rate is over its limit.
-    limited: bool = dataclasses.field(init=False)
+    __slots__ = ("limited", "meter", "namespace", "usages")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "limited", any(u.limited for u in self.usages))
+    def __init__(
+        self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None
+    ) -> None:
+        self.usages = usages
+        self.namespace = namespace
+        #: A leaky bucket's state (its one usage is derived from it); None for sliding
+        #: windows.
+        self.meter = meter
+        #: True when any rate is over its limit.
+        self.limited = any([u.limited for u in usages])
+
+    def __repr__(self) -> str:
+        return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"
 
     def binding(self) -> windows.Usage:
         """The rate that decides: the limited one that frees up last, else the tightest."""
@@ -113,8 +137,7 @@ def meter_result(state: gcra.State, ns: str) -> Result:
     return Result([usage], ns, state)
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
+class Check(NamedTuple):
     """One subject's limit to check: its scope (:func:`scope`), subject, rates, and whether
     this request counts (``increment``) or only looks; the ``algorithm``, and the ``burst``
     (capacity) of a leaky bucket (None: the rate's count)."""

@@ -153,7 +153,7 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     if not checks:
         return None
     failure_checks = [
-        dataclasses.replace(c, increment=True)
+        c._replace(increment=True)
         for c, rule in zip(checks, used, strict=True)
         if rule.failures_only
     ]

@@ -45,6 +45,7 @@ def _sf_string(text: str) -> str:
     return '"' + _NOT_TOKEN.sub(lambda m: "\\" + m[0] if m[0] in '"\\' else "?", text) + '"'
 
 
+@functools.lru_cache(maxsize=1024)
 def _name(label: str | None, rate: str) -> str:
     return _sf_string(f"{label}:{rate}" if label else rate)
 
@@ -61,7 +62,7 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     policy, state = [], []
     for label, usage in policies:
         if usage.get("rates"):
-            key = tuple((r["rate"], r["limit"], r["window"]) for r in usage["rates"])
+            key = tuple([(r["rate"], r["limit"], r["window"]) for r in usage["rates"]])
             policy.append(_policy(label, key))
         if usage.get("rate"):
             wait = usage["retry_after"] if usage["should_limit"] else usage["reset"]

@@ -84,9 +84,10 @@ class Plan:
     rates: tuple[RatePlan, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Usage:
-    """The state of one rate after a check."""
+    """The state of one rate after a check (made on every check: not frozen, whose
+    ``__init__`` costs several times more)."""
 
     rate: Rate
     count: int  # events in the window, this one included when it was counted

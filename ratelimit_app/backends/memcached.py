@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 from pymemcache.client.base import PooledClient
 
@@ -33,6 +33,7 @@ from ratelimit_app import gcra
 from ratelimit_app.backends.base import (
     MEMCACHED_MAX_RELATIVE_TTL,
     Backend,
+    Encoded,
     MeterOp,
     MeterReply,
     Op,
@@ -127,9 +128,26 @@ def _cas(head: bytes) -> int | None:
     return int(found[1]) if found else None
 
 
-# A hit of the multi-get as (bucket suffix, count). The suffix (":W/G:index" or ":hL:index")
-# follows the "}" that ends the subject's hash tag; a "}" in KEY_PREFIX is not followed by ":".
-_VALUE = re.compile(rb"\}(:[^\s}]+) \d+ \d+\r\n(\d+)\r\n")
+# A hit of the multi-get as (namespace + bucket suffix, count): the key from the subject's
+# hash tag on ("{<hex>}:W/G:index" or "{<hex>}:hL:index"), after the prefixes.
+_VALUE = re.compile(rb"VALUE \S*?(\{[0-9a-f]+\}:[^\s{}]+) \d+ \d+\r\n(\d+)\r\n")
+#: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
+_QUIET_MISSES = frozenset((b"NF",))
+
+
+class _Encoded(Encoded):
+    """A plan's byte form, plus the tails of its ``ma`` increments (``<suffix> N<ttl> J1 v``)
+    when every TTL is relative (30 days or less), so a request only prepends its key."""
+
+    __slots__ = ("write_tails",)
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        self.write_tails: list[bytes] | None = [
+            b"%s N%d J1 v\r\n" % (suffix, ttl) for suffix, ttl in self.writes
+        ]
+        if any(ttl > MEMCACHED_MAX_RELATIVE_TTL for _, ttl in self.writes):
+            self.write_tails = None
 
 
 class _Node:
@@ -141,6 +159,7 @@ class _Node:
 
 class MemcachedBackend(Backend):
     inline_ok = True
+    encoding = _Encoded
 
     def __init__(self, alias: str, cache: Any, location: Any, options: dict[str, Any]) -> None:
         super().__init__(alias, cache)
@@ -179,58 +198,91 @@ class MemcachedBackend(Backend):
     def _on(self, node: _Node, exchange: Any) -> Any:
         """``exchange(client)`` on a pooled connection of ``node``; a failure marks the node
         down (and the pool drops the connection)."""
+        # pymemcache's get_and_release(destroy_on_fail=True), without a generator-based
+        # context manager on every request.
+        pool = node.client.client_pool
         try:
-            with node.client.client_pool.get_and_release(destroy_on_fail=True) as client:
-                return exchange(client)
+            client = pool.get()
+            try:
+                reply = exchange(client)
+            except Exception:
+                pool.destroy(client)
+                raise
+            pool.release(client)
+            return reply
         except Exception as exc:
             node.dead_until = time.monotonic() + conf.DEAD_RETRY
             raise self._failed(exc) from exc
 
-    def _command(self, op: Op) -> bytes:
-        """One op's commands: quiet decrements, increments that reply, one multi-get."""
-        enc = self.encoded(op.plan)
-        base = (self.cache_prefix + self.rl_prefix + op.namespace).encode()
-        command = b"get " + base + (b" " + base).join(enc.reads) + b"\r\n"
-        if op.undo is not None:  # quiet decrements: only a miss or an error answers
-            command = self._decrements(base, op.undo) + command
-        if op.increment:
-            wall = int(time.time())
-            writes = []
-            for suffix, ttl in enc.writes:
-                if ttl > MEMCACHED_MAX_RELATIVE_TTL:
-                    ttl += wall
-                writes.append(b"ma %s%s N%d J1 v\r\n" % (base, suffix, ttl))
-            command = b"".join(writes) + command
+    def _writes(self, op: Op, base: bytes) -> bytes:
+        """One op's writes: quiet decrements (only a miss or an error answers), then
+        increments that answer with the new value."""
+        enc = cast(_Encoded, self.encoded(op.plan))
+        command = b"" if op.undo is None else self._decrements(base, op.undo)
+        if op.increment and enc.writes:
+            tails = enc.write_tails
+            if tails is None:  # a TTL memcached reads as a timestamp: made per request
+                wall = int(time.time())
+                tails = [
+                    b"%s N%d J1 v\r\n" % (s, t + wall if t > MEMCACHED_MAX_RELATIVE_TTL else t)
+                    for s, t in enc.writes
+                ]
+            head = b"ma " + base
+            command += head + head.join(tails)
         return command
 
-    def _values(self, op: Op, reply: bytes) -> list[int]:
-        """One op's values from its part of the reply (up to and without its ``END``).
+    def _parse(self, ops: Sequence[Op], reply: bytes) -> list[list[int]]:
+        """Every op's values from the reply to :meth:`run_many`'s command.
 
-        The part: for each increment "VA <length>" and the new value, then for each bucket
-        found "VALUE <key> <flags> <length>" and its count. A busy subject's reply holds
-        hundreds of buckets: they are mapped onto the plan in C, no Python loop.
+        The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
+        the new value for each increment, in the order sent, then ``VALUE <key> <flags>
+        <length>`` and the count of each bucket found, and ``END``. A busy subject's reply
+        holds hundreds of buckets: they are mapped onto the plans in C, no Python loop.
         """
-        enc = self.encoded(op.plan)
-        found = dict(_VALUE.findall(reply))
-        values = list(map(int, map(found.get, enc.reads, repeat(b"0"))))
-        if op.increment:
-            lines = reply.split(b"\r\n", 2 * len(enc.writes))
-            heads, written = lines[0:-1:2], lines[1:-1:2]
-            if len(written) != len(enc.writes) or not all(h.startswith(b"VA ") for h in heads):
-                raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
-            enc.merge(values, written)
-        return values
+        start = reply.find(b"VALUE ")
+        head, tail = (reply[:-5], b"") if start < 0 else (reply[:start], reply[start:])
+        lines = head.split(b"\r\n")[:-1]
+        skip = 0
+        while skip < len(lines) and lines[skip] in _QUIET_MISSES:
+            skip += 1
+        heads, written = lines[skip::2], lines[skip + 1 :: 2]
+        encs = [self.encoded(op.plan) for op in ops]
+        counted = [len(e.writes) if op.increment else 0 for op, e in zip(ops, encs, strict=True)]
+        if len(heads) != sum(counted) or len(written) != len(heads) or not all(
+            map(bytes.startswith, heads, repeat(b"VA "))
+        ):
+            raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
+        found = dict(_VALUE.findall(tail))
+        out: list[list[int]] = []
+        at = 0
+        for op, enc, n in zip(ops, encs, counted, strict=True):
+            keys = map(op.namespace.encode().__add__, enc.reads)
+            values = list(map(int, map(found.get, keys, repeat(b"0"))))
+            if n:
+                enc.merge(values, written[at : at + n])
+                at += n
+            out.append(values)
+        return out
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         results: list[list[int] | None] = [None] * len(ops)
+        prefix = self.cache_prefix + self.rl_prefix
 
         def run(node: _Node, indexes: list[int]) -> None:
-            # Every op of one node goes in one write and comes back in one reply.
-            command = b"".join(self._command(ops[i]) for i in indexes)
-            reply = self._call(node, command[:-2], b"END\r\n", len(indexes))
-            parts = reply.split(b"END\r\n")
-            for i, part in zip(indexes, parts, strict=False):
-                results[i] = self._values(ops[i], part)
+            # Every op of one node goes in one write and comes back in one reply: all the
+            # writes first, then ONE multi-get of every op's buckets (memcached sends what it
+            # has at the end of each get: one get, one reply to wait for). memcached answers
+            # in order, so the read sees this request's increments.
+            mine = [ops[i] for i in indexes]
+            bases = [(prefix + op.namespace).encode() for op in mine]
+            reads = [
+                base + (b" " + base).join(self.encoded(op.plan).reads)
+                for op, base in zip(mine, bases, strict=True)
+            ]
+            command = b"".join(map(self._writes, mine, bases)) + b"get " + b" ".join(reads)
+            reply = self._call(node, command, b"END\r\n")
+            for i, values in zip(indexes, self._parse(mine, reply), strict=True):
+                results[i] = values
 
         self._by_node([op.namespace for op in ops], run)
         return results  # type: ignore[return-value]
@@ -250,6 +302,10 @@ class MemcachedBackend(Backend):
         its subjects at once (their earlier counts stay behind on the dead node). A failure
         that is not the node's (a lost write, a corrupt value) is raised as it is.
         """
+        if len(self.nodes) == 1:  # the common case: no placement, nothing to fail over to
+            if namespaces:
+                run(self._node(""), list(range(len(namespaces))))
+            return
         pending = list(range(len(namespaces)))
         for attempt in range(len(self.nodes)):
             by_node: dict[_Node, list[int]] = {}

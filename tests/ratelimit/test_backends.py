@@ -97,6 +97,19 @@ class TestContract:
         assert counts == [[1, 1], [0], [0, 0], [1, 1]]
         assert backend.run_many([]) == []
 
+    def test_a_vanished_undo_beside_counting_subjects(self, backend: Any, group: str) -> None:
+        """A take-back that finds nothing (memcached answers its quiet decrements with NF,
+        ahead of the increments' values) does not shift the other subjects' replies."""
+        plan = windows.plan(parse("5/m;100/d"), T0)
+        gone, a, b = (namespace(group, "ip", f"192.0.2.{n}") for n in (20, 21, 22))
+        backend.run(b, plan, True)
+        values = backend.run_many(
+            [Op(gone, plan, False, undo=plan), Op(a, plan, True), Op(b, plan, True)]
+        )
+        counts = [[u.count for u in windows.evaluate(plan, v, T0)] for v in values]
+        assert counts == [[0, 0], [1, 1], [2, 2]]
+        assert backend.run(gone, plan, False) == [0] * len(plan.reads)
+
     def test_undo_of_a_vanished_bucket_leaves_nothing(self, backend: Any, group: str) -> None:
         plan = windows.plan(parse("5/m"), T0)
         ns = namespace(group, "ip", "192.0.2.4")

@@ -127,7 +127,12 @@ def test_one_memcached_round_trip_for_three_rules(
         monkeypatch.setattr(backend, "_call", call)
         assert client.get("/rules/named/").status_code == 200
         assert len(sent) == 1  # one write, one reply: the three rules' increments and reads
-        assert sent[0].count(b"\r\nget ") + sent[0].startswith(b"get ") == 3
+        *writes, read = sent[0].split(b"\r\n")
+        # Every increment first, then ONE multi-get of the three subjects' buckets (memcached
+        # sends its replies at the end of each get: one get, one reply to wait for).
+        assert len(writes) == 6 and all(w.startswith(b"ma ") for w in writes)
+        assert read.startswith(b"get ") and b"get " not in read[4:]
+        assert len({key.split(b"}")[0] for key in read[4:].split()}) == 3
     reset_backends()
 
 
