@@ -128,9 +128,8 @@ def _cas(head: bytes) -> int | None:
     return int(found[1]) if found else None
 
 
-# A hit of the multi-get as (namespace + bucket suffix, count): the key from the subject's
-# hash tag on ("{<hex>}:W/G:index" or "{<hex>}:hL:index"), after the prefixes.
-_VALUE = re.compile(rb"VALUE \S*?(\{[0-9a-f]+\}:[^\s{}]+) \d+ \d+\r\n(\d+)\r\n")
+# A hit of the multi-get as (key, count): the key as sent, prefixes included.
+_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+)\r\n")
 #: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
 _QUIET_MISSES = frozenset((b"NF",))
 
@@ -214,10 +213,9 @@ class MemcachedBackend(Backend):
             node.dead_until = time.monotonic() + conf.DEAD_RETRY
             raise self._failed(exc) from exc
 
-    def _writes(self, op: Op, base: bytes) -> bytes:
+    def _writes(self, op: Op, enc: _Encoded, base: bytes) -> bytes:
         """One op's writes: quiet decrements (only a miss or an error answers), then
         increments that answer with the new value."""
-        enc = cast(_Encoded, self.encoded(op.plan))
         command = b"" if op.undo is None else self._decrements(base, op.undo)
         if op.increment and enc.writes:
             tails = enc.write_tails
@@ -231,8 +229,11 @@ class MemcachedBackend(Backend):
             command += head + head.join(tails)
         return command
 
-    def _parse(self, ops: Sequence[Op], reply: bytes) -> list[list[int]]:
-        """Every op's values from the reply to :meth:`run_many`'s command.
+    def _parse(
+        self, ops: Sequence[Op], encs: Sequence[_Encoded], reads: Sequence[bytes], reply: bytes
+    ) -> list[list[int]]:
+        """Every op's values from the reply to :meth:`run_many`'s command (``reads``: each
+        op's keys, as the multi-get sent them).
 
         The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
         the new value for each increment, in the order sent, then ``VALUE <key> <flags>
@@ -240,24 +241,25 @@ class MemcachedBackend(Backend):
         holds hundreds of buckets: they are mapped onto the plans in C, no Python loop.
         """
         start = reply.find(b"VALUE ")
-        head, tail = (reply[:-5], b"") if start < 0 else (reply[:start], reply[start:])
-        lines = head.split(b"\r\n")[:-1]
+        if start < 0:
+            start = len(reply) - 5  # END
+        lines = reply[:start].split(b"\r\n")
         skip = 0
-        while skip < len(lines) and lines[skip] in _QUIET_MISSES:
+        while lines[skip] in _QUIET_MISSES:
             skip += 1
-        heads, written = lines[skip::2], lines[skip + 1 :: 2]
-        encs = [self.encoded(op.plan) for op in ops]
+        heads, written = lines[skip:-1:2], lines[skip + 1 : -1 : 2]
         counted = [len(e.writes) if op.increment else 0 for op, e in zip(ops, encs, strict=True)]
-        if len(heads) != sum(counted) or len(written) != len(heads) or not all(
-            map(bytes.startswith, heads, repeat(b"VA "))
+        if (
+            len(heads) != sum(counted)
+            or len(written) != len(heads)
+            or not all(map(bytes.startswith, heads, repeat(b"VA ")))
         ):
             raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
-        found = dict(_VALUE.findall(tail))
+        found = dict(_VALUE.findall(reply, start))
         out: list[list[int]] = []
         at = 0
-        for op, enc, n in zip(ops, encs, counted, strict=True):
-            keys = map(op.namespace.encode().__add__, enc.reads)
-            values = list(map(int, map(found.get, keys, repeat(b"0"))))
+        for enc, keys, n in zip(encs, reads, counted, strict=True):
+            values = list(map(int, map(found.get, keys.split(b" "), repeat(b"0"))))
             if n:
                 enc.merge(values, written[at : at + n])
                 at += n
@@ -274,14 +276,14 @@ class MemcachedBackend(Backend):
             # has at the end of each get: one get, one reply to wait for). memcached answers
             # in order, so the read sees this request's increments.
             mine = [ops[i] for i in indexes]
+            encs = [cast(_Encoded, self.encoded(op.plan)) for op in mine]
             bases = [(prefix + op.namespace).encode() for op in mine]
             reads = [
-                base + (b" " + base).join(self.encoded(op.plan).reads)
-                for op, base in zip(mine, bases, strict=True)
+                base + (b" " + base).join(enc.reads) for enc, base in zip(encs, bases, strict=True)
             ]
-            command = b"".join(map(self._writes, mine, bases)) + b"get " + b" ".join(reads)
+            command = b"".join(map(self._writes, mine, encs, bases)) + b"get " + b" ".join(reads)
             reply = self._call(node, command, b"END\r\n")
-            for i, values in zip(indexes, self._parse(mine, reply), strict=True):
+            for i, values in zip(indexes, self._parse(mine, encs, reads, reply), strict=True):
                 results[i] = values
 
         self._by_node([op.namespace for op in ops], run)
