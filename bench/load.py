@@ -35,7 +35,10 @@ counts CPU time (Linux ``/proc``): the user and system time of gunicorn, memcach
 wrk per answered request, its **CPU cost** against the plain view's, and the share of the
 machine's CPU other processes took meanwhile (PostgreSQL's among them). The site is
 CPU-bound (8 connections, 4 workers), so on a quiet machine both costs estimate the same
-share. The database keeps its connections (``CONN_MAX_AGE``, see :mod:`bench.load_site`).
+share. A second table splits the CPU per request by process (the site's gunicorn workers,
+memcached, Redis, wrk), so the share of the site's own Python and of the counter servers in
+a case's cost can be read apart. The database keeps its connections (``CONN_MAX_AGE``, see
+:mod:`bench.load_site`).
 After a graceful stop, the visits stored are compared with the responses wrk counted (a
 request still in flight when a wrk run stops may be served and counted without wrk seeing
 its answer).
@@ -146,6 +149,9 @@ class Sample:
     cpu_ms: float
     #: Share of the machine's CPU that other processes used meanwhile (0..1).
     others: float
+    #: ``cpu_ms`` by part (:data:`CPU_PARTS`): the site (gunicorn and its workers),
+    #: memcached, Redis, wrk.
+    cpu_parts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -172,6 +178,10 @@ class Row:
     @property
     def cpu_ms(self) -> float:
         return statistics.median(r.cpu_ms for r in self.runs)
+
+    def cpu_part(self, part: str) -> float:
+        """Median CPU milliseconds per request of one part (:data:`CPU_PARTS`)."""
+        return statistics.median(r.cpu_parts.get(part, 0.0) for r in self.runs)
 
     @property
     def cost(self) -> float:
@@ -265,10 +275,19 @@ def run_wrk(wrk: str, url: str, seconds: int, script: str | None) -> WrkResult:
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _descendant_ticks(root: int) -> int:
-    """CPU ticks (user + system) of the live descendants of ``root``: the site, its servers."""
+#: Process names (``/proc/<pid>/comm``) of the servers the CPU breakdown shows apart; every
+#: other descendant (gunicorn and its workers, Django commands) is the site.
+SERVER_PARTS = {"memcached": "memcached", "redis-server": "Redis"}
+#: The columns of the CPU breakdown, in order.
+CPU_PARTS = ("site", "memcached", "Redis", "wrk")
+
+
+def _descendant_ticks(root: int) -> dict[str, int]:
+    """CPU ticks (user + system) of the live descendants of ``root`` (the site and its
+    servers), by part: ``site``, ``memcached``, ``Redis``."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
+    names: dict[int, str] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -280,15 +299,17 @@ def _descendant_ticks(root: int) -> int:
         pid = int(entry)
         parents[pid] = int(fields[1])
         ticks[pid] = int(fields[11]) + int(fields[12])
+        names[pid] = text[text.index("(") + 1 : text.rindex(")")]
     children: dict[int, list[int]] = {}
     for pid, parent in parents.items():
         children.setdefault(parent, []).append(pid)
-    total, todo = 0, list(children.get(root, []))
+    parts = dict.fromkeys(CPU_PARTS[:-1], 0)
+    todo = list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        total += ticks[pid]
+        parts[SERVER_PARTS.get(names[pid], "site")] += ticks[pid]
         todo += children.get(pid, [])
-    return total
+    return parts
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -308,25 +329,33 @@ def _waited_children_ticks() -> float:
 
 @dataclass(frozen=True)
 class CpuMark:
-    ours: float
+    #: Ticks by part (:data:`CPU_PARTS`).
+    parts: dict[str, float]
     busy: int
     total: int
+
+    @property
+    def ours(self) -> float:
+        return sum(self.parts.values())
 
     @classmethod
     def now(cls) -> CpuMark:
         busy, total = _machine_ticks()
-        ours = _descendant_ticks(os.getpid()) + _waited_children_ticks()
-        return cls(ours, busy, total)
+        parts: dict[str, float] = dict(_descendant_ticks(os.getpid()))
+        parts["wrk"] = _waited_children_ticks()
+        return cls(parts, busy, total)
 
 
 def sample(wrk: WrkResult, before: CpuMark, after: CpuMark) -> Sample:
     """The CPU per request of a run between two marks, and what other processes used."""
     ours = after.ours - before.ours
     busy, total = after.busy - before.busy, after.total - before.total
+    per_request = 1000 / CLOCK_TICKS / max(wrk.requests, 1)
     return Sample(
         wrk=wrk,
-        cpu_ms=1000 * ours / CLOCK_TICKS / max(wrk.requests, 1),
+        cpu_ms=ours * per_request,
         others=max(0.0, busy - ours) / max(total, 1),
+        cpu_parts={k: (after.parts[k] - before.parts[k]) * per_request for k in CPU_PARTS},
     )
 
 
@@ -595,6 +624,21 @@ def render(report: Report) -> str:
         ],
         rows,
     )
+    plain_row = report.row("plain")
+    breakdown = table(
+        "CPU ms per answered request by process (medians), and what each case adds to the "
+        "plain view's",
+        ["case", *CPU_PARTS, "added: site", "added: servers"],
+        [
+            [
+                row.case.label,
+                *(row.cpu_part(part) for part in CPU_PARTS),
+                row.cpu_part("site") - plain_row.cpu_part("site"),
+                sum(row.cpu_part(p) - plain_row.cpu_part(p) for p in ("memcached", "Redis")),
+            ]
+            for row in report.rows
+        ],
+    )
     counted = ", ".join(
         f"{name} {stored} stored / {seen} answered"
         for name, (stored, seen) in report.visits.items()
@@ -606,7 +650,7 @@ def render(report: Report) -> str:
         "request; CPU cost = 1 - plain CPU ms/req / CPU ms/req (same round)\n"
         f"other processes (PostgreSQL included) used {100 * statistics.median(others):.0f}% "
         f"of the machine's CPU during a timed run (median; max {100 * max(others):.0f}%)\n"
-        f"visits after the graceful stop: {counted}"
+        f"visits after the graceful stop: {counted}\n\n{breakdown}"
     )
 
 

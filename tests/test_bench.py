@@ -217,6 +217,14 @@ def test_load_bench_through_gunicorn(
         # in flight when a wrk run ended).
         assert answered <= stored <= answered + report.slack[name], name
     assert set(report.visits) == {"bench:visits", "shorturl:bench"}
+    for row in report.rows:
+        parts = row.runs[0].cpu_parts
+        assert set(parts) == set(load.CPU_PARTS)
+        # The parts add up to the whole, and the site always works.
+        assert sum(parts.values()) == pytest.approx(row.runs[0].cpu_ms)
+        assert parts["site"] > 0
+    # The three rules' counters are in memcached (the demo's MEMCACHED_SERVERS).
+    assert report.row("rules").cpu_part("memcached") > report.row("plain").cpu_part("memcached")
     text = load.render(report)
-    assert "< 25%" in text and "SQLite" in text
+    assert "< 25%" in text and "SQLite" in text and "added: site" in text
     assert ("yes" if report.met else "NO") in text
