@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -78,13 +78,14 @@ class Rule:
     #: A leaky bucket's capacity (None: the rate's count).
     burst: int | None = None
 
-    @property
-    def group(self) -> str:
-        return f"rule:{self.name}"
+    #: The group its counters are kept under (``rule:<name>``), and whether only failed
+    #: requests count: derived once, read on every request.
+    group: str = field(init=False, repr=False)
+    failures_only: bool = field(init=False, repr=False)
 
-    @property
-    def failures_only(self) -> bool:
-        return self.count == COUNT_FAILURES
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group", f"rule:{self.name}")
+        object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
 
     @property
     def async_safe(self) -> bool:
@@ -282,6 +283,8 @@ class RuleSet:
         self._prefixes = tuple(p for r in self._path_rules for p in r.paths)
         self._url_rules = tuple(r for r in self.rules if r.url_names and not r.paths)
         self._both = tuple(r for r in self.rules if r.url_names and r.paths)
+        #: The prefixes of the rules that need both: a path outside them resolves nothing.
+        self._both_prefixes = tuple(p for r in self._both for p in r.paths)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -298,7 +301,7 @@ class RuleSet:
             return []  # the common case: one C-level prefix test
         method = request.method
         name: str | None = None
-        if self._url_rules or self._both:
+        if self._url_rules or (self._both and path.startswith(self._both_prefixes)):
             name = _view_name(path, getattr(request, "urlconf", None))
         return [
             r

@@ -112,7 +112,7 @@ def plan(
     """
     if hierarchical:
         return _hierarchical_plan(rates, math.floor(t), per_window)
-    indexes = tuple(int(t * per_window // r.seconds) for r in rates)
+    indexes = tuple([int(t * per_window // r.seconds) for r in rates])
     return _uniform_plan(rates, indexes, per_window, fine_only)
 
 

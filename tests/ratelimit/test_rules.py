@@ -154,6 +154,18 @@ def test_url_names_resolve_including_namespaces() -> None:
     assert rs.match(rf.get("/no/such/url/")) == []
 
 
+@override_settings(ROOT_URLCONF="tests.ratelimit.urls")
+def test_a_path_outside_every_prefix_resolves_nothing() -> None:
+    """Rules with both a path and a URL name resolve only the paths under their prefixes:
+    every other request stays a prefix test."""
+    rules.clear_caches()
+    rs = ruleset({**BASE, "name": "both", "path": "/rules/", "url_name": "rules-named"})
+    assert rs.match(rf.get("/other/")) == []
+    assert rules._view_name.cache_info().currsize == 0
+    assert names(rs.match(rf.get("/rules/named/"))) == ["both"]
+    assert rules._view_name.cache_info().currsize == 1
+
+
 def test_empty_ruleset_matches_nothing() -> None:
     assert not rules.EMPTY
     assert rules.EMPTY.match(rf.get("/anything/")) == []
