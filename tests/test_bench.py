@@ -206,6 +206,7 @@ def test_load_bench_through_gunicorn(
         rounds=1, seconds=1, warmup=1, db="sqlite", servers=servers, state_dir=str(tmp_path)
     )
     assert [r.case for r in report.rows] == list(load.CASES)
+    assert sorted(load.RUN_ORDER) == sorted(c.name for c in load.CASES)
     for row in report.rows:
         # Every case answered as expected (run() checks status and RateLimit headers first).
         assert len(row.runs) == len(row.costs) == 1
