@@ -83,8 +83,6 @@ LINK_URL = "https://example.com/"
 FORM = "email=bench%40example.com&password=x"
 BENCH_RULES = ("bench-ip-m", "bench-email-h", "bench-ip-d")
 START_TIMEOUT = 60.0
-#: Seconds the site gets to answer what wrk left queued before it is stopped.
-DRAIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -583,11 +581,9 @@ def run(
                     mine = by_name[row.case.name]
                     row.costs.append(1 - mine.wrk.rps / plain.wrk.rps)
                     row.cpu_costs.append(1 - plain.cpu_ms / mine.cpu_ms)
-            # Let the requests wrk left queued finish before the stop: a worker that gets
-            # SIGTERM in the middle of a database call hangs until the graceful timeout and
-            # loses its buffered visits (metrics_app's SIGTERM flush reuses the interrupted
-            # connection; docs/reliability.rst, "Found by the load bench").
-            time.sleep(DRAIN)
+            # The site stops while it may still serve what wrk left queued: a SIGTERM inside
+            # a database call once lost a worker's visits (docs/reliability.rst, "Found by
+            # the load bench"); the visit totals below would show it.
         stored = visit_totals(env, list(seen))
         visits = {name: (stored[name], seen[name]) for name in seen}
         return Report(rows, rounds, seconds, database, visits, slack)

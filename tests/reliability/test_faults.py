@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -292,6 +293,31 @@ def test_database_stopped_while_visits_flow(metrics_db: procs.Postgres) -> None:
     assert stored == in_buckets == result["recorded"]
     # The flusher thread recovered by itself; the exit flush had nothing left to save.
     assert result["left_for_exit"] == 0
+
+
+def test_sigterm_inside_a_database_query_flushes_and_exits(metrics_db: procs.Postgres) -> None:
+    """gunicorn's SIGTERM may land while a worker waits on PostgreSQL. The flush runs beside
+    the interrupted query, on a connection of its own (on the worker's own connection it
+    would wait on itself until the graceful timeout, and its visits would be lost), and the
+    server's handler still runs after it."""
+    before = run(metrics_db, "snapshot")["totals"].get("visits:sigterm", 0)
+    proc = spawn(metrics_db, "sigterm-in-query", "30")
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline()) == {"ready": True}
+        time.sleep(0.5)  # inside pg_sleep by now
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        lines = finish(proc, timeout=25)
+        took = time.monotonic() - sent
+    finally:
+        end(proc)
+    stored = run(metrics_db, "snapshot")["totals"]["visits:sigterm"] - before
+    report("metrics-sigterm-in-query", exit_after_sigterm_s=round(took, 2), stored=stored)
+    assert {"previous_handler": True} in lines
+    assert {"query_finished": True} not in lines
+    assert stored == 7
+    assert took < 10, "the worker waited instead of flushing beside the query"
 
 
 @pytest.mark.django_db

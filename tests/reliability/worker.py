@@ -8,6 +8,8 @@ Commands print one JSON line on stdout (``progress`` lines before it for ``downs
 * ``seed``: wipe the metrics tables and write :func:`seed_counts` (deterministic).
 * ``downsample BATCH``: one downsampling run as of :data:`NOW`, a progress line per batch.
 * ``snapshot``: every bucket and every series total.
+* ``sigterm-in-query SECONDS``: record 7 visits, then wait in ``pg_sleep(SECONDS)`` for a
+  SIGTERM; prints ``ready`` first, ``previous_handler`` when the chained handler runs.
 * ``drain``: what the Celery task ``flush_redis_buffer`` does: the Redis buffer into the
   database.
 """
@@ -103,6 +105,28 @@ def snapshot() -> None:
     out(buckets=buckets, totals=dict(Series.objects.values_list("name", "total")))
 
 
+def sigterm_in_query(seconds: float) -> None:
+    """Record visits, then wait in a PostgreSQL query (``pg_sleep``) for the SIGTERM the test
+    sends: the flush must not run on the interrupted connection (it would wait on itself),
+    and the handler that was installed before metrics_app's (a server's) still runs."""
+    import signal
+
+    from django.db import connection
+
+    from metrics_app import record
+
+    def previous(signum: int, frame: Any) -> None:
+        out(previous_handler=True)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, previous)
+    record("visits:sigterm", 7)  # installs metrics_app's handler, chained to ``previous``
+    out(ready=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(%s)", [seconds])
+    out(query_finished=True)
+
+
 def main(argv: list[str]) -> None:
     django.setup()
     command, *args = argv
@@ -114,6 +138,8 @@ def main(argv: list[str]) -> None:
         downsample(int(args[0]))
     elif command == "snapshot":
         snapshot()
+    elif command == "sigterm-in-query":
+        sigterm_in_query(float(args[0]))
     elif command == "drain":
         from metrics_app import redis_buffer
 
