@@ -185,9 +185,13 @@ def test_counter_server_lost_under_load_and_back(
         socket_timeout_s=SOCKET_TIMEOUT,
     )
     # Loose bounds (a shared CI machine): the cost of a dead server is skipped, not paid per
-    # request; a hung one costs one socket timeout per RATELIMIT_DEAD_RETRY.
+    # request; a hung one costs one socket timeout per RATELIMIT_DEAD_RETRY. A loaded machine
+    # can stretch one request far beyond that (860 ms seen in CI with another load running),
+    # so the slow ones are counted (at most one per client thread), and none may hang.
     assert during["p50_ms"] < base["p50_ms"] + 20
-    assert during["max_ms"] < 1000 * (SOCKET_TIMEOUT * 3 + 0.5)
+    slow = [round(h.took, 3) for h in down if h.took > SOCKET_TIMEOUT * 3 + 0.5]
+    assert len(slow) <= len(load.paths), f"slow requests while the server was away: {slow}"
+    assert during["max_ms"] < 5000
     assert until_enforced < DEAD_RETRY + 10
 
 
