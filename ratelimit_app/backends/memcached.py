@@ -1,9 +1,11 @@
 """memcached through pymemcache: one pipelined round trip a check.
 
-A check sends, in one write, a meta-arithmetic command per bucket to increment
-(``ma <key> N<ttl> J1 v``: create with TTL on a miss, return the new value) followed by one
-``get`` of every bucket the window reads. memcached answers commands of one connection in
-order, so the read sees this hit. The ``VA`` replies prove each write landed: a read that
+The checks of one request (its rules) go to a node in one write: a meta-arithmetic command
+per bucket to increment (``ma <key> N<ttl> J1 v``: create with TTL on a miss, return the new
+value), for every subject, then ONE ``get`` of every bucket their windows read. memcached
+answers commands of one connection in order, so the read sees these hits, and it sends what
+it has at the end of each get, so one get is one reply to wait for (a get per subject came
+back in 1.6 pieces on average). The ``VA`` replies prove each write landed: a read that
 finds nothing after a failed write is an error, never a zero.
 
 All buckets of one subject live on one node (rendezvous hashing on the subject), so a check
