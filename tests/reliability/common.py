@@ -3,6 +3,7 @@ which ``docs/reliability.rst`` quotes; percentiles; subprocesses that always end
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,8 +49,13 @@ def summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``: a test never leaves a process behind."""
+def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``: a test never leaves a process behind.
+
+    ``group``: ``proc`` was started with ``start_new_session=True``, and whatever is left of
+    its process group once it has ended (children it did not stop: a Celery worker's pool
+    and beat) is killed too.
+    """
     if proc is None:
         return
     if proc.poll() is None:
@@ -59,6 +65,9 @@ def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout)
+    if group:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
