@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import Servers, table, throwaway_servers
-from tests.servers import free_port, require_binary, start_postgres
+from tests.servers import free_port, gunicorn_argv, require_binary, start_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "bench.load_site"
@@ -453,20 +453,7 @@ def gunicorn(env: dict[str, str], log_path: str) -> Iterator[tuple[subprocess.Po
     port = free_port()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--workers",
-                str(WORKERS),
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--graceful-timeout",
-                "20",
-                "--timeout",
-                "60",
-                "demo_site.wsgi",
-            ],
+            gunicorn_argv("demo_site.wsgi", port, WORKERS),
             cwd=ROOT,
             env=env,
             stdout=log,

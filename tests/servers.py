@@ -258,6 +258,27 @@ def redis_argv() -> Argv:
     return argv
 
 
+def gunicorn_argv(wsgi: str, port: int, workers: int = 4) -> list[str]:
+    """gunicorn serving ``wsgi`` (a module path) with ``workers`` sync workers on loopback
+    ``port``; a graceful stop waits up to 20 s for the workers (they flush their visits)."""
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "sync",
+        "--bind",
+        f"{HOST}:{port}",
+        "--graceful-timeout",
+        "20",
+        "--timeout",
+        "60",
+        wsgi,
+    ]
+
+
 def start_memcached(memory_mb: int = 64, threads: int = 2) -> Server:
     """Start memcached on a free loopback port. ``url`` is ``127.0.0.1:PORT``."""
     argv = memcached_argv(memory_mb, threads)

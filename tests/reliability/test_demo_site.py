@@ -36,7 +36,7 @@ import redis as redis_py
 from tests.reliability import clients, procs
 from tests.reliability.common import ROOT, end, env, report
 from tests.reliability.test_scale import PROCESSES, THREADS, stop
-from tests.servers import wait_for
+from tests.servers import gunicorn_argv, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -148,22 +148,7 @@ def gunicorn(
     log_path = logdir / "gunicorn.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--workers",
-                "4",
-                "--worker-class",
-                "sync",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--graceful-timeout",
-                "20",
-                "--timeout",
-                "60",
-                "demo_site.wsgi",
-            ],
+            gunicorn_argv("demo_site.wsgi", port),
             cwd=ROOT,
             env=environ,
             stdout=log,

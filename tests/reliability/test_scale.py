@@ -25,7 +25,7 @@ import pytest
 from tests.reliability import clients, procs, site_urls
 from tests.reliability.common import ROOT, end, env, report
 from tests.reliability.test_faults import run
-from tests.servers import wait_for
+from tests.servers import gunicorn_argv, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -53,20 +53,7 @@ def gunicorn(pg: procs.Postgres, **settings: str) -> Iterator[tuple[subprocess.P
     port = procs.free_port()
     log = open(os.path.join(pg.server.tmpdir, f"gunicorn-{port}.log"), "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--workers",
-            "4",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--graceful-timeout",
-            "20",
-            "--timeout",
-            "60",
-            "tests.reliability.site_wsgi",
-        ],
+        gunicorn_argv("tests.reliability.site_wsgi", port),
         cwd=ROOT,
         env=env(
             DJANGO_SETTINGS_MODULE="tests.reliability.site_settings",
