@@ -18,7 +18,6 @@ Numbers go to ``tests/artifacts/reliability.json`` (``demo-site-*``).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import socket
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import redis as redis_py
 
 from tests.reliability import clients, procs
 from tests.reliability.common import ROOT, end, env, report
-from tests.reliability.test_scale import PROCESSES, THREADS, stop
+from tests.reliability.test_scale import PROCESSES, THREADS, load, stop
 from tests.servers import gunicorn_argv, wait_for
 
 pytestmark = pytest.mark.slow
@@ -164,27 +163,6 @@ def gunicorn(
         end(proc, timeout=30, group=True)
 
 
-def crowd(
-    port: int,
-    path: str,
-    requests: int,
-    seconds: float = 60.0,
-    form: dict[str, str] | None = None,
-) -> list[tuple[int, int, float]]:
-    """PROCESSES x THREADS clients, ``requests`` each (POSTs of ``form`` if given), all
-    starting together."""
-    start = time.time() + 2.0  # after the client processes have started (and got a form)
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(PROCESSES) as pool:
-        parts = [
-            pool.apply_async(
-                clients.hammer, (port, path, THREADS, requests, start, start + seconds, form)
-            )
-            for _ in range(PROCESSES)
-        ]
-        return [hit for part in parts for hit in part.get(timeout=seconds + 90)]
-
-
 def memcached_items(address: str) -> int:
     """``curr_items`` of a memcached (``stats``)."""
     host, port = address.rsplit(":", 1)
@@ -235,7 +213,7 @@ def test_signup_limit_holds_across_workers(
     requests = 3
     with celery_worker(environ, tmp_path), gunicorn(environ, tmp_path) as (_proc, port):
         began = time.monotonic()
-        hits = crowd(port, "/accounts/signup/", requests, form=form)
+        hits = load(port, "/accounts/signup/", requests, form=form)
         elapsed = time.monotonic() - began
         in_redis = ratelimit_keys(own_redis.url)
         in_memcached = memcached_items(memcached.address) if memcached else 0
@@ -295,7 +273,7 @@ def test_visit_counts_are_exact(
     with celery_worker(environ, tmp_path), gunicorn(environ, tmp_path) as (proc, port):
         key = create_link(port, f"https://example.com/{buffer}/{uuid.uuid4().hex}")
         series = f"shorturl:{key}"
-        hits = crowd(port, f"/s/{key}", requests=1_000_000, seconds=SECONDS)
+        hits = load(port, f"/s/{key}", requests=1_000_000, seconds=SECONDS)
         stored_before_stop = total(demo_db, series)
         began = time.monotonic()
         stop(proc)

@@ -73,15 +73,21 @@ def gunicorn(pg: procs.Postgres, **settings: str) -> Iterator[tuple[subprocess.P
 
 
 def load(
-    port: int, path: str, requests: int, seconds: float = 60.0
+    port: int,
+    path: str,
+    requests: int,
+    seconds: float = 60.0,
+    form: dict[str, str] | None = None,
 ) -> list[tuple[int, int, float]]:
-    """PROCESSES x THREADS clients, ``requests`` each, all starting together."""
-    start = time.time() + 1.5  # after the client processes have started
+    """PROCESSES x THREADS clients, ``requests`` each (POSTs of ``form`` if given, see
+    :func:`clients.hammer`), all starting together."""
+    # After the client processes have started (and, for a form, fetched its page).
+    start = time.time() + (1.5 if form is None else 2.0)
     context = multiprocessing.get_context("spawn")
     with context.Pool(PROCESSES) as pool:
         parts = [
             pool.apply_async(
-                clients.hammer, (port, path, THREADS, requests, start, start + seconds)
+                clients.hammer, (port, path, THREADS, requests, start, start + seconds, form)
             )
             for _ in range(PROCESSES)
         ]
