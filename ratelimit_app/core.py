@@ -117,10 +117,13 @@ class Result:
 
     def binding(self) -> windows.Usage:
         """The rate that decides: the limited one that frees up last, else the tightest."""
-        limited = [u for u in self.usages if u.limited]
+        usages = self.usages
+        if len(usages) == 1:  # the common case: one rate
+            return usages[0]
+        limited = [u for u in usages if u.limited]
         if limited:
             return max(limited, key=lambda u: u.retry_after)
-        return min(self.usages, key=lambda u: (u.remaining, -u.reset))
+        return min(usages, key=lambda u: (u.remaining, -u.reset))
 
 
 def meter_result(state: gcra.State, ns: str) -> Result:

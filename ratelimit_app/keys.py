@@ -111,7 +111,12 @@ def _clean(value: object) -> str | None:
     text = str(value)
     if not text or len(text) > MAX_VALUE_LENGTH * 4:
         return None
-    text = _CONTROL.sub("", unicodedata.normalize("NFKC", text)).strip()
+    if text.isascii() and text.isprintable():
+        # The common case: printable ASCII is its own NFKC form and holds no control
+        # character.
+        text = text.strip()
+    else:
+        text = _CONTROL.sub("", unicodedata.normalize("NFKC", text)).strip()
     if not text or len(text) > MAX_VALUE_LENGTH:
         return None
     return text

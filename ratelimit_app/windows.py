@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -61,12 +62,18 @@ class RatePlan:
     #: Derived once (plans are memoised), for :func:`_counts`: each segment's first read,
     #: and the segments that are more than that one read, as (position, terms).
     first: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    #: The values of ``first`` in one C call (``operator.itemgetter``, as a list).
+    pick: Callable[[list[int]], list[int]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
     multi: tuple[tuple[int, tuple[Term, ...]], ...] = dataclasses.field(
         init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "first", tuple(seg.terms[0][0] for seg in self.segments))
+        first = tuple(seg.terms[0][0] for seg in self.segments)
+        object.__setattr__(self, "first", first)
+        object.__setattr__(self, "pick", _picker(first))
         multi = tuple(
             (k, seg.terms)
             for k, seg in enumerate(self.segments)
@@ -284,13 +291,21 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
 # -- evaluation -----------------------------------------------------------------------------
 
 
+def _picker(indexes: tuple[int, ...]) -> Callable[[list[int]], list[int]]:
+    """``lambda values: [values[i] for i in indexes]``, in C where it can be."""
+    if len(indexes) > 1:
+        get = operator.itemgetter(*indexes)
+        return lambda values: list(get(values))
+    return lambda values: [values[i] for i in indexes]
+
+
 def _counts(rp: RatePlan, values: list[int]) -> list[int]:
     """Events in each segment, oldest first.
 
     A segment's true count is never negative; a reset or an evicted coarse bucket can make
     coarse - fine negative, and counting that would be lenient.
     """
-    counts = [values[i] for i in rp.first]
+    counts = rp.pick(values)
     for k, terms in rp.multi:
         counts[k] = sum(values[i] * sign for i, sign in terms)
     if counts and min(counts) < 0:
@@ -311,8 +326,13 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     counts nothing) a rate is limited when it has no room left for one more hit.
     """
     per_segment = [_counts(rp, values) for rp in p.rates]
-    ns = [sum(c) for c in per_segment]
-    refused = counted and any(n > rp.rate.count for n, rp in zip(ns, p.rates, strict=True))
+    ns = list(map(sum, per_segment))
+    refused = False
+    if counted:
+        for n, rp in zip(ns, p.rates, strict=True):
+            if n > rp.rate.count:
+                refused = True
+                break
     slack = 0 if counted else 1
     result = []
     for rp, n, counts in zip(p.rates, ns, per_segment, strict=True):

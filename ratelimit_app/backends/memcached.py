@@ -136,6 +136,15 @@ _VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+)\r\n")
 _QUIET_MISSES = frozenset((b"NF",))
 
 
+def _starts(sizes: list[int]) -> list[int]:
+    """Where each of consecutive runs of ``sizes`` starts."""
+    starts, at = [], 0
+    for size in sizes:
+        starts.append(at)
+        at += size
+    return starts
+
+
 class _Encoded(Encoded):
     """A plan's byte form, plus the tails of its ``ma`` increments (``<suffix> N<ttl> J1 v``)
     when every TTL is relative (30 days or less), so a request only prepends its key."""
@@ -257,11 +266,29 @@ class MemcachedBackend(Backend):
             or not all(map(bytes.startswith, heads, repeat(b"VA ")))
         ):
             raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
-        found = dict(_VALUE.findall(reply, start))
         out: list[list[int]] = []
+        # memcached answers a multi-get's hits in the order asked: when every bucket is
+        # there (a busy subject), the counts are the data lines in order, no key to match.
+        parts = reply[start:-5].split(b"\r\n")
+        sizes = [len(enc.reads) for enc in encs]
+        if len(parts) == 2 * sum(sizes) + 1 and all(
+            map(bytes.startswith, parts[0:-1:2], repeat(b"VALUE "))
+        ):
+            try:
+                flat = list(map(int, parts[1::2]))
+            except ValueError:
+                raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}")) from None
+            split = [flat[a : a + n] for a, n in zip(_starts(sizes), sizes, strict=True)]
+        else:
+            hits = _VALUE.findall(reply, start)
+            if len(hits) != reply.count(b"VALUE ", start):  # a value that is not a count
+                raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}"))
+            found = dict(hits)
+            split = [
+                list(map(int, map(found.get, keys.split(b" "), repeat(b"0")))) for keys in reads
+            ]
         at = 0
-        for enc, keys, n in zip(encs, reads, counted, strict=True):
-            values = list(map(int, map(found.get, keys.split(b" "), repeat(b"0"))))
+        for enc, values, n in zip(encs, split, counted, strict=True):
             if n:
                 enc.merge(values, written[at : at + n])
                 at += n

@@ -151,6 +151,36 @@ class TestContract:
         with pytest.raises(BackendError):
             backend.run(ns, plan, True)
 
+    @pytest.mark.parametrize("all_there", [True, False], ids=["every-bucket", "some-missing"])
+    def test_a_corrupt_counter_only_read_is_an_error_not_a_zero(
+        self, backend_kind: str, group: str, all_there: bool
+    ) -> None:
+        # A bucket the check reads but does not write (an older part of the window): the
+        # read must not take garbage for zero, whether the other buckets are there or not.
+        backend = get_backend()
+        plan = windows.plan(parse("5/m"), time.time())
+        ns = namespace(group, "ip", "192.0.2.10")
+        written = {suffix for suffix, _ in plan.writes}
+        only_read = [s for s in plan.reads if s not in written]
+        if all_there:
+            backend.run(ns, plan, True)
+            for suffix in only_read:
+                self._store(backend_kind, backend, ns, suffix, "1")
+        self._store(backend_kind, backend, ns, only_read[0], "not-a-number")
+        with pytest.raises(BackendError):
+            backend.run(ns, plan, True)
+
+    @staticmethod
+    def _store(backend_kind: str, backend: Any, ns: str, suffix: str, value: str) -> None:
+        if backend_kind == "redis":
+            key, field = backend.physical_key(ns, suffix)
+            caches["rl"].client.get_client().hset(key, field, value)
+        elif backend_kind == "memcached":
+            full_key = backend.cache_prefix + backend.rl_prefix + ns + suffix
+            backend.nodes[0].client.set(full_key, value.encode(), expire=300)
+        else:
+            caches["rl"].set(backend.rl_prefix + ns + suffix, value, 300)
+
     def test_threads_never_admit_more_than_the_limit(self, backend: Any, group: str) -> None:
         admitted = []
         barrier = threading.Barrier(8)
