@@ -285,7 +285,7 @@ SERVER_PARTS = {"memcached": "memcached", "redis-server": "Redis"}
 CPU_PARTS = ("site", "memcached", "Redis", "wrk")
 
 
-def _descendant_ticks(root: int) -> dict[str, int]:
+def descendant_ticks(root: int) -> dict[str, int]:
     """CPU ticks (user + system) of the live descendants of ``root`` (the site and its
     servers), by part: ``site``, ``memcached``, ``Redis``."""
     parents: dict[int, int] = {}
@@ -344,7 +344,7 @@ class CpuMark:
     @classmethod
     def now(cls) -> CpuMark:
         busy, total = _machine_ticks()
-        parts: dict[str, float] = dict(_descendant_ticks(os.getpid()))
+        parts: dict[str, float] = dict(descendant_ticks(os.getpid()))
         parts["wrk"] = _waited_children_ticks()
         return cls(parts, busy, total)
 
@@ -365,11 +365,14 @@ def sample(wrk: WrkResult, before: CpuMark, after: CpuMark) -> Sample:
 # -- the site -------------------------------------------------------------------------------------
 
 
-def site_env(servers: Servers, database_url: str, state_dir: str) -> dict[str, str]:
-    """The environment of the bench's Django processes (demo_site reads its servers there)."""
+def site_env(
+    servers: Servers, database_url: str, state_dir: str, root: Path = ROOT
+) -> dict[str, str]:
+    """The environment of the bench's Django processes (demo_site reads its servers there),
+    running the code under ``root`` (default: this tree)."""
     return {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(root),
         "DJANGO_SETTINGS_MODULE": SETTINGS,
         "DEBUG": "false",
         "SECRET_KEY": "bench-load-not-secret",
@@ -447,14 +450,17 @@ def check_answer(port: int, case: Case) -> None:
 
 
 @contextmanager
-def gunicorn(env: dict[str, str], log_path: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """gunicorn with ``WORKERS`` sync workers on a free loopback port; stopped at exit
-    (SIGTERM, which makes every worker flush its visits; SIGKILL if it hangs)."""
+def gunicorn(
+    env: dict[str, str], log_path: str, root: Path = ROOT
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """gunicorn with ``WORKERS`` sync workers on a free loopback port, serving the code under
+    ``root``; stopped at exit (SIGTERM, which makes every worker flush its visits; SIGKILL if
+    it hangs)."""
     port = free_port()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             gunicorn_argv("demo_site.wsgi", port, WORKERS),
-            cwd=ROOT,
+            cwd=root,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -499,6 +505,30 @@ def _tail(path: str, limit: int = 3000) -> str:
         return ""
 
 
+def start_database(db: str, state_dir: str, stack: ExitStack) -> tuple[str, str]:
+    """A throwaway PostgreSQL (``postgres``, stopped when ``stack`` closes) or an SQLite file
+    under ``state_dir`` (``sqlite``): its ``DATABASE_URL`` and a label for the tables."""
+    if db == "postgres":
+        pg = start_postgres()
+        stack.callback(pg.stop)
+        return pg.url, "PostgreSQL"
+    if db == "sqlite":
+        path = os.path.join(state_dir, "load.sqlite3")
+        return f"sqlite:///{path}", "SQLite file (WAL)"
+    raise ValueError(f"db is postgres or sqlite, got {db!r}")
+
+
+def post_script(state_dir: str) -> str:
+    """Write the wrk script that POSTs the bench's form; its path."""
+    script = os.path.join(state_dir, "post.lua")
+    Path(script).write_text(
+        'wrk.method = "POST"\n'
+        f'wrk.body = "{FORM}"\n'
+        'wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"\n'
+    )
+    return script
+
+
 # -- the run --------------------------------------------------------------------------------------
 
 
@@ -518,23 +548,10 @@ def run(
         if state_dir is None:
             state_dir = tempfile.mkdtemp(prefix="bucketry-load-")
             stack.callback(shutil.rmtree, state_dir, ignore_errors=True)
-        if db == "postgres":
-            pg = start_postgres()
-            stack.callback(pg.stop)
-            database_url, database = pg.url, "PostgreSQL"
-        elif db == "sqlite":
-            path = os.path.join(state_dir, "load.sqlite3")
-            database_url, database = f"sqlite:///{path}", "SQLite file (WAL)"
-        else:
-            raise ValueError(f"db is postgres or sqlite, got {db!r}")
+        database_url, database = start_database(db, state_dir, stack)
         env = site_env(servers, database_url, state_dir)
         prepare(env)
-        script = os.path.join(state_dir, "post.lua")
-        Path(script).write_text(
-            'wrk.method = "POST"\n'
-            f'wrk.body = "{FORM}"\n'
-            'wrk.headers["Content-Type"] = "application/x-www-form-urlencoded"\n'
-        )
+        script = post_script(state_dir)
         rows = [Row(case) for case in CASES]
         seen = {c.series: 0 for c in CASES if c.series}
         slack = dict.fromkeys(seen, 0)

@@ -16,6 +16,7 @@ from bench import (
     figures,
     leaky_bucket,
     load,
+    load_ab,
     ratelimit_latency,
     ratelimit_middleware,
 )
@@ -187,6 +188,38 @@ Requests/sec:   1230.55
 """
 
 
+def _need_wrk() -> None:
+    if find_binary("wrk") is None:
+        missing = MissingServerBinary("wrk", PACKAGES["wrk"])
+        if in_ci():
+            pytest.fail(f"CI=true and {missing}", pytrace=False)
+        pytest.skip(str(missing))
+
+
+@pytest.mark.slow
+def test_load_ab_bench_times_two_revisions_side_by_side(
+    memcached_server: str, redis_server: str, tmp_path: pathlib.Path
+) -> None:
+    """A tiny run of bench/load_ab.py: this tree against its own HEAD, real gunicorn and wrk."""
+    with pytest.raises(ValueError, match="unknown case"):
+        load_ab.run(cases=["plain", "no-such-case"])
+    tree = load_ab.export("HEAD", str(tmp_path))
+    assert (tree / "ratelimit_app" / "middleware.py").is_file()
+    assert (tree / "bench" / "load_site.py").is_file()
+    _need_wrk()
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    cases = ["plain", load.TARGET_CASE]
+    pairs = load_ab.run("HEAD", cases, rounds=2, seconds=1, warmup=1, db="sqlite", servers=servers)
+    assert [p.case.name for p in pairs] == cases
+    for pair in pairs:
+        for side in load_ab.SIDES:
+            assert len(pair.samples[side]) == 2
+            assert all(rps > 0 and cpu > 0 for rps, cpu in pair.samples[side])
+        assert 0 < pair.ratio(0) < 10 and 0 < pair.ratio(1) < 10
+    text = load_ab.render(pairs, "HEAD", 2, 1)
+    assert "CPU head/base" in text and "+ 3 rules + visit counting" in text
+
+
 @pytest.mark.slow
 def test_load_bench_through_gunicorn(
     memcached_server: str, redis_server: str, tmp_path: pathlib.Path
@@ -196,11 +229,7 @@ def test_load_bench_through_gunicorn(
     assert parsed == load.WrkResult(
         rps=1230.55, p50_ms=0.85, p99_ms=1200.0, requests=1234, errors=7
     )
-    if find_binary("wrk") is None:
-        missing = MissingServerBinary("wrk", PACKAGES["wrk"])
-        if in_ci():
-            pytest.fail(f"CI=true and {missing}", pytrace=False)
-        pytest.skip(str(missing))
+    _need_wrk()
     servers = common.Servers(memcached=memcached_server, redis=redis_server)
     report = load.run(
         rounds=1, seconds=1, warmup=1, db="sqlite", servers=servers, state_dir=str(tmp_path)
