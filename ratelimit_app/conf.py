@@ -1,13 +1,14 @@
 """Typed access to the ``RATELIMIT_*`` settings.
 
 Nothing is read at import. A value is read from ``django.conf.settings`` on first use and
-remembered, because the limiter reads about ten settings per request and Django's settings
-object is slow to ask; the ``setting_changed`` receiver below forgets everything, so
-``override_settings`` and pytest-django's ``settings`` fixture just work.
+remembered as a plain attribute, because the limiter reads about ten settings per request and
+Django's settings object is slow to ask; the ``setting_changed`` receiver below forgets
+everything, so ``override_settings`` and pytest-django's ``settings`` fixture just work.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import logging
@@ -69,45 +70,51 @@ def _get(name: str) -> Any:
 
 
 class Settings:
-    """One property per setting; see ``docs/settings`` for their meaning."""
+    """One attribute per setting; see ``docs/settings`` for their meaning.
 
-    @property
+    A setting is computed on first use and then kept as a plain attribute of the instance
+    (``functools.cached_property``), so the request path reads it without a call; the
+    ``setting_changed`` receiver forgets them all. ``RULES``, ``ALLOW`` and ``DENY`` come
+    from the snapshot of :mod:`ratelimit_app.store`, refreshed while the process runs.
+    """
+
+    @functools.cached_property
     def ENABLE(self) -> bool:
         return bool(_get("RATELIMIT_ENABLE"))
 
-    @property
+    @functools.cached_property
     def USE_CACHE(self) -> str:
         return str(_get("RATELIMIT_USE_CACHE"))
 
-    @property
+    @functools.cached_property
     def VIEW(self) -> str | Callable[..., Any] | None:
         return _get("RATELIMIT_VIEW")
 
-    @property
+    @functools.cached_property
     def FAIL_OPEN(self) -> bool:
         return bool(_get("RATELIMIT_FAIL_OPEN"))
 
-    @property
+    @functools.cached_property
     def IP_META_KEY(self) -> str | Callable[..., Any] | None:
         return _get("RATELIMIT_IP_META_KEY")
 
-    @property
+    @functools.cached_property
     def IPV4_MASK(self) -> int:
         return _get("RATELIMIT_IPV4_MASK")
 
-    @property
+    @functools.cached_property
     def IPV6_MASK(self) -> int:
         return _get("RATELIMIT_IPV6_MASK")
 
-    @property
+    @functools.cached_property
     def HASH(self) -> Callable[[bytes], Any]:
         return _hash_function(_get("RATELIMIT_HASH_ALGORITHM"))
 
-    @property
+    @functools.cached_property
     def CACHE_PREFIX(self) -> str:
         return str(_get("RATELIMIT_CACHE_PREFIX"))
 
-    @property
+    @functools.cached_property
     def SALT(self) -> str:
         """Mixed into every hashed key; derived from ``SECRET_KEY``, never stored."""
         try:
@@ -120,7 +127,7 @@ class Settings:
             salt = _values["SALT"] = _salt(secret)
             return salt
 
-    @property
+    @functools.cached_property
     def NAMESPACES(self) -> dict[tuple[str, str, str], str]:
         """Memo of hashed subjects, ``(scope, kind, value) -> namespace``, for
         :func:`ratelimit_app.core.namespace`; forgotten when a setting changes (the salt
@@ -132,32 +139,32 @@ class Settings:
             _values["NAMESPACES"] = memo
             return memo
 
-    @property
+    @functools.cached_property
     def EXCEPTION_CLASS(self) -> type[Exception]:
         value = _get("RATELIMIT_EXCEPTION_CLASS")
         return import_string(value) if isinstance(value, str) else value
 
-    @property
+    @functools.cached_property
     def TRUSTED_PROXIES(self) -> tuple[IPNetwork, ...]:
         return _networks(tuple(_get("RATELIMIT_TRUSTED_PROXIES")))
 
-    @property
+    @functools.cached_property
     def BUCKETS_PER_WINDOW(self) -> int:
         return _get("RATELIMIT_BUCKETS_PER_WINDOW")
 
-    @property
+    @functools.cached_property
     def HIERARCHICAL(self) -> bool:
         return bool(_get("RATELIMIT_HIERARCHICAL"))
 
-    @property
+    @functools.cached_property
     def SOCKET_TIMEOUT(self) -> float:
         return float(_get("RATELIMIT_SOCKET_TIMEOUT"))
 
-    @property
+    @functools.cached_property
     def DEAD_RETRY(self) -> float:
         return float(_get("RATELIMIT_DEAD_RETRY"))
 
-    @property
+    @functools.cached_property
     def BACKEND(self) -> str | None:
         return _get("RATELIMIT_BACKEND")
 
@@ -166,6 +173,11 @@ class Settings:
         """The rules in force: ``RATELIMIT_RULES`` and the enabled rules of the database
         (:mod:`ratelimit_app.store`), validated and compiled."""
         return _current().rules
+
+    @property
+    def CURRENT(self) -> Snapshot:
+        """The snapshot in force: ``RULES``, ``ALLOW`` and ``DENY`` in one read."""
+        return _current()
 
     @property
     def ALLOW(self) -> AccessList:
@@ -177,7 +189,7 @@ class Settings:
         """``RATELIMIT_DENY`` and the database's deny list."""
         return _current().deny
 
-    @property
+    @functools.cached_property
     def SETTINGS_RULES(self) -> tuple[Rule, ...]:
         """``RATELIMIT_RULES`` alone, validated (invalid rules are left out and logged; the
         system checks report them)."""
@@ -192,23 +204,23 @@ class Settings:
             result = _values["SETTINGS_RULES"] = tuple(found)
             return result
 
-    @property
+    @functools.cached_property
     def SETTINGS_ALLOW(self) -> AccessList:
         return _access("RATELIMIT_ALLOW")
 
-    @property
+    @functools.cached_property
     def SETTINGS_DENY(self) -> AccessList:
         return _access("RATELIMIT_DENY")
 
-    @property
+    @functools.cached_property
     def DB_RULES(self) -> bool:
         return bool(_get("RATELIMIT_DB_RULES"))
 
-    @property
+    @functools.cached_property
     def CONFIG_REFRESH(self) -> float:
         return float(_get("RATELIMIT_CONFIG_REFRESH"))
 
-    @property
+    @functools.cached_property
     def FAILURE_STATUSES(self) -> frozenset[int]:
         try:
             return _values["FAILURE_STATUSES"]
@@ -216,11 +228,11 @@ class Settings:
             statuses = _values["FAILURE_STATUSES"] = frozenset(_get("RATELIMIT_FAILURE_STATUSES"))
             return statuses
 
-    @property
+    @functools.cached_property
     def HEADERS(self) -> bool:
         return bool(_get("RATELIMIT_HEADERS"))
 
-    @property
+    @functools.cached_property
     def FAIL_CLOSED_STATUS(self) -> int:
         return int(_get("RATELIMIT_FAIL_CLOSED_STATUS"))
 
@@ -290,6 +302,7 @@ def _clear_caches(*, setting: str, **kwargs: Any) -> None:
         clear_caches()
     if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
         _values.clear()
+        vars(conf).clear()
         from ratelimit_app.store import forget
 
         forget()

@@ -78,21 +78,15 @@ def namespace(group: str, kind: str, value: str) -> str:
 
 
 def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
-    """What counters are kept apart by, as django-ratelimit keys them: the group, the methods
-    and the rates (two stacked decorators on one view never share a counter)."""
+    """What counters are kept apart by (:func:`ratelimit_app.rates.scope`), for a method
+    spec as the decorators take it."""
     if method == ALL or method is None:
         methods = ""
     elif isinstance(method, str):
         methods = method.upper()
     else:
         methods = ",".join(sorted(m.upper() for m in method if m))
-    return _scope(group, methods, rate_list)
-
-
-@functools.lru_cache(maxsize=1024)
-def _scope(group: str, methods: str, rate_list: tuple[rates.Rate, ...]) -> str:
-    # The same limits come back on every request: their scopes are formatted once.
-    return f"{group}\x00{methods}\x00{';'.join(map(str, rate_list))}"
+    return rates.scope(group, methods, rate_list)
 
 
 class Result:
@@ -110,7 +104,11 @@ class Result:
         #: windows.
         self.meter = meter
         #: True when any rate is over its limit.
-        self.limited = any([u.limited for u in usages])
+        self.limited = False
+        for u in usages:
+            if u.limited:
+                self.limited = True
+                break
 
     def __repr__(self) -> str:
         return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"
@@ -181,17 +179,28 @@ def check_many(
     t = clock.now()
     now_us = gcra.micros(t)
     per_window, hierarchical = conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL
-    namespaces = [namespace(c.scope, *c.subject) for c in checks]
-    windowed = [i for i, c in enumerate(checks) if not c.metered]
-    metered = [i for i, c in enumerate(checks) if c.metered]
-    plans = {i: windows.plan(checks[i].rates, t, per_window, hierarchical) for i in windowed}
-    meters = {i: gcra.meter(checks[i].rates, checks[i].burst) for i in metered}
+    # One pass over the checks (this runs on every request): the sliding windows' plans and
+    # ops, the leaky buckets' meters and ops.
+    namespaces: list[str] = []
+    windowed: list[int] = []
+    plans: dict[int, windows.Plan] = {}
+    ops: list[Op] = []
+    metered: list[int] = []
+    meters: dict[int, gcra.Meter] = {}
+    meter_ops: list[MeterOp] = []
+    for i, c in enumerate(checks):
+        ns = namespace(c.scope, *c.subject)
+        namespaces.append(ns)
+        if c.algorithm == LEAKY_BUCKET:
+            metered.append(i)
+            meters[i] = m = gcra.meter(c.rates, c.burst)
+            meter_ops.append(MeterOp(ns, m, c.increment))
+        else:
+            windowed.append(i)
+            plans[i] = p = windows.plan(c.rates, t, per_window, hierarchical)
+            ops.append(Op(ns, p, c.increment))
     backend = get_backend()
-    values, replies = backend.exchange(
-        [Op(namespaces[i], plans[i], checks[i].increment) for i in windowed],
-        [MeterOp(namespaces[i], meters[i], checks[i].increment) for i in metered],
-        now_us,
-    )
+    values, replies = backend.exchange(ops, meter_ops, now_us)
     results: list[Result] = [None] * len(checks)  # type: ignore[list-item]
     for i, v in zip(windowed, values, strict=True):
         usages = windows.evaluate(plans[i], v, t, counted=checks[i].increment)
@@ -202,9 +211,9 @@ def check_many(
         results[i] = meter_result(state, namespaces[i])
         if reply.written is not None:
             admitted[i] = reply
-    limited = {i for i, r in enumerate(results) if r.limited}
-    if not limited:
+    if not any([r.limited for r in results]):
         return results
+    limited = {i for i, r in enumerate(results) if r.limited}
     # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
     # as the window has room. Counting first and taking back after keeps the check one round
     # trip for admitted hits and never lenient under concurrency.
@@ -262,10 +271,12 @@ def usage_dict(result: Result) -> dict[str, Any]:
     (and ``time_left``) the seconds until the bucket is empty, and ``level`` (fractional)
     and ``capacity`` are added.
     """
-    u = result.binding()
+    usages = result.usages
+    u = usages[0] if len(usages) == 1 else result.binding()
     state = result.meter
     limit = u.rate.count if state is None else state.meter.capacity
-    usage = {
+    each: list[dict[str, Any]] = []
+    usage: dict[str, Any] = {
         "count": u.count,
         "limit": limit,
         "should_limit": result.limited,
@@ -273,10 +284,14 @@ def usage_dict(result: Result) -> dict[str, Any]:
         "remaining": u.remaining,
         "reset": math.ceil(u.reset),
         "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
-        "rate": str(u.rate),
-        "rates": [
+        "rate": u.rate.text,
+        "rates": each,
+        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
+    }
+    for x in usages:  # a loop, not a comprehension: one call fewer on every request
+        each.append(
             {
-                "rate": str(x.rate),
+                "rate": x.rate.text,
                 "window": x.rate.seconds,
                 "count": x.count,
                 "limit": limit if state is not None else x.rate.count,
@@ -284,10 +299,7 @@ def usage_dict(result: Result) -> dict[str, Any]:
                 "reset": math.ceil(x.reset),
                 "should_limit": x.limited,
             }
-            for x in result.usages
-        ],
-        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
-    }
+        )
     if state is not None:
         usage["level"] = round(state.level, 6)
         usage["capacity"] = state.meter.capacity

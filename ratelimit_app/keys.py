@@ -267,7 +267,7 @@ def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str] 
     else:
         value = compile_key(spec)(group, request)
     if value is not None:
-        return kind(spec), value
+        return (spec if isinstance(spec, str) else kind(spec)), value
     if spec != "ip":
         ip = client_ip(request)
         if ip is not None:

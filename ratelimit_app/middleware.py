@@ -114,7 +114,8 @@ def _take_back_all_if_blocked(used: Sequence[Rule]) -> Callable[..., set[int]]:
 def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending | None:
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do)."""
-    allow, deny = conf.ALLOW, conf.DENY
+    current = conf.CURRENT
+    allow, deny = current.allow, current.deny
     if allow.networks or allow.users or deny.networks or deny.users:
         # The connection's address and the session's user are the client's own: an allowed
         # one skips every rule, a denied one is refused everywhere.
@@ -126,7 +127,9 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     checks: list[Check] = []
     used: list[Rule] = []
     for rule in rules:
-        rate_list = rule.rates_for(request)
+        rate_list = rule.static_rates
+        if rate_list is None:
+            rate_list = rule.rates_for(request)
         if not rate_list:
             continue
         subject = keys.subject(rule.key, rule.group, request)
@@ -139,9 +142,12 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
                 return responses.denied(request)
             if subject[1] in allow.emails:
                 continue
+        rule_scope = rule.static_scope
+        if rule_scope is None or rate_list is not rule.static_rates:
+            rule_scope = scope(rule.group, ALL, rate_list)
         checks.append(
             Check(
-                scope(rule.group, ALL, rate_list),
+                rule_scope,
                 subject,
                 rate_list,
                 not rule.failures_only,
@@ -168,11 +174,13 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     policies: list[tuple[str | None, dict[str, Any]]] = []
     blocking: list[tuple[Rule, dict[str, Any]]] = []
     request_usage = getattr(request, "ratelimit_usage", None) or {}
+    limited = False
     for rule, result in zip(used, results, strict=True):
         usage = usage_dict(result)
         request_usage[rule.name] = usage
         policies.append((rule.name, usage))
         if result.limited:
+            limited = True
             ratelimited.send(
                 sender=RatelimitMiddleware,
                 group=rule.group,
@@ -184,7 +192,6 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
             if rule.block:
                 blocking.append((rule, usage))
     request.ratelimit_usage = request_usage  # type: ignore[attr-defined]
-    limited = any(result.limited for result in results)
     request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
     if blocking:
         rule, usage = max(blocking, key=lambda b: b[1]["retry_after"])
@@ -255,8 +262,11 @@ class RatelimitMiddleware:
             return self.get_response(request)
         if isinstance(pending, HttpResponse):
             return pending
-        with _tracking(pending.marker):
+        token = _current_failure.set(pending.marker)
+        try:
             response = self.get_response(request)
+        finally:
+            _current_failure.reset(token)
         return after(request, pending, response)
 
     async def __acall__(self, request: HttpRequest) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -32,9 +32,23 @@ class Rate:
 
     count: int
     seconds: int
+    #: The rate as text (``"5/m"``), made once: every check's usage shows it.
+    text: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", _text(self.count, self.seconds))
 
     def __str__(self) -> str:
-        return _text(self.count, self.seconds)
+        return self.text
+
+
+@lru_cache(maxsize=1024)
+def scope(group: str, methods: str, rate_list: tuple[Rate, ...]) -> str:
+    """What a limit's counters are kept apart by, as django-ratelimit keys them: its group,
+    its methods (upper case, sorted, comma-joined; empty for all) and its rates (two stacked
+    decorators on one view never share a counter). The same limits come back on every
+    request: their scopes are formatted once."""
+    return f"{group}\x00{methods}\x00{';'.join([r.text for r in rate_list])}"
 
 
 @lru_cache(maxsize=1024)

@@ -61,8 +61,11 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     decides each limit: the one that fired when a limit is exceeded)."""
     policy, state = [], []
     for label, usage in policies:
-        if usage.get("rates"):
-            key = tuple([(r["rate"], r["limit"], r["window"]) for r in usage["rates"]])
+        each = usage.get("rates")
+        if each:
+            key: tuple[tuple[str, int, int], ...] = ()
+            for r in each:
+                key += ((r["rate"], r["limit"], r["window"]),)
             policy.append(_policy(label, key))
         if usage.get("rate"):
             wait = usage["retry_after"] if usage["should_limit"] else usage["reset"]

@@ -82,10 +82,18 @@ class Rule:
     #: requests count: derived once, read on every request.
     group: str = field(init=False, repr=False)
     failures_only: bool = field(init=False, repr=False)
+    #: The scope of its counters (:func:`ratelimit_app.rates.scope`) when its rates are
+    #: static (else None: made per request).
+    static_scope: str | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "group", f"rule:{self.name}")
+        group = f"rule:{self.name}"
+        object.__setattr__(self, "group", group)
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
+        static = self.static_rates
+        object.__setattr__(
+            self, "static_scope", None if static is None else rates.scope(group, "", static)
+        )
 
     @property
     def async_safe(self) -> bool:

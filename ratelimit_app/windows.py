@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -59,21 +58,15 @@ class RatePlan:
 
     rate: Rate
     segments: tuple[Segment, ...]
-    #: Derived once (plans are memoised), for :func:`_counts`: each segment's first read,
+    #: Derived once (plans are memoised), for :func:`evaluate`: each segment's first read,
     #: and the segments that are more than that one read, as (position, terms).
     first: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
-    #: The values of ``first`` in one C call (``operator.itemgetter``, as a list).
-    pick: Callable[[list[int]], list[int]] = dataclasses.field(
-        init=False, repr=False, compare=False
-    )
     multi: tuple[tuple[int, tuple[Term, ...]], ...] = dataclasses.field(
         init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
-        first = tuple(seg.terms[0][0] for seg in self.segments)
-        object.__setattr__(self, "first", first)
-        object.__setattr__(self, "pick", _picker(first))
+        object.__setattr__(self, "first", tuple(seg.terms[0][0] for seg in self.segments))
         multi = tuple(
             (k, seg.terms)
             for k, seg in enumerate(self.segments)
@@ -119,7 +112,10 @@ def plan(
     """
     if hierarchical:
         return _hierarchical_plan(rates, math.floor(t), per_window)
-    indexes = tuple([int(t * per_window // r.seconds) for r in rates])
+    if len(rates) == 1:  # the common case, without a comprehension
+        indexes: tuple[int, ...] = (int(t * per_window // rates[0].seconds),)
+    else:
+        indexes = tuple([int(t * per_window // r.seconds) for r in rates])
     return _uniform_plan(rates, indexes, per_window, fine_only)
 
 
@@ -291,33 +287,6 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
 # -- evaluation -----------------------------------------------------------------------------
 
 
-def _picker(indexes: tuple[int, ...]) -> Callable[[list[int]], list[int]]:
-    """``lambda values: [values[i] for i in indexes]``, in C where it can be."""
-    if len(indexes) > 1:
-        get = operator.itemgetter(*indexes)
-        return lambda values: list(get(values))
-    return lambda values: [values[i] for i in indexes]
-
-
-def _counts(rp: RatePlan, values: list[int]) -> list[int]:
-    """Events in each segment, oldest first.
-
-    A segment's true count is never negative; a reset or an evicted coarse bucket can make
-    coarse - fine negative, and counting that would be lenient.
-    """
-    counts = rp.pick(values)
-    for k, terms in rp.multi:
-        counts[k] = sum(values[i] * sign for i, sign in terms)
-    if counts and min(counts) < 0:
-        counts = [c if c > 0 else 0 for c in counts]
-    return counts
-
-
-def count(rp: RatePlan, values: list[int]) -> int:
-    """Events in the rate's window."""
-    return sum(_counts(rp, values))
-
-
 def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> list[Usage]:
     """Usage of every rate of ``p`` from ``values`` (aligned with ``p.reads``) at time ``t``.
 
@@ -325,7 +294,20 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     and then taken back, so the times to wait are computed without it. Otherwise (a look that
     counts nothing) a rate is limited when it has no room left for one more hit.
     """
-    per_segment = [_counts(rp, values) for rp in p.rates]
+    # Events in each segment of each rate, oldest first. A segment's true count is never
+    # negative; a reset or an evicted coarse bucket can make coarse - fine negative, and
+    # counting that would be lenient.
+    per_segment = []
+    for rp in p.rates:
+        counts = list(map(values.__getitem__, rp.first))  # in C: no Python call per value
+        for k, terms in rp.multi:
+            total = 0
+            for i, sign in terms:
+                total += values[i] * sign
+            counts[k] = total
+        if counts and min(counts) < 0:
+            counts = [c if c > 0 else 0 for c in counts]
+        per_segment.append(counts)
     ns = list(map(sum, per_segment))
     refused = False
     if counted:

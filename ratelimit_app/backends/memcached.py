@@ -136,15 +136,6 @@ _VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+)\r\n")
 _QUIET_MISSES = frozenset((b"NF",))
 
 
-def _starts(sizes: list[int]) -> list[int]:
-    """Where each of consecutive runs of ``sizes`` starts."""
-    starts, at = [], 0
-    for size in sizes:
-        starts.append(at)
-        at += size
-    return starts
-
-
 class _Encoded(Encoded):
     """A plan's byte form, plus the tails of its ``ma`` increments (``<suffix> N<ttl> J1 v``)
     when every TTL is relative (30 days or less), so a request only prepends its key."""
@@ -199,22 +190,23 @@ class MemcachedBackend(Backend):
 
     def _call(self, node: _Node, command: bytes, end: bytes, count: int = 1) -> bytes:
         """Send ``command`` on a pooled connection and read the reply up to ``end``."""
-        return self._on(node, lambda client: _exchange(client, command, end, count))
+        reply: bytes = self._on(node, _exchange, command, end, count)  # no cast(): a call
+        return reply
 
     def _meta(self, node: _Node, command: bytes, count: int) -> list[tuple[bytes, bytes]]:
         """Send ``count`` meta commands on a pooled connection; their (head, value) replies."""
-        return self._on(node, lambda client: _meta_exchange(client, command, count))
+        return cast(list[tuple[bytes, bytes]], self._on(node, _meta_exchange, command, count))
 
-    def _on(self, node: _Node, exchange: Any) -> Any:
-        """``exchange(client)`` on a pooled connection of ``node``; a failure marks the node
-        down (and the pool drops the connection)."""
+    def _on(self, node: _Node, exchange: Callable[..., Any], *args: Any) -> Any:
+        """``exchange(client, *args)`` on a pooled connection of ``node``; a failure marks
+        the node down (and the pool drops the connection)."""
         # pymemcache's get_and_release(destroy_on_fail=True), without a generator-based
         # context manager on every request.
         pool = node.client.client_pool
         try:
             client = pool.get()
             try:
-                reply = exchange(client)
+                reply = exchange(client, *args)
             except Exception:
                 pool.destroy(client)
                 raise
@@ -259,18 +251,21 @@ class MemcachedBackend(Backend):
         while lines[skip] in _QUIET_MISSES:
             skip += 1
         heads, written = lines[skip:-1:2], lines[skip + 1 : -1 : 2]
-        counted = [len(e.writes) if op.increment else 0 for op, e in zip(ops, encs, strict=True)]
+        counted: list[int] = []  # increments per op
+        sizes: list[int] = []  # buckets read per op
+        for op, enc in zip(ops, encs, strict=True):
+            counted.append(len(enc.writes) if op.increment else 0)
+            sizes.append(len(enc.reads))
         if (
             len(heads) != sum(counted)
             or len(written) != len(heads)
             or not all(map(bytes.startswith, heads, repeat(b"VA ")))
         ):
             raise self._failed(BackendError(f"lost counter writes: {reply[:200]!r}"))
-        out: list[list[int]] = []
         # memcached answers a multi-get's hits in the order asked: when every bucket is
         # there (a busy subject), the counts are the data lines in order, no key to match.
         parts = reply[start:-5].split(b"\r\n")
-        sizes = [len(enc.reads) for enc in encs]
+        flat: list[int] | None = None
         if len(parts) == 2 * sum(sizes) + 1 and all(
             map(bytes.startswith, parts[0:-1:2], repeat(b"VALUE "))
         ):
@@ -278,17 +273,20 @@ class MemcachedBackend(Backend):
                 flat = list(map(int, parts[1::2]))
             except ValueError:
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}")) from None
-            split = [flat[a : a + n] for a, n in zip(_starts(sizes), sizes, strict=True)]
+            found = {}
         else:
             hits = _VALUE.findall(reply, start)
             if len(hits) != reply.count(b"VALUE ", start):  # a value that is not a count
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}"))
             found = dict(hits)
-            split = [
-                list(map(int, map(found.get, keys.split(b" "), repeat(b"0")))) for keys in reads
-            ]
-        at = 0
-        for enc, values, n in zip(encs, split, counted, strict=True):
+        out: list[list[int]] = []
+        at = pos = 0
+        for enc, keys, n, size in zip(encs, reads, counted, sizes, strict=True):
+            if flat is not None:
+                values = flat[pos : pos + size]
+                pos += size
+            else:
+                values = list(map(int, map(found.get, keys.split(b" "), repeat(b"0"))))
             if n:
                 enc.merge(values, written[at : at + n])
                 at += n
@@ -296,27 +294,36 @@ class MemcachedBackend(Backend):
         return out
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
+        if len(self.nodes) == 1:  # the common case: one node, no placement
+            return self._run_node(self._node(""), ops) if ops else []
         results: list[list[int] | None] = [None] * len(ops)
-        prefix = self.cache_prefix + self.rl_prefix
 
         def run(node: _Node, indexes: list[int]) -> None:
-            # Every op of one node goes in one write and comes back in one reply: all the
-            # writes first, then ONE multi-get of every op's buckets (memcached sends what it
-            # has at the end of each get: one get, one reply to wait for). memcached answers
-            # in order, so the read sees this request's increments.
-            mine = [ops[i] for i in indexes]
-            encs = [cast(_Encoded, self.encoded(op.plan)) for op in mine]
-            bases = [(prefix + op.namespace).encode() for op in mine]
-            reads = [
-                base + (b" " + base).join(enc.reads) for enc, base in zip(encs, bases, strict=True)
-            ]
-            command = b"".join(map(self._writes, mine, encs, bases)) + b"get " + b" ".join(reads)
-            reply = self._call(node, command, b"END\r\n")
-            for i, values in zip(indexes, self._parse(mine, encs, reads, reply), strict=True):
+            for i, values in zip(
+                indexes, self._run_node(node, [ops[i] for i in indexes]), strict=True
+            ):
                 results[i] = values
 
         self._by_node([op.namespace for op in ops], run)
         return results  # type: ignore[return-value]
+
+    def _run_node(self, node: _Node, ops: Sequence[Op]) -> list[list[int]]:
+        """Every op of one node in one write and one reply: all the writes first, then ONE
+        multi-get of every op's buckets (memcached sends what it has at the end of each get:
+        one get, one reply to wait for). memcached answers in order, so the read sees this
+        request's increments."""
+        prefix = self.cache_prefix + self.rl_prefix
+        encs: list[_Encoded] = []
+        reads: list[bytes] = []
+        writes: list[bytes] = []
+        for op in ops:  # one pass: this runs on every request
+            enc: _Encoded = self.encoded(op.plan)  # type: ignore[assignment]
+            base = (prefix + op.namespace).encode()
+            encs.append(enc)
+            reads.append(base + (b" " + base).join(enc.reads))
+            writes.append(self._writes(op, enc, base))
+        command = b"".join(writes) + b"get " + b" ".join(reads)
+        return self._parse(ops, encs, reads, self._call(node, command, b"END\r\n"))
 
     def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
         replies: list[MeterReply] = [MeterReply(None)] * len(ops)
