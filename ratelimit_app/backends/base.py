@@ -94,8 +94,10 @@ class Encoded:
         between the two, a replica) must not make the check more lenient than that proof.
         """
         for i, value in zip(self.write_index, written, strict=True):
-            if i >= 0 and values[i] < int(value):
-                values[i] = int(value)
+            if i >= 0:
+                proof = int(value)
+                if values[i] < proof:
+                    values[i] = proof
 
 
 class Backend(ABC):

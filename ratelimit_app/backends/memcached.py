@@ -273,12 +273,12 @@ class MemcachedBackend(Backend):
                 flat = list(map(int, parts[1::2]))
             except ValueError:
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}")) from None
-            found = {}
+            found: dict[bytes, int] = {}
         else:
             hits = _VALUE.findall(reply, start)
             if len(hits) != reply.count(b"VALUE ", start):  # a value that is not a count
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}"))
-            found = dict(hits)
+            found = {key: int(count) for key, count in hits}  # the misses stay 0, no int()
         out: list[list[int]] = []
         at = pos = 0
         for enc, keys, n, size in zip(encs, reads, counted, sizes, strict=True):
@@ -286,7 +286,7 @@ class MemcachedBackend(Backend):
                 values = flat[pos : pos + size]
                 pos += size
             else:
-                values = list(map(int, map(found.get, keys.split(b" "), repeat(b"0"))))
+                values = list(map(found.get, keys.split(b" "), repeat(0)))
             if n:
                 enc.merge(values, written[at : at + n])
                 at += n
