@@ -58,15 +58,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-_values: dict[str, Any] = {}
-
-
 def _get(name: str) -> Any:
-    try:
-        return _values[name]
-    except KeyError:
-        value = _values[name] = getattr(settings, name, DEFAULTS[name])
-        return value
+    return getattr(settings, name, DEFAULTS[name])
 
 
 class Settings:
@@ -118,26 +111,17 @@ class Settings:
     def SALT(self) -> str:
         """Mixed into every hashed key; derived from ``SECRET_KEY``, never stored."""
         try:
-            return _values["SALT"]
-        except KeyError:
-            try:
-                secret = str(settings.SECRET_KEY)
-            except ImproperlyConfigured:  # an empty SECRET_KEY: a script, not a site
-                secret = ""
-            salt = _values["SALT"] = _salt(secret)
-            return salt
+            secret = str(settings.SECRET_KEY)
+        except ImproperlyConfigured:  # an empty SECRET_KEY: a script, not a site
+            secret = ""
+        return _salt(secret)
 
     @functools.cached_property
     def NAMESPACES(self) -> dict[tuple[str, str, str], str]:
         """Memo of hashed subjects, ``(scope, kind, value) -> namespace``, for
         :func:`ratelimit_app.core.namespace`; forgotten when a setting changes (the salt
         and the hash come from settings)."""
-        try:
-            return _values["NAMESPACES"]
-        except KeyError:
-            memo: dict[tuple[str, str, str], str] = {}
-            _values["NAMESPACES"] = memo
-            return memo
+        return {}
 
     @functools.cached_property
     def EXCEPTION_CLASS(self) -> type[Exception]:
@@ -193,16 +177,12 @@ class Settings:
     def SETTINGS_RULES(self) -> tuple[Rule, ...]:
         """``RATELIMIT_RULES`` alone, validated (invalid rules are left out and logged; the
         system checks report them)."""
-        try:
-            return _values["SETTINGS_RULES"]
-        except KeyError:
-            from ratelimit_app.rules import parse_rules
+        from ratelimit_app.rules import parse_rules
 
-            found, errors = parse_rules(_get("RATELIMIT_RULES"))
-            for error in errors:
-                logger.error("ratelimit: %s (rule left out)", error)
-            result = _values["SETTINGS_RULES"] = tuple(found)
-            return result
+        found, errors = parse_rules(_get("RATELIMIT_RULES"))
+        for error in errors:
+            logger.error("ratelimit: %s (rule left out)", error)
+        return tuple(found)
 
     @functools.cached_property
     def SETTINGS_ALLOW(self) -> AccessList:
@@ -222,11 +202,7 @@ class Settings:
 
     @functools.cached_property
     def FAILURE_STATUSES(self) -> frozenset[int]:
-        try:
-            return _values["FAILURE_STATUSES"]
-        except KeyError:
-            statuses = _values["FAILURE_STATUSES"] = frozenset(_get("RATELIMIT_FAILURE_STATUSES"))
-            return statuses
+        return frozenset(_get("RATELIMIT_FAILURE_STATUSES"))
 
     @functools.cached_property
     def HEADERS(self) -> bool:
@@ -251,18 +227,13 @@ _current_fn: Callable[[], Snapshot] | None = None
 
 
 def _access(name: str) -> AccessList:
-    try:
-        return _values[name]
-    except KeyError:
-        from ratelimit_app.access import EMPTY, compile_list
+    from ratelimit_app.access import EMPTY, compile_list
 
-        try:
-            compiled = compile_list(_get(name))
-        except ImproperlyConfigured as exc:  # the system checks report it
-            logger.error("ratelimit: %s: %s (list ignored)", name, exc)
-            compiled = EMPTY
-        _values[name] = compiled
-        return compiled
+    try:
+        return compile_list(_get(name))
+    except ImproperlyConfigured as exc:  # the system checks report it
+        logger.error("ratelimit: %s: %s (list ignored)", name, exc)
+        return EMPTY
 
 
 conf = Settings()
@@ -301,7 +272,6 @@ def _clear_caches(*, setting: str, **kwargs: Any) -> None:
 
         clear_caches()
     if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
-        _values.clear()
         vars(conf).clear()
         from ratelimit_app.store import forget
 
