@@ -211,9 +211,9 @@ def check_many(
         results[i] = meter_result(state, namespaces[i])
         if reply.written is not None:
             admitted[i] = reply
-    if not any([r.limited for r in results]):
-        return results
     limited = {i for i, r in enumerate(results) if r.limited}
+    if not limited:
+        return results
     # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
     # as the window has room. Counting first and taking back after keeps the check one round
     # trip for admitted hits and never lenient under concurrency.
