@@ -173,9 +173,47 @@ def test_database_down_keeps_counts_and_retries(clock: FrozenClock) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
-    from tests.servers import wait_for
+    """The thread flushes on its own, and waits longer after each failed flush.
 
-    with override_settings(METRICS_FLUSH_INTERVAL=0.05):
-        metrics_app.record("threaded", 4)
-        assert wait_for(lambda: total("threaded") == 4, timeout=10)
+    The test reads the database only once a flush has committed (the ``flushed`` signal):
+    on SQLite's shared in-memory test database, reading while the thread is inside its write
+    transaction is refused at once ("database table is locked") instead of waiting.
+    """
+    import threading
+    import time
+    from unittest import mock
+
+    from metrics_app.signals import flushed
+
+    committed = threading.Event()
+    failed_at: list[float] = []
+
+    def on_flushed(buckets: int, **kwargs: Any) -> None:
+        if buckets:
+            committed.set()
+
+    def on_failed(**kwargs: Any) -> None:
+        failed_at.append(time.monotonic())
+
+    def refused(*args: Any, **kwargs: Any) -> bool:
+        raise OperationalError("unable to open database file")
+
+    flushed.connect(on_flushed)
+    flush_failed.connect(on_failed)
+    try:
+        with override_settings(METRICS_FLUSH_INTERVAL=0.05, METRICS_MAX_RETRY_DELAY=60):
+            with mock.patch.object(storage, "write_counts", refused):
+                metrics_app.record("threaded", 4)
+                deadline = time.monotonic() + 10
+                while len(failed_at) < 4 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            assert len(failed_at) >= 4, failed_at
+            gaps = [b - a for a, b in zip(failed_at, failed_at[1:])]
+            # 0.05 s doubled per failure: 0.1, 0.2, 0.4 (lower bounds; a busy machine is slower)
+            assert gaps[0] >= 0.09 and gaps[1] >= 0.19 and gaps[2] >= 0.39, gaps
+            assert committed.wait(10)  # the next try after the fault is gone writes the counts
+    finally:
+        flushed.disconnect(on_flushed)
+        flush_failed.disconnect(on_failed)
+    assert total("threaded") == 4
     buffer.reset()
