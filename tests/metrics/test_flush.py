@@ -179,6 +179,7 @@ def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
     on SQLite's shared in-memory test database, reading while the thread is inside its write
     transaction is refused at once ("database table is locked") instead of waiting.
     """
+    import itertools
     import threading
     import time
     from unittest import mock
@@ -208,7 +209,7 @@ def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
                 while len(failed_at) < 4 and time.monotonic() < deadline:
                     time.sleep(0.01)
             assert len(failed_at) >= 4, failed_at
-            gaps = [b - a for a, b in zip(failed_at, failed_at[1:])]
+            gaps = [b - a for a, b in itertools.pairwise(failed_at)]
             # 0.05 s doubled per failure: 0.1, 0.2, 0.4 (lower bounds; a busy machine is slower)
             assert gaps[0] >= 0.09 and gaps[1] >= 0.19 and gaps[2] >= 0.39, gaps
             assert committed.wait(10)  # the next try after the fault is gone writes the counts
