@@ -18,6 +18,10 @@ Cases, each a wrk run (1 thread, 8 connections) against one URL:
   ``email`` per hour, ``ip`` per day;
 * **+ 3 rules + visit counting**: both (the issue's target: under 25% of a plain request's
   throughput);
+* **floor: 1 round trip + visit counting**: the counted view behind
+  :class:`bench.load_floor.RoundTripFloor` instead of the rules: the memcached commands of
+  the three rules in one round trip and headers of the same length, nothing decided. What
+  the target case costs beyond it is the limiter's own work;
 * **+ 3 django-ratelimit decorators**: the plain view under three stacked django-ratelimit
   4.1 decorators with the same keys and rates (``ip``, ``post:email``, ``ip``), on the same
   memcached (``RATELIMIT_USE_CACHE``, which both read);
@@ -109,6 +113,13 @@ CASES = (
         series="bench:visits",
         rules=BENCH_RULES,
     ),
+    Case(
+        "floor",
+        "floor: 1 round trip + visit counting",
+        "/bench/floor/counted/",
+        series="bench:visits",
+        rules=BENCH_RULES,
+    ),
     Case("django-ratelimit", "+ 3 django-ratelimit decorators", "/bench/django-ratelimit/"),
     Case(
         "redirect",
@@ -124,7 +135,7 @@ TARGET_CASE = "rules+counted"
 #: The order the cases run in, reversed every other round: the target right after the
 #: plain view, so the pair a round compares is timed back to back (a shared machine drifts
 #: by more than the difference between two cases within a minute).
-RUN_ORDER = ("plain", TARGET_CASE, "rules", "counted", "django-ratelimit", "redirect")
+RUN_ORDER = ("plain", TARGET_CASE, "floor", "rules", "counted", "django-ratelimit", "redirect")
 
 
 class LoadError(RuntimeError):
@@ -650,13 +661,18 @@ def render(report: Report) -> str:
         for name, (stored, seen) in report.visits.items()
     )
     others = report.others
+    floor, target = report.row("floor"), report.row(TARGET_CASE)
     return (
         f"{text}\n"
         "CPU ms/req: user + system time of gunicorn, memcached, Redis and wrk per answered "
         "request; CPU cost = 1 - plain CPU ms/req / CPU ms/req (same round)\n"
         f"other processes (PostgreSQL included) used {100 * statistics.median(others):.0f}% "
         f"of the machine's CPU during a timed run (median; max {100 * max(others):.0f}%)\n"
-        f"visits after the graceful stop: {counted}\n\n{breakdown}"
+        f"visits after the graceful stop: {counted}\n"
+        f"the floor (one round trip with the rules' commands, nothing decided) costs "
+        f"{100 * floor.cost:.1f}%; the limiter's own work adds "
+        f"{100 * (target.cost - floor.cost):.1f} points to it, where the target leaves "
+        f"{100 * (TARGET - floor.cost):.1f}\n\n{breakdown}"
     )
 
 

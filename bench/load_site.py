@@ -14,6 +14,9 @@ from demo_site.settings import RATELIMIT_RULES as DEMO_RULES
 
 ROOT_URLCONF = "bench.load_urls"
 
+# The floor case (bench.load_floor): one round trip where RatelimitMiddleware sits.
+MIDDLEWARE = [*MIDDLEWARE, "bench.load_floor.RoundTripFloor"]  # noqa: F405
+
 # Persistent database connections, as a production site keeps them (or a pooler does): the
 # demo's settings open one per request, which under load costs more than the whole request
 # (a PostgreSQL backend process forked per connection).

@@ -255,6 +255,35 @@ def test_load_bench_through_gunicorn(
         assert parts["site"] > 0
     # The three rules' counters are in memcached (the demo's MEMCACHED_SERVERS).
     assert report.row("rules").cpu_part("memcached") > report.row("plain").cpu_part("memcached")
+    # The floor's round trips reach memcached too.
+    assert report.row("floor").cpu_part("memcached") > report.row("plain").cpu_part("memcached")
     text = load.render(report)
     assert "< 25%" in text and "SQLite" in text and "added: site" in text
+    assert "the floor (one round trip" in text
     assert ("yes" if report.met else "NO") in text
+
+
+def test_the_floor_sends_the_rules_commands_to_memcached(
+    memcached_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/load_floor: six increments and a get of 22 limiter-sized keys, one round trip."""
+    import re
+
+    from bench import load_floor
+
+    keys = re.findall(rb":1:rl:\{[0-9a-f]{32}\}:60/60x10:\d{9}", load_floor.COMMAND)
+    assert len(keys) == load_floor.INCREMENTS + load_floor.READS
+    assert load_floor.COMMAND.count(b"ma ") == load_floor.INCREMENTS
+    assert load_floor.COMMAND.count(b"\r\nget ") == 1
+    monkeypatch.setenv("MEMCACHED_SERVERS", memcached_server)
+    floor = load_floor.RoundTripFloor(lambda request: None)
+    try:
+        first, second = floor.round_trip(), floor.round_trip()
+    finally:
+        assert floor.sock is not None
+        floor.sock.close()
+    # Real increments: every counter went up by one; the six written keys are read back.
+    values = [int(v) for v in re.findall(rb"VA \d+\r\n(\d+)", second)]
+    assert values == [int(v) + 1 for v in re.findall(rb"VA \d+\r\n(\d+)", first)]
+    assert len(values) == load_floor.INCREMENTS
+    assert second.count(b"VALUE ") == load_floor.INCREMENTS and second.endswith(b"END\r\n")
