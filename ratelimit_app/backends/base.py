@@ -77,7 +77,7 @@ class Encoded:
     number of buckets it reads.
     """
 
-    __slots__ = ("index", "plan", "reads", "write_index", "writes")
+    __slots__ = ("index", "plan", "proofs", "reads", "write_index", "writes")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -86,18 +86,28 @@ class Encoded:
         self.index = {s: i for i, s in enumerate(self.reads)}
         #: For each write, the position of the same bucket in the reads (or -1).
         self.write_index = [self.index.get(s, -1) for s, _ in self.writes]
+        #: (position in the reads, position in the writes) of each written bucket a check
+        #: also reads (the current coarse bucket of each rate): what :meth:`merge` compares.
+        self.proofs: list[tuple[int, int]] = []
+        self.refresh_proofs()
+
+    def refresh_proofs(self) -> None:
+        """Derive :attr:`proofs` from :attr:`write_index` (after a backend reorders it)."""
+        self.proofs = [(i, j) for j, i in enumerate(self.write_index) if i >= 0]
 
     def merge(self, values: list[int], written: Sequence[int | bytes | str]) -> None:
         """Raise each written bucket's read value to what its increment returned.
 
         The increment's reply is proof of the write; a read that found less (an eviction
         between the two, a replica) must not make the check more lenient than that proof.
+        ``written`` holds one reply per write, in the order of :attr:`writes`.
         """
-        for i, value in zip(self.write_index, written, strict=True):
-            if i >= 0:
-                proof = int(value)
-                if values[i] < proof:
-                    values[i] = proof
+        if len(written) != len(self.writes):
+            raise ValueError(f"{len(written)} write replies for {len(self.writes)} writes")
+        for i, j in self.proofs:
+            proof = int(written[j])
+            if values[i] < proof:
+                values[i] = proof
 
 
 class Backend(ABC):

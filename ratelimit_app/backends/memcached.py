@@ -233,10 +233,10 @@ class MemcachedBackend(Backend):
         return command
 
     def _parse(
-        self, ops: Sequence[Op], encs: Sequence[_Encoded], reads: Sequence[bytes], reply: bytes
+        self, ops: Sequence[Op], encs: Sequence[_Encoded], bases: Sequence[bytes], reply: bytes
     ) -> list[list[int]]:
-        """Every op's values from the reply to :meth:`run_many`'s command (``reads``: each
-        op's keys, as the multi-get sent them).
+        """Every op's values from the reply to :meth:`run_many`'s command (``bases``: each
+        op's key prefix, its buckets' keys without their suffixes).
 
         The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
         the new value for each increment, in the order sent, then ``VALUE <key> <flags>
@@ -273,20 +273,27 @@ class MemcachedBackend(Backend):
                 flat = list(map(int, parts[1::2]))
             except ValueError:
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}")) from None
-            found: dict[bytes, int] = {}
+            hits: list[tuple[bytes, bytes]] = []
         else:
             hits = _VALUE.findall(reply, start)
             if len(hits) != reply.count(b"VALUE ", start):  # a value that is not a count
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}"))
-            found = {key: int(count) for key, count in hits}  # the misses stay 0, no int()
         out: list[list[int]] = []
         at = pos = 0
-        for enc, keys, n, size in zip(encs, reads, counted, sizes, strict=True):
+        for enc, base, n, size in zip(encs, bases, counted, sizes, strict=True):
             if flat is not None:
                 values = flat[pos : pos + size]
                 pos += size
             else:
-                values = list(map(found.get, keys.split(b" "), repeat(0)))
+                # A young or quiet subject's reply is mostly misses: only the hits are
+                # looked up and converted, the misses stay 0.
+                values = [0] * size
+                index, cut = enc.index, len(base)
+                for key, count in hits:
+                    if key.startswith(base):
+                        i = index.get(key[cut:])
+                        if i is not None:
+                            values[i] = int(count)
             if n:
                 enc.merge(values, written[at : at + n])
                 at += n
@@ -314,16 +321,18 @@ class MemcachedBackend(Backend):
         request's increments."""
         prefix = self.cache_prefix + self.rl_prefix
         encs: list[_Encoded] = []
+        bases: list[bytes] = []
         reads: list[bytes] = []
         writes: list[bytes] = []
         for op in ops:  # one pass: this runs on every request
             enc: _Encoded = self.encoded(op.plan)  # type: ignore[assignment]
             base = (prefix + op.namespace).encode()
             encs.append(enc)
+            bases.append(base)
             reads.append(base + (b" " + base).join(enc.reads))
             writes.append(self._writes(op, enc, base))
         command = b"".join(writes) + b"get " + b" ".join(reads)
-        return self._parse(ops, encs, reads, self._call(node, command, b"END\r\n"))
+        return self._parse(ops, encs, bases, self._call(node, command, b"END\r\n"))
 
     def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
         replies: list[MeterReply] = [MeterReply(None)] * len(ops)

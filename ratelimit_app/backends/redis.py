@@ -211,6 +211,7 @@ class RedisEncoded(Encoded):
         order += [n for n, (s, _) in enumerate(self.writes) if _split(s) is None]
         # The script answers hash increments first: reorder write_index to match.
         self.write_index = [self.write_index[n] for n in order]
+        self.refresh_proofs()
         self.hash_writes = b" ".join(hash_writes)
         self.key_writes = b" ".join(key_writes)
         self.undo_hash = b" ".join(undo_hash)

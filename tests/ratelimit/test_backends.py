@@ -58,6 +58,31 @@ class TestContract:
         assert sum(backend.run(namespace(group, "ip", "192.0.2.2"), plan, False)) == 0
         assert sum(backend.run(namespace(group + "x", "ip", "192.0.2.1"), plan, False)) == 0
 
+    def test_one_call_for_several_subjects_reads_each_its_own(
+        self, backend: Any, group: str
+    ) -> None:
+        """run_many: each op gets its own buckets, hits and misses mixed, even when one
+        namespace is a prefix of another's."""
+        ns = namespace(group, "ip", "192.0.2.7")
+        other = namespace(group, "email", "a@example.com")
+        plans = {
+            ns: windows.plan(parse("5/m"), T0),
+            ns + "x": windows.plan(parse("5/m;100/d"), T0),
+            other: windows.plan(parse("10/h"), T0),
+        }
+        earlier = windows.plan(parse("5/m;100/d"), T0 - 20)  # a hit 20 s ago: a hit to read
+        backend.run(ns + "x", earlier, True)
+        backend.run(other, plans[other], True)
+        ops = [
+            Op(ns, plans[ns], True),
+            Op(ns + "x", plans[ns + "x"], True),
+            Op(other, plans[other], False),
+        ]
+        together = backend.run_many(ops)
+        alone = [backend.run(op.namespace, op.plan, False) for op in ops]
+        assert together == alone
+        assert [sum(v) for v in together] == [1, 4, 1]  # 1; 2 per rate for ns+"x"; 1
+
     def test_undo_and_delete(self, backend: Any, group: str) -> None:
         plan = windows.plan(parse("5/m;100/d"), T0)
         ns = namespace(group, "ip", "192.0.2.3")
