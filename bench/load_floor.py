@@ -7,7 +7,7 @@ fixed ones), waits for the whole reply, and adds ``RateLimit-Policy`` and ``Rate
 headers of the same length as the three rules' (fixed strings). It decides nothing.
 
 What a request of this case costs over the plain view is what any limiter that keeps the
-guarantees of ``docs/algorithms`` (every request counted in shared memory before it is
+guarantees of ``docs/concepts`` (every request counted in shared memory before it is
 admitted) pays on this machine before its own Python: the part of the issue's 25% budget
 that is not ours to spend.
 """
