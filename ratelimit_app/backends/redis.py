@@ -2,10 +2,10 @@
 
 The script increments the write buckets (setting their TTL on creation) and reads every
 bucket of the window, atomically, in one round trip. Keys of one subject share a hash tag
-(``{...}``), one Redis Cluster slot per subject (a multi-subject call would need one slot, and
-django-redis has no cluster client: see docs/backends). Connections come from django-redis's
-connection factory with bounded socket timeouts. Bucket indexes come from the client's
-clock (:func:`ratelimit_app.clock.now`), never the server's.
+(``{...}``), one Redis Cluster slot per subject: :class:`RedisClusterBackend` (redis-py's
+cluster client; django-redis has none) runs one script call per slot. Connections come from
+django-redis's connection factory with bounded socket timeouts. Bucket indexes come from the
+client's clock (:func:`ratelimit_app.clock.now`), never the server's.
 
 Leaky buckets (:mod:`ratelimit_app.gcra`) have a script of their own, :data:`METER_SCRIPT`:
 every leaky-bucket rule of a request in one atomic call. A request with rules of both
@@ -14,9 +14,11 @@ algorithms sends both scripts in one pipelined round trip (each atomic on its ow
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from ratelimit_app import gcra
@@ -277,19 +279,37 @@ class RedisBackend(Backend):
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:
         self._check_alive()
+        # One script call per group of subjects (:meth:`_groups`: all of them on one server,
+        # one hash slot each on a cluster).
         calls: list[tuple[Any, list[bytes], list[bytes]]] = []
-        if ops:
-            calls.append((self.script, *self._window_args(ops)))
-        if meters:
-            calls.append((self.meter_script, *self._meter_args(meters, now_us)))
+        window_groups = self._groups([op.namespace for op in ops]) if ops else []
+        meter_groups = self._groups([m.namespace for m in meters]) if meters else []
+        for group in window_groups:
+            calls.append((self.script, *self._window_args([ops[i] for i in group])))
+        for group in meter_groups:
+            chosen = [meters[i] for i in group]
+            calls.append((self.meter_script, *self._meter_args(chosen, now_us)))
+        values: list[list[int]] = [[] for _ in ops]
+        metered: list[MeterReply] = [MeterReply(None)] * len(meters)
         try:
-            replies = self._evaluate(calls)
-            values = self._window_values(ops, replies[0]) if ops else []
-            metered = self._meter_replies(meters, replies[-1]) if meters else []
+            replies = iter(self._evaluate(calls))
+            for group in window_groups:
+                found = self._window_values([ops[i] for i in group], next(replies))
+                for i, v in zip(group, found, strict=True):
+                    values[i] = v
+            for group in meter_groups:
+                answered = self._meter_replies([meters[i] for i in group], next(replies))
+                for i, reply in zip(group, answered, strict=True):
+                    metered[i] = reply
         except Exception as exc:  # includes a counter that is not a number
             raise self._failed(exc) from exc
         self._succeeded()
         return values, metered
+
+    def _groups(self, namespaces: Sequence[str]) -> list[list[int]]:
+        """The subjects (indexes into ``namespaces``) each script call carries: all of them,
+        in one call, on a single server."""
+        return [list(range(len(namespaces)))]
 
     def _evaluate(self, calls: list[tuple[Any, list[bytes], list[bytes]]]) -> list[Any]:
         """Run the scripts: one alone through redis-py (which loads it if needed), several
@@ -385,10 +405,101 @@ class RedisBackend(Backend):
                 fields.setdefault(key, []).append(field)
         try:
             pipe = self.client.pipeline(transaction=False)
-            if keys:
-                pipe.delete(*keys)
+            for key in sorted(keys):  # one key a command: a cluster's pipeline takes no more
+                pipe.delete(key)
             for key, names in fields.items():
                 pipe.hdel(key, *names)
             pipe.execute()
         except Exception as exc:
             raise self._failed(exc) from exc
+
+
+class RedisClusterBackend(RedisBackend):
+    """Redis Cluster, through redis-py's ``RedisCluster`` (django-redis has no cluster client).
+
+    Select it with ``RATELIMIT_BACKEND = "ratelimit_app.backends.redis.RedisClusterBackend"``;
+    ``LOCATION`` of the ``RATELIMIT_USE_CACHE`` alias names one node of the cluster
+    (``redis://host:port``; a list: the first), from which the client learns the others.
+    The scripts and the key layout are :class:`RedisBackend`'s: every key of a subject carries
+    its hash tag, so a subject's buckets live in one slot, and the subjects of a request are
+    checked by one script call per slot (a cluster refuses a call whose keys span slots).
+    A request whose rules count two subjects on two slots makes two round trips.
+
+    The client connects (and learns the cluster's slots) on first use, not when the backend
+    is built: a cluster that cannot be reached fails that check, and the next ones fail at
+    once for ``RATELIMIT_DEAD_RETRY`` seconds, like any backend that failed. redis-py's
+    cluster client retries a failed node and refreshes its slot map, so a check can take
+    longer than one socket timeout: async views run it in a thread, off the event loop.
+    """
+
+    inline_ok = False
+
+    def __init__(
+        self,
+        alias: str,
+        cache: Any,
+        location: Any = None,
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        Backend.__init__(self, alias, cache)
+        from django.conf import settings
+
+        config = settings.CACHES[alias]
+        location = config.get("LOCATION", "") if location is None else location
+        if options is None:
+            options = cast(dict[str, Any], config.get("OPTIONS") or {})
+        url = location if isinstance(location, str) else next(iter(location), "")
+        self.url = str(url).split(",")[0].strip()
+        if not self.url:
+            raise BackendError(f"{alias}: no Redis Cluster node in LOCATION")
+        self.timeouts = {
+            "socket_timeout": options.get("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT),
+            "socket_connect_timeout": options.get("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT),
+        }
+        self.connected = False
+        self._connect_lock = threading.Lock()
+
+    def _connect(self) -> None:
+        """Build the cluster client on first use (it reads the slot map from a node)."""
+        if self.connected:
+            return
+        self._check_alive()
+        with self._connect_lock:
+            if self.connected:
+                return
+            from redis.cluster import RedisCluster
+
+            try:
+                client = RedisCluster.from_url(self.url, **self.timeouts)
+            except Exception as exc:
+                raise self._failed(exc) from exc
+            self.client = client
+            self.script = client.register_script(SCRIPT)
+            self.meter_script = client.register_script(METER_SCRIPT)
+            self.connected = True
+
+    def _exchange(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply]]:
+        self._connect()
+        return super()._exchange(ops, meters, now_us)
+
+    def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
+        self._connect()
+        super().delete(namespace, suffixes)
+
+    def _groups(self, namespaces: Sequence[str]) -> list[list[int]]:
+        """One group per hash slot (a namespace is its subject's hash tag), in first-seen
+        order."""
+        by_slot: dict[int, list[int]] = {}
+        for i, ns in enumerate(namespaces):
+            by_slot.setdefault(key_slot(ns.encode()), []).append(i)
+        return list(by_slot.values())
+
+    def _evaluate(self, calls: list[tuple[Any, list[bytes], list[bytes]]]) -> list[Any]:
+        """Each call on its own, routed to the node of its slot by redis-py."""
+        return [script(keys=keys, args=args) for script, keys, args in calls]
+
+    def close(self) -> None:
+        if self.connected:
+            self.client.close()

@@ -17,11 +17,12 @@ is read back with ``SCAN`` and its slot computed with redis-py's ``key_slot``:
   share one slot.
 
 On a real 3-node cluster started on loopback (slots assigned and nodes joined through
-redis-py, about 2 s), checks run through the backend's own scripts and key layout, driven by
-redis-py's ``RedisCluster`` (:class:`ClusterBackend`, a test subclass: django-redis has no
-cluster client, so the shipped backend cannot connect to a cluster by itself). One subject
-per script call works, on every node; the rules of one request, several subjects in one
-script call, do not (CROSSSLOT): a strict xfail until the backend groups its calls by slot.
+redis-py, about 2 s), checks run through the shipped
+:class:`~ratelimit_app.backends.redis.RedisClusterBackend` (redis-py's ``RedisCluster``;
+django-redis has no cluster client): one subject's checks on every node, the rules of one
+request whose subjects hash to different slots (one script call per slot), both algorithms
+in one request, a request through ``RatelimitMiddleware`` with an ``ip`` and an ``email``
+rule, and a reset.
 """
 
 from __future__ import annotations
@@ -38,16 +39,12 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.test import RequestFactory, override_settings
-from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from ratelimit_app import ALL
 from ratelimit_app.backends import reset_backends
-from ratelimit_app.backends.base import Backend
-from ratelimit_app.backends.redis import METER_SCRIPT, SCRIPT, RedisBackend
-from ratelimit_app.core import Check, check_many, get_usage, scope
+from ratelimit_app.core import Check, check_many, get_usage, lookup, namespace, scope
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.rates import parse
@@ -327,21 +324,6 @@ class Cluster:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-class ClusterBackend(RedisBackend):
-    """The Redis backend's scripts, key layout, pipelining and failure handling, on
-    redis-py's ``RedisCluster`` (at the cache's ``LOCATION``) instead of django-redis."""
-
-    def __init__(self, alias: str, cache: Any) -> None:
-        Backend.__init__(self, alias, cache)
-        location = settings.CACHES[alias]["LOCATION"]
-        self.client = RedisCluster.from_url(location, socket_timeout=2, socket_connect_timeout=2)
-        self.script = self.client.register_script(SCRIPT)
-        self.meter_script = self.client.register_script(METER_SCRIPT)
-
-    def close(self) -> None:
-        self.client.close()
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     started = start_or_skip(Cluster)  # type: ignore[arg-type]
@@ -353,7 +335,7 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def on_cluster(cluster: Cluster) -> Iterator[Cluster]:
-    """The limiter's counters on the cluster, through :class:`ClusterBackend`."""
+    """The limiter's counters on the cluster, through the shipped ``RedisClusterBackend``."""
     config = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": f"redis://{HOST}:{cluster.ports[0]}/0",
@@ -361,7 +343,7 @@ def on_cluster(cluster: Cluster) -> Iterator[Cluster]:
     with override_settings(
         CACHES={"default": LOCMEM, "rl": config},
         RATELIMIT_USE_CACHE="rl",
-        RATELIMIT_BACKEND=f"{__name__}.ClusterBackend",
+        RATELIMIT_BACKEND="ratelimit_app.backends.redis.RedisClusterBackend",
     ):
         reset_backends()
         try:
@@ -390,27 +372,102 @@ def test_checks_of_one_subject_run_on_a_real_cluster(on_cluster: Cluster, name: 
     assert all(keys for keys in nodes), [len(k) for k in nodes]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=BackendError,
-    reason="one script call carries every rule of a request; their subjects' hash tags differ, "
-    "so Redis Cluster refuses the call (CROSSSLOT): the backend must group calls by slot",
-)
 @pytest.mark.parametrize("algorithm", [SLIDING_WINDOW, LEAKY_BUCKET])
 def test_the_rules_of_one_request_run_on_a_real_cluster(
     on_cluster: Cluster, algorithm: str
 ) -> None:
+    """Two subjects in two slots, one check_many: one script call per slot, both counted."""
     rates = parse("5/m")
+    subjects = [("ip", "10.4.0.1"), ("email", "a@example.com")]
     checks = [
         Check(scope(f"rule-{n}", ALL, rates), subject, rates, True, algorithm)
-        for n, subject in enumerate([("ip", "10.4.0.1"), ("email", "a@example.com")])
+        for n, subject in enumerate(subjects)
     ]
-    try:
-        results = check_many(checks)
-    except BackendError as exc:
-        # Refused for the reason the xfail names (redis-py's cluster client says so before
-        # sending; a plain connection to a node would get CROSSSLOT), not for another one.
-        if "same key slot" not in str(exc) and "CROSSSLOT" not in str(exc):
-            pytest.fail(f"refused for another reason: {exc}")
-        raise
-    assert [r.limited for r in results] == [False, False]
+    namespaces = [namespace(c.scope, *c.subject) for c in checks]
+    assert len({key_slot(ns.encode()) for ns in namespaces}) == 2  # the case that matters
+    with frozen_clock(T0):
+        outcomes = [[r.limited for r in check_many(checks)] for _ in range(6)]
+    assert outcomes == [[False, False]] * 5 + [[True, True]]
+    # Each subject's counters are on one node: the node of its slot.
+    nodes = on_cluster.keys_by_node()
+    for ns in namespaces:
+        held = [n for n, keys in enumerate(nodes) if ns[1:-1].encode() in by_subject(keys)]
+        assert len(held) == 1, (ns, held)
+
+
+def test_both_algorithms_in_one_request_on_a_real_cluster(on_cluster: Cluster) -> None:
+    rates = parse("3/m")
+    checks = [
+        Check(scope("window", ALL, rates), ("ip", "10.5.0.1"), rates, True, SLIDING_WINDOW),
+        Check(scope("bucket", ALL, rates), ("ip", "10.5.0.2"), rates, True, LEAKY_BUCKET),
+        Check(scope("window", ALL, rates), ("email", "b@example.com"), rates, True),
+    ]
+    with frozen_clock(T0):
+        outcomes = [[r.limited for r in check_many(checks)] for _ in range(4)]
+    assert outcomes == [[False, False, False]] * 3 + [[True, True, True]]
+
+
+def test_the_middleware_and_a_reset_on_a_real_cluster(on_cluster: Cluster) -> None:
+    """A log-in's rules, per address and per account (two slots), through the middleware;
+    then the account's counters reset."""
+    from django.http import HttpResponse
+
+    from ratelimit_app.core import reset
+    from ratelimit_app.middleware import RatelimitMiddleware
+
+    rules = [
+        {"name": "login-ip", "path": "/login/", "key": "ip", "rate": "10/m"},
+        {"name": "login-email", "path": "/login/", "key": "email", "rate": "3/m"},
+    ]
+    middleware = RatelimitMiddleware(lambda request: HttpResponse("ok"))
+
+    def post() -> int:
+        request = RequestFactory().post(
+            "/login/", {"email": "c@example.com"}, REMOTE_ADDR="10.6.0.1"
+        )
+        return middleware(request).status_code
+
+    with override_settings(RATELIMIT_RULES=rules), frozen_clock(T0):
+        assert [post() for _ in range(4)] == [200, 200, 200, 429]
+        assert reset("login-email", "c@example.com")
+        assert [post() for _ in range(4)] == [200, 200, 200, 429]
+        # The address's rule counted the admitted requests only: 6 of 10 (refused ones count
+        # nowhere), so one more address-only request is still admitted by it.
+        usage = lookup("login-ip", "10.6.0.1")
+        assert usage is not None and usage["count"] == 6
+
+
+def test_an_unreachable_cluster_fails_the_check_then_fails_fast() -> None:
+    """The cluster client connects on first use: a node that is not there fails that check
+    (fail open: no limit), and the next ones fail at once while the backend is marked down."""
+    config = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{HOST}:{free_port()}/0",  # nothing listens
+    }
+    with override_settings(
+        CACHES={"default": LOCMEM, "rl": config},
+        RATELIMIT_USE_CACHE="rl",
+        RATELIMIT_BACKEND="ratelimit_app.backends.redis.RedisClusterBackend",
+        RATELIMIT_DEAD_RETRY=60,
+    ):
+        reset_backends()
+        try:
+            started = time.monotonic()
+            usage = get_usage(
+                request_from("10.7.0.1"),
+                group="down",
+                key="ip",
+                rate="5/m",
+                increment=True,
+                fail_open=True,
+            )
+            first = time.monotonic() - started
+            assert usage is None  # failed open
+            started = time.monotonic()
+            for _ in range(20):
+                with pytest.raises(BackendError, match="marked down"):
+                    check_many([Check("down", ("ip", "10.7.0.1"), parse("5/m"), True)])
+            assert time.monotonic() - started < 0.5, "a marked-down backend must fail at once"
+            assert first < 10, first
+        finally:
+            reset_backends()
