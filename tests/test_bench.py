@@ -259,7 +259,7 @@ def test_load_bench_through_gunicorn(
     assert report.row("floor").cpu_part("memcached") > report.row("plain").cpu_part("memcached")
     text = load.render(report)
     assert "< 25%" in text and "SQLite" in text and "added: site" in text
-    assert "the floor (one round trip" in text
+    assert "the floor (one round trip" in text and "for scale: the demo's log-in page" in text
     assert ("yes" if report.met else "NO") in text
 
 
