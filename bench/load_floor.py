@@ -44,22 +44,18 @@ def command() -> bytes:
 
 
 COMMAND = command()
+#: (name, unit, window seconds, seconds to reset) of the three bench rules.
+RULES = (
+    ("bench-ip-m", "m", 60, 61),
+    ("bench-email-h", "h", 3600, 3643),
+    ("bench-ip-d", "d", 86400, 87763),
+)
 HEADERS = {
     "RateLimit-Policy": ", ".join(
-        f'"{name}:1000000000/{unit}";q=1000000000;w={window}'
-        for name, unit, window in (
-            ("bench-ip-m", "m", 60),
-            ("bench-email-h", "h", 3600),
-            ("bench-ip-d", "d", 86400),
-        )
+        f'"{name}:1000000000/{unit}";q=1000000000;w={window}' for name, unit, window, _ in RULES
     ),
     "RateLimit": ", ".join(
-        f'"{name}:1000000000/{unit}";r=999999990;t={wait}'
-        for name, unit, wait in (
-            ("bench-ip-m", "m", 61),
-            ("bench-email-h", "h", 3643),
-            ("bench-ip-d", "d", 87763),
-        )
+        f'"{name}:1000000000/{unit}";r=999999990;t={reset}' for name, unit, _, reset in RULES
     ),
 }
 

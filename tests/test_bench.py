@@ -275,6 +275,9 @@ def test_the_floor_sends_the_rules_commands_to_memcached(
     assert len(keys) == load_floor.INCREMENTS + load_floor.READS
     assert load_floor.COMMAND.count(b"ma ") == load_floor.INCREMENTS
     assert load_floor.COMMAND.count(b"\r\nget ") == 1
+    # Its headers name the bench's rules, as the limiter's would.
+    assert tuple(name for name, *_ in load_floor.RULES) == load.BENCH_RULES
+    assert re.findall(r'"([^":]+):', load_floor.HEADERS["RateLimit"]) == list(load.BENCH_RULES)
     monkeypatch.setenv("MEMCACHED_SERVERS", memcached_server)
     floor = load_floor.RoundTripFloor(lambda request: None)
     try:
