@@ -281,24 +281,29 @@ class RedisBackend(Backend):
         self._check_alive()
         # One script call per group of subjects (:meth:`_groups`: all of them on one server,
         # one hash slot each on a cluster).
+        window_groups = [
+            (group, [ops[i] for i in group])
+            for group in (self._groups([op.namespace for op in ops]) if ops else [])
+        ]
+        meter_groups = [
+            (group, [meters[i] for i in group])
+            for group in (self._groups([m.namespace for m in meters]) if meters else [])
+        ]
         calls: list[tuple[Any, list[bytes], list[bytes]]] = []
-        window_groups = self._groups([op.namespace for op in ops]) if ops else []
-        meter_groups = self._groups([m.namespace for m in meters]) if meters else []
-        for group in window_groups:
-            calls.append((self.script, *self._window_args([ops[i] for i in group])))
-        for group in meter_groups:
-            chosen = [meters[i] for i in group]
-            calls.append((self.meter_script, *self._meter_args(chosen, now_us)))
+        for _, chosen_ops in window_groups:
+            calls.append((self.script, *self._window_args(chosen_ops)))
+        for _, chosen_meters in meter_groups:
+            calls.append((self.meter_script, *self._meter_args(chosen_meters, now_us)))
         values: list[list[int]] = [[] for _ in ops]
         metered: list[MeterReply] = [MeterReply(None)] * len(meters)
         try:
             replies = iter(self._evaluate(calls))
-            for group in window_groups:
-                found = self._window_values([ops[i] for i in group], next(replies))
+            for group, chosen_ops in window_groups:
+                found = self._window_values(chosen_ops, next(replies))
                 for i, v in zip(group, found, strict=True):
                     values[i] = v
-            for group in meter_groups:
-                answered = self._meter_replies([meters[i] for i in group], next(replies))
+            for group, chosen_meters in meter_groups:
+                answered = self._meter_replies(chosen_meters, next(replies))
                 for i, reply in zip(group, answered, strict=True):
                     metered[i] = reply
         except Exception as exc:  # includes a counter that is not a number
@@ -434,20 +439,15 @@ class RedisClusterBackend(RedisBackend):
 
     inline_ok = False
 
-    def __init__(
-        self,
-        alias: str,
-        cache: Any,
-        location: Any = None,
-        options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, alias: str, cache: Any) -> None:
+        """Built as ``RATELIMIT_BACKEND`` classes are, ``cls(alias, cache)``: the node and
+        the timeouts come from ``CACHES[alias]``."""
         Backend.__init__(self, alias, cache)
         from django.conf import settings
 
         config = settings.CACHES[alias]
-        location = config.get("LOCATION", "") if location is None else location
-        if options is None:
-            options = cast(dict[str, Any], config.get("OPTIONS") or {})
+        location = config.get("LOCATION", "")
+        options = cast(dict[str, Any], config.get("OPTIONS") or {})
         url = location if isinstance(location, str) else next(iter(location), "")
         self.url = str(url).split(",")[0].strip()
         if not self.url:
