@@ -4,7 +4,8 @@ Entries are strings:
 
 * an IP address or a CIDR network, IPv4 or IPv6 (``'203.0.113.7'``, ``'10.0.0.0/8'``,
   ``'2001:db8::/32'``), matched against the client IP (:func:`ratelimit_app.keys.client_ip`,
-  before masking);
+  before masking); IPv4-mapped IPv6 addresses and networks (``'::ffff:10.0.0.0/104'``) are
+  the IPv4 ones they map, on either side;
 * ``'user:<pk>'``, matched against ``request.user.pk``;
 * an email address (``'alice@example.com'``, or ``'email:alice@example.com'``), matched
   against the value of rules keyed on an email (``email``, ``email:<field>``), normalised as
@@ -27,7 +28,7 @@ from django.http import HttpRequest
 
 from ratelimit_app import keys
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPNetwork = keys.IPNetwork
 logger = logging.getLogger("ratelimit_app")
 
 
@@ -48,12 +49,10 @@ class AccessList:
             return False
         if ip in self._ips:  # the common entry, a single address: a set lookup
             return True
-        try:
-            addr = ipaddress.ip_address(ip)
-        except ValueError:
+        # Spaces and the IPv4-mapped form (a dual-stack socket's) do not change the address.
+        addr = keys.parse_address(ip)
+        if addr is None:
             return False
-        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-            addr = addr.ipv4_mapped
         return any(addr in net for net in self.networks)
 
     def has_user(self, request: HttpRequest) -> bool:
@@ -75,12 +74,15 @@ def parse_entry(entry: object) -> tuple[str, object]:
             raise ImproperlyConfigured(f"allow/deny entry {entry!r}: 'user:' needs a user id.")
         return "user", pk
     if text.startswith("email:") or "@" in text:
-        address = keys.normalize_email(text.removeprefix("email:"))
-        if not address or "@" not in address:
+        claimed = text.removeprefix("email:")
+        # Normalised as the email keys normalise what a request sends (a long one to its
+        # hash), so an entry matches however the client pads or disguises it.
+        address = keys.normalize_email(claimed)
+        if not address or "@" not in claimed:
             raise ImproperlyConfigured(f"allow/deny entry {entry!r} is not an email address.")
         return "email", address
     try:
-        return "network", ipaddress.ip_network(text, strict=False)
+        return "network", keys.unmap_network(ipaddress.ip_network(text, strict=False))
     except ValueError as exc:
         raise ImproperlyConfigured(
             f"allow/deny entry {entry!r} is not an IP, a CIDR network, 'user:<id>' or an "

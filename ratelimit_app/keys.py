@@ -1,15 +1,24 @@
 """Request features ("keys"): who a limit counts. Pure functions of the request.
 
-Every extractor returns a string or ``None`` for "missing". A missing value never puts every
-client into one shared bucket: :func:`subject` falls back to the client IP, and when even that
-is missing the limit is skipped and a warning is logged (see ``docs/security``).
+Every extractor returns a string or ``None`` for "missing". Values are normalised before any
+rule about their length (stripped, NFKC, control and invisible characters removed), because
+the view normalises too: Django's forms strip the padding a client adds, so a padded value
+must count as the value it pads. A value that is still too long, or cannot be kept as text
+(a lone surrogate, bytes that are not UTF-8), is a subject of its own, derived from it by a
+hash: never the IP fallback, which would let a client pad its way out of an account's limit.
+
+Only a value that is genuinely absent (no field, an empty one, a body the view cannot read
+either) makes :func:`subject` fall back to the client IP. Without a client address, that
+fallback and the ``ip`` keys raise ``ImproperlyConfigured`` (as django-ratelimit does): the
+server or the settings are wrong, and a limit that silently stops applying would hide it.
+See ``docs/security``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
-import logging
 import re
 import unicodedata
 from collections.abc import Callable
@@ -22,15 +31,14 @@ from django.utils.module_loading import import_string
 
 from ratelimit_app.conf import conf
 
-logger = logging.getLogger("ratelimit_app")
-
-#: Values longer than this are not features of a person but garbage: treated as missing.
+#: Values longer than this (after normalising) are kept as a hash of themselves
+#: (:func:`derived`): a person's email or name is never this long.
 MAX_VALUE_LENGTH = 320
-#: JSON bodies larger than this are not parsed for a key.
-MAX_JSON_BODY = 64 * 1024
 
 KeyFunc = Callable[[str, HttpRequest], Any]
 KeySpec = str | KeyFunc
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 #: Removed from every value: C0 and C1 controls, line and paragraph separators, and every
 #: invisible format character (Unicode category Cf: zero-width and bidirectional marks, soft
@@ -41,6 +49,44 @@ _CONTROL = re.compile(
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0001\U000e0020-\U000e007f]"
 )
+#: Lone surrogates: Python strings may hold them (JSON's ``"\ud800"`` decodes to one), no
+#: encoding can write them.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: The forms of ``Content-Type`` that Django parses into ``request.POST``.
+_FORM_TYPES = frozenset(["multipart/form-data", "application/x-www-form-urlencoded"])
+
+
+# --- addresses ------------------------------------------------------------------------------
+
+
+def parse_address(text: str) -> IPAddress | None:
+    """The address ``text`` holds (surrounding spaces ignored), an IPv4-mapped IPv6 address
+    (``::ffff:192.0.2.1``, what a dual-stack socket reports for an IPv4 peer) as its IPv4
+    address; None when it holds none. Every comparison of addresses goes through it."""
+    return _parse_address(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_address(text: str) -> IPAddress | None:
+    # Parsing an address costs microseconds; the same clients come back, so remember.
+    try:
+        addr = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def unmap_network(network: IPNetwork) -> IPNetwork:
+    """An IPv4-mapped IPv6 network (``::ffff:10.0.0.0/104``) as the IPv4 network it maps
+    (``10.0.0.0/8``), so it matches the addresses :func:`parse_address` gives; other networks
+    unchanged."""
+    if isinstance(network, ipaddress.IPv6Network) and network.prefixlen >= 96:
+        mapped = network.network_address.ipv4_mapped
+        if mapped is not None:
+            return ipaddress.IPv4Network((mapped, network.prefixlen - 96))
+    return network
 
 
 def mask_ip(ip: str) -> str | None:
@@ -50,41 +96,51 @@ def mask_ip(ip: str) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
-    # Parsing an address costs microseconds; the same clients come back, so remember.
-    try:
-        addr = ipaddress.ip_address(ip.strip())
-    except ValueError:
+    addr = _parse_address(ip)
+    if addr is None:
         return None
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        addr = addr.ipv4_mapped
     mask = v6_mask if addr.version == 6 else v4_mask
     return str(ipaddress.ip_network(f"{addr}/{mask}", strict=False).network_address)
 
 
 def _trusted(ip: str) -> bool:
-    try:
-        addr = ipaddress.ip_address(ip.strip())
-    except ValueError:
+    return _in_networks(ip, conf.TRUSTED_PROXIES)
+
+
+@lru_cache(maxsize=4096)
+def _in_networks(ip: str, networks: tuple[IPNetwork, ...]) -> bool:
+    addr = _parse_address(ip)
+    if addr is None:
         return False
-    return any(addr in net for net in conf.TRUSTED_PROXIES)
+    return any(addr in unmap_network(net) for net in networks)
 
 
-def client_ip(request: HttpRequest) -> str | None:
+def client_ip(request: HttpRequest) -> str:
     """The client's address, masked by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK``.
 
     ``RATELIMIT_IP_META_KEY`` works as in django-ratelimit (a META key, a callable or a dotted
     path). Otherwise ``REMOTE_ADDR``, and only when that peer is one of
     ``RATELIMIT_TRUSTED_PROXIES`` is ``X-Forwarded-For`` read, right to left, skipping the
     trusted proxies: the first untrusted address is the client. A client cannot spoof its way
-    past a proxy that appends to the header. Returns ``None`` only when no valid address is
-    known at all.
+    past a proxy that appends to the header. IPv4-mapped IPv6 addresses are their IPv4
+    address. Raises ``ImproperlyConfigured`` when no valid address is found (see
+    :func:`client_address`).
     """
     address = client_address(request)
-    return mask_ip(address) if address else None
+    masked = mask_ip(address)
+    assert masked is not None  # client_address only returns valid addresses
+    return masked
 
 
-def client_address(request: HttpRequest) -> str | None:
-    """The client's address as :func:`client_ip` finds it, before masking (unvalidated)."""
+def client_address(request: HttpRequest) -> str:
+    """The client's address as :func:`client_ip` finds it, before masking.
+
+    Raises ``ImproperlyConfigured`` when there is none or it is not an IP address: the
+    server gives no ``REMOTE_ADDR`` (a Unix socket), or ``RATELIMIT_IP_META_KEY`` finds
+    nothing valid. django-ratelimit raises here too; counting such requests in one shared
+    bucket would let one client lock out everyone, and not limiting them at all would let
+    every client through.
+    """
     meta_key = conf.IP_META_KEY
     if meta_key:
         if callable(meta_key):
@@ -93,79 +149,162 @@ def client_address(request: HttpRequest) -> str | None:
             raw = import_string(meta_key)(request)
         else:
             raw = request.META.get(meta_key)
-        return str(raw) if raw else None
-    remote = request.META.get("REMOTE_ADDR") or ""
-    if remote and conf.TRUSTED_PROXIES and _trusted(remote):
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
-        for hop in reversed(forwarded.split(",")[-32:]):
-            if hop.strip() and not _trusted(hop):
-                # A proxy appends the address it saw, which is always valid; garbage here
-                # means a misconfigured proxy: count the proxy itself rather than no one.
-                return hop.strip() if mask_ip(hop) else remote
-    return remote or None
+        source = f"RATELIMIT_IP_META_KEY ({meta_key!r})"
+    else:
+        raw = request.META.get("REMOTE_ADDR")
+        source = "REMOTE_ADDR"
+    text = raw if isinstance(raw, str) else ""
+    if parse_address(text) is None:
+        raise ImproperlyConfigured(_no_address(source, raw))
+    text = text.strip()
+    if meta_key or not conf.TRUSTED_PROXIES or not _trusted(text):
+        return text
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    for hop in reversed(forwarded.split(",")[-32:]):
+        if hop.strip() and not _trusted(hop):
+            # A proxy appends the address it saw, which is always valid; garbage here
+            # means a misconfigured proxy: count the proxy itself rather than no one.
+            return hop.strip() if parse_address(hop) else text
+    return text
 
 
-def _clean(value: object) -> str | None:
+def _no_address(source: str, raw: object) -> str:
+    found = "nothing" if not raw else f"{str(raw)[:60]!r}, not an IP address"
+    return (
+        f"ratelimit: no client IP address: {source} gave {found}. A limit keyed on the IP "
+        f"(or falling back to it for a missing value) cannot count this request. Set "
+        f"RATELIMIT_IP_META_KEY to the header your proxy sets (behind a proxy that "
+        f"reaches Django over a Unix socket), or serve Django over TCP so that the server "
+        f"fills REMOTE_ADDR, and list your proxies in RATELIMIT_TRUSTED_PROXIES. See "
+        f"https://django-bucketry.readthedocs.io/en/latest/security.html"
+    )
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+def derived(reason: str, data: bytes) -> str:
+    """The subject of a value that cannot be kept as it is (``reason``: ``long`` or
+    ``invalid``): a hash of it, so the same value is always the same subject, and a client
+    varying it is no better off than one varying a short value. ASCII, bounded, and never
+    the IP fallback."""
+    return f"{reason}:sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _as_text(value: object) -> str:
+    """``value`` as the text a view would see (bytes decoded as UTF-8, the rest by
+    ``str()``); a value that has no such text is :func:`derived` from what it is."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return derived("invalid", bytes(value))
+    try:
+        return str(value)
+    except ValueError:
+        if isinstance(value, int):  # over Python's limit of digits for str(): hex has none
+            return derived("long", f"{value:x}".encode())
+        raise
+
+
+def _clean(value: object, fold: bool = False) -> str | None:
+    """The normal form of a key value; None only when nothing is left of it."""
     if value is None:
         return None
-    text = str(value)
-    if not text or len(text) > MAX_VALUE_LENGTH * 4:
-        return None
+    text = _as_text(value)
     if text.isascii() and text.isprintable():
         # The common case: printable ASCII is its own NFKC form and holds no control
         # character.
         text = text.strip()
     else:
+        # Normalise the whole value before any rule about its length: Django strips what
+        # the client padded a value with, so the padded value is the value.
         text = _CONTROL.sub("", unicodedata.normalize("NFKC", text)).strip()
-    if not text or len(text) > MAX_VALUE_LENGTH:
+        if _SURROGATE.search(text):
+            return derived("invalid", text.encode("utf-8", "surrogatepass"))
+    if fold:
+        text = text.casefold()  # may grow: "ß" folds to "ss"
+    if not text:
         return None
+    if len(text) > MAX_VALUE_LENGTH:
+        return derived("long", text.encode())
     return text
 
 
 def normalize_email(value: object) -> str | None:
-    """Stripped, NFKC-normalised, case-folded: ``' Foo@X.com'`` and ``'foo@x.com'`` match."""
-    text = _clean(value)
-    if not text:
+    """Stripped, NFKC-normalised, case-folded: ``' Foo@X.com'`` and ``'foo@x.com'`` match.
+
+    A value still longer than ``MAX_VALUE_LENGTH`` or that is not valid text is its
+    :func:`derived` hash; None only when nothing is left of it."""
+    return _clean(value, fold=True)
+
+
+def _unreadable(request: HttpRequest) -> bytes | None:
+    """The body, or None when the view could not read it either: over
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (Django answers 400), or the stream already read."""
+    try:
+        return request.body
+    except Exception:  # RequestDataTooBig, RawPostDataException
         return None
-    folded = text.casefold()  # may grow: "ß" folds to "ss"
-    return folded if len(folded) <= MAX_VALUE_LENGTH else None
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any] | None:
-    if not request.content_type or "json" not in request.content_type:
+    """The body as a JSON object, as a view reads it: ``json.loads(request.body)`` (UTF-8,
+    -16 or -32) or, failing that, decoded by the charset the request declares (as Django
+    REST framework's parser does). None when it is no JSON object."""
+    body = _unreadable(request)
+    if not body:
         return None
     try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        return None
-    if length > MAX_JSON_BODY:
-        return None
-    try:
-        data = json.loads(request.body)
-    except (ValueError, UnicodeDecodeError, Exception):  # RawPostDataException, too big, ...
-        return None
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        if not request.encoding:
+            return None
+        try:
+            data = json.loads(body.decode(request.encoding))
+        except (ValueError, RecursionError, LookupError):
+            return None
     return data if isinstance(data, dict) else None
 
 
-def form_value(request: HttpRequest, field: str) -> str | None:
-    """A field from the POST form or, for JSON requests, the JSON object; never raises."""
+def form_value(request: HttpRequest, field: str) -> object:
+    """A field as the view can read it; None when absent. Never raises.
+
+    A form (``multipart/form-data``, ``application/x-www-form-urlencoded``) is read as
+    ``request.POST`` reads it; any other body (JSON whatever its ``Content-Type`` says, as
+    views that call ``json.loads(request.body)`` read it), and a URL-encoded form without
+    the field, as a JSON object. A JSON value that is not a string is the text a form field
+    would make of it (``5`` is ``"5"``); ``null`` is absent. A body that cannot be read (too
+    many fields, over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, malformed multipart) gives None: the
+    view cannot read it either.
+    """
+    content_type = request.content_type or ""
+    if content_type in _FORM_TYPES:
+        try:
+            value = request.POST.get(field)
+        except Exception:  # malformed multipart, too many fields, too big, read already
+            return None
+        if value is not None or content_type == "multipart/form-data":
+            return value
     body = _json_body(request)
-    if body is not None:
-        value = body.get(field)
-        return value if isinstance(value, str) else None
-    try:
-        value = request.POST.get(field)
-    except Exception:  # malformed multipart, too many fields, body already read
-        return None
-    return value
+    return body.get(field) if body is not None else None
 
 
 def _query_value(request: HttpRequest, field: str) -> str | None:
-    """A query-string parameter; never raises (too many fields: missing)."""
+    """A query-string parameter; never raises (too many fields: missing, and Django
+    refuses ``request.GET`` to the view too)."""
     try:
         return request.GET.get(field)
     except Exception:  # TooManyFieldsSent and the like
         return None
+
+
+def get_header(request: HttpRequest, header: str) -> str:
+    """The value of an HTTP request header, ``''`` when it is absent (django-ratelimit's
+    ``get_header``): ``'x-api-key'`` reads ``request.META['HTTP_X_API_KEY']``."""
+    return request.META.get("HTTP_" + header.replace("-", "_").upper(), "")
 
 
 _BOT = re.compile(
@@ -198,14 +337,18 @@ def _user(request: HttpRequest) -> str | None:
     return str(user.pk)
 
 
-def _user_or_ip(request: HttpRequest) -> str | None:
+def user_or_ip(request: HttpRequest) -> str:
+    """The signed-in user's primary key, else the masked client IP (django-ratelimit's
+    ``user_or_ip``). Raises ``ImproperlyConfigured`` for an anonymous request without a
+    client address (see :func:`client_address`). A request without ``request.user`` (no
+    authentication middleware) counts as anonymous rather than raising."""
     return _user(request) or client_ip(request)
 
 
 SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str | None]] = {
     "ip": client_ip,
     "user": _user,
-    "user_or_ip": _user_or_ip,
+    "user_or_ip": user_or_ip,
     "email": lambda r: normalize_email(form_value(r, "email")),
     "device": lambda r: device(r.META.get("HTTP_USER_AGENT", "")[:1024]),
 }
@@ -213,7 +356,7 @@ SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str | None]] = {
 ACCESSOR_KEYS: dict[str, Callable[[HttpRequest, str], str | None]] = {
     "get": lambda r, k: _clean(_query_value(r, k)),
     "post": lambda r, k: _clean(form_value(r, k)),
-    "header": lambda r, k: _clean(r.META.get("HTTP_" + k.upper().replace("-", "_"))),
+    "header": lambda r, k: _clean(get_header(r, k)),
     "email": lambda r, k: normalize_email(form_value(r, k)),
 }
 
@@ -255,10 +398,12 @@ def kind(spec: KeySpec) -> str:
     return spec
 
 
-def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str] | None:
-    """``(kind, value)`` that a limit counts, with the IP as the fallback for missing values.
+def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str]:
+    """``(kind, value)`` that a limit counts, with the client IP as the fallback for a value
+    that is absent (see the module docstring).
 
-    Returns ``None`` (no limit applies) only when neither the key nor the client IP is known.
+    Raises ``ImproperlyConfigured`` when the IP is needed and the request has none
+    (:func:`client_address`).
     """
     if not spec:
         raise ImproperlyConfigured("Ratelimit key must be specified.")
@@ -268,17 +413,7 @@ def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str] 
         value = compile_key(spec)(group, request)
     if value is not None:
         return (spec if isinstance(spec, str) else kind(spec)), value
-    if spec != "ip":
-        ip = client_ip(request)
-        if ip is not None:
-            return "ip", ip
-    logger.warning(
-        "ratelimit: no value for key %r and no client IP (REMOTE_ADDR empty?); group %r "
-        "is not limited for this request.",
-        kind(spec),
-        group,
-    )
-    return None
+    return "ip", client_ip(request)
 
 
 def is_email_kind(kind: str) -> bool:

@@ -1,10 +1,12 @@
 """Hostile input for the key extractors and ``RatelimitMiddleware`` (issue 3).
 
-Unicode look-alikes, control and invisible characters, 10 kB values, malformed JSON and
-multipart bodies, spoofed ``X-Forwarded-For``, missing ``REMOTE_ADDR``: each must end in the
-documented result (``docs/security.rst``, "Hostile input"): a clean value, the client IP as the
-fallback subject, or, without any client IP, a skipped limit and a warning. Never an
-exception, never one bucket shared by everyone, never raw personal data in the cache.
+Unicode look-alikes, control and invisible characters, padding, 10 kB values, lone
+surrogates, malformed JSON and multipart bodies, spoofed ``X-Forwarded-For``, missing
+``REMOTE_ADDR``: each must end in the documented result (``docs/security.rst``, "Hostile
+input"): a clean value, a subject derived from a value too long or invalid to keep, the client
+IP as the fallback for an absent value, or, without any client IP where one is needed,
+``ImproperlyConfigured`` (a server or settings problem). Never another exception, never one
+bucket shared by everyone, never raw personal data in the cache.
 
 Property tests (hypothesis) cover the extractors; the middleware runs end to end with the
 Django test client on every backend (``backend_kind``), and under hypothesis on local memory.
@@ -16,7 +18,6 @@ import contextlib
 import ipaddress
 import itertools
 import json
-import logging
 import socket
 import unicodedata
 import urllib.parse
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 from django.core.cache import caches
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
@@ -34,6 +36,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from ratelimit_app import keys
+from ratelimit_app.core import namespace
 from ratelimit_app.middleware import RatelimitMiddleware
 from ratelimit_app.signals import ratelimited
 
@@ -219,6 +222,20 @@ def value_of(spec: str, request: HttpRequest) -> str | None:
     return keys.compile_key(spec)("g", request)
 
 
+def subject_or_error(spec: str, request: HttpRequest) -> tuple[str, str] | str:
+    """The subject, or ``"ImproperlyConfigured"`` when the request has no client address
+    and the key needs one."""
+    try:
+        return keys.subject(spec, "g", request)
+    except ImproperlyConfigured:
+        return "ImproperlyConfigured"
+
+
+#: White space a form strips (and NFKC turns into a space), in the quantities that used to
+#: push a value over the old cut-off (1,280 characters before stripping).
+PADDINGS = st.sampled_from([" " * 2000, "\t" * 1500, "\u3000" * 1300, " \u200b" * 700, ""])
+
+
 # --- 1. property tests of the extractors -------------------------------------------------
 
 
@@ -239,13 +256,89 @@ def test_values_are_clean_bounded_and_the_same_whatever_the_transport(value: str
     assert_clean(email)
     if email is not None:
         assert email == email.casefold()
-    if len(value) > MAX * 4:
-        assert header is None and email is None  # dropped before it is even normalised
+    if header is not None and header != value.strip():
+        # Changed by normalising: never longer than the limit; too long, a hash of itself.
+        assert len(header) <= MAX
     for request in requests:
         assert value_of("post:name", request) == header
         assert value_of("email", request) == email
         expected = ("email", email) if email is not None else ("ip", CLIENT_IP)
         assert keys.subject("email", "g", request) == expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    value=hostile_text,
+    pad=PADDINGS,
+    after=PADDINGS,
+    spec=st.sampled_from(["email", "email:username", "post:name", "get:q", "header:x-api-key"]),
+)
+@example(value="alice@example.com", pad=" " * 2000, after="", spec="email")
+@example(value="x" * (MAX + 1), pad=" " * 2000, after=" " * 2000, spec="post:name")
+def test_a_padded_value_and_its_stripped_form_are_one_subject(
+    value: str, pad: str, after: str, spec: str
+) -> None:
+    """Django's forms strip what a client pads a value with and act on the account it
+    names: so must the limit, however long the padding (a padded value once fell back to
+    the client IP: 20 addresses, 20 fresh attempts on a locked account)."""
+
+    def request(text: str) -> HttpRequest:
+        fields = {"email": text, "username": text, "name": text}
+        query = urllib.parse.urlencode({"q": text})
+        return rf.post(f"/login/?{query}", fields, HTTP_X_API_KEY=text, REMOTE_ADDR=CLIENT_IP)
+
+    plain = keys.subject(spec, "g", request(value))
+    assert keys.subject(spec, "g", request(pad + value + after)) == plain
+    if plain[0] == "ip":  # nothing is left of the value: absent
+        assert not value.strip() or keys.normalize_email(value) is None
+
+
+surrogate_text = st.text(
+    alphabet=st.characters(codec="utf-8") | st.characters(categories=["Cs"]), max_size=60
+)
+any_value = st.one_of(
+    hostile_text,
+    surrogate_text,
+    st.binary(max_size=60),
+    st.integers(),
+    st.integers(min_value=10**4400, max_value=10**4500),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=any_value, pad=PADDINGS)
+@example(value="\ud800", pad="")
+@example(value=" \udfff ", pad=" " * 2000)
+@example(value=b"\xff" * 2000, pad="")
+@example(value=10**4400, pad="")
+def test_no_value_ever_makes_namespace_raise(value: object, pad: str) -> None:
+    """Whatever a JSON body, a header or a key function gives, the subject is short
+    encodable text (a lone surrogate once made ``namespace()`` raise: a 500)."""
+    if isinstance(value, str):
+        value = pad + value
+    request = rf.get(
+        "/", REMOTE_ADDR=CLIENT_IP, HTTP_X_API_KEY=value if isinstance(value, str) else ""
+    )
+    found = [keys.subject(lambda g, r: value, "g", request)]
+    found.append(keys.subject("header:x-api-key", "g", request))
+    try:
+        body = json.dumps({"email": value, "username": value})
+    except (TypeError, ValueError):  # bytes, or a float JSON cannot write
+        body = None
+    if body is not None:
+        as_json = rf.post("/login/", body, content_type="application/json", REMOTE_ADDR=CLIENT_IP)
+        found += [
+            keys.subject(s, "g", as_json) for s in ("email", "email:username", "post:username")
+        ]
+    for kind, text in found:
+        text.encode()  # raised UnicodeEncodeError for a lone surrogate
+        assert 0 < len(text) <= MAX
+        assert text == text.strip()
+        namespace("g", kind, text)
 
 
 SUBJECT_SPECS = (
@@ -271,7 +364,7 @@ SUBJECT_SPECS = (
 @example(value="", agent="", remote=None, spec="email")
 @example(value="", agent="", remote="", spec="ip")
 @example(value="x@y.z", agent="", remote="", spec="email")
-def test_subject_is_the_value_or_the_ip_fallback_or_none_without_an_ip(
+def test_subject_is_the_value_or_the_ip_fallback_or_an_error_without_an_ip(
     value: str, agent: str, remote: str | None, spec: str
 ) -> None:
     query = urllib.parse.urlencode({"q": value[:2000]})
@@ -282,27 +375,31 @@ def test_subject_is_the_value_or_the_ip_fallback_or_none_without_an_ip(
         HTTP_USER_AGENT=agent,
     )
     with_remote(request, remote)
-    own = value_of(spec, request)
-    ip = keys.client_ip(request)
-    # None exactly when REMOTE_ADDR holds no valid address; else a network holding it.
+    # A configuration error exactly when REMOTE_ADDR holds no valid address; else a network
+    # holding it.
     addr = valid_address(remote)
-    assert (ip is None) == (addr is None)
-    if ip is not None and addr is not None:
-        masked = ipaddress.ip_address(ip)
-        assert str(masked) == ip
+    ip = subject_or_error("ip", request)
+    assert (ip == "ImproperlyConfigured") == (addr is None)
+    if addr is not None:
+        assert isinstance(ip, tuple)
+        masked = ipaddress.ip_address(ip[1])
+        assert str(masked) == ip[1]
         mask = 32 if masked.version == 4 else 64
-        assert addr in ipaddress.ip_network(f"{ip}/{mask}")
-    subject = keys.subject(spec, "g", request)
+        assert addr in ipaddress.ip_network(f"{ip[1]}/{mask}")
+    if spec in ("ip", "user_or_ip"):  # anonymous: the address is the value
+        expected = (spec, ip[1]) if isinstance(ip, tuple) else ip
+        assert subject_or_error(spec, request) == expected
+        return
+    own = value_of(spec, request)
+    subject = subject_or_error(spec, request)
     if own is not None:
         assert subject == (spec, own)
         if spec == "device":
             assert own in DEVICES
-        elif spec != "ip":
+        else:
             assert_clean(own)
-    elif spec != "ip" and ip is not None:
-        assert subject == ("ip", ip)
     else:
-        assert ip is None and subject is None
+        assert subject == ip
 
 
 @settings(max_examples=50, deadline=None)
@@ -330,9 +427,8 @@ def test_untrusted_peer_forwarded_for_never_changes_the_subject(
         spoofed = with_remote(
             post("multipart", {"email": email}, HTTP_X_FORWARDED_FOR=forwarded), remote
         )
-        assert keys.client_address(spoofed) == keys.client_address(plain)
         for spec in ("ip", "email", "user_or_ip"):
-            assert keys.subject(spec, "g", spoofed) == keys.subject(spec, "g", plain)
+            assert subject_or_error(spec, spoofed) == subject_or_error(spec, plain)
 
 
 untrusted_ips = ip_strings.filter(lambda ip: not is_trusted(ip, TRUSTED))
@@ -360,7 +456,9 @@ def test_client_behind_trusted_proxies_cannot_choose_its_address(
 
 
 def _expected_email(data: object) -> str | None:
-    if isinstance(data, dict) and isinstance(data.get("email"), str):
+    """The email a view reading the JSON object finds: a string, or the text a form field
+    makes of another value (``null`` is no value)."""
+    if isinstance(data, dict) and data.get("email") is not None:
         return keys.normalize_email(data["email"])
     return None
 
@@ -382,7 +480,7 @@ JSON_TYPES = [
 def test_json_bodies(data: Any, content_type: str, ascii_only: bool) -> None:
     body = json.dumps(data, ensure_ascii=ascii_only).encode()
     request = raw_post(body, content_type, REMOTE_ADDR=CLIENT_IP)
-    email = _expected_email(data) if len(body) <= keys.MAX_JSON_BODY else None
+    email = _expected_email(data)  # read whole, up to DATA_UPLOAD_MAX_MEMORY_SIZE
     expected = ("email", email) if email is not None else ("ip", CLIENT_IP)
     assert keys.subject("email", "g", request) == expected
     assert keys.subject("email:email", "g", request) == (
@@ -415,8 +513,11 @@ def test_arbitrary_bodies_declared_json(body: bytes, content_type: str) -> None:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):
-        data = None
-    email = _expected_email(data) if len(body) <= keys.MAX_JSON_BODY else None
+        try:  # then in the charset the request declares (the only real one here: UTF-8)
+            data = json.loads(body.decode("utf-8")) if "utf-8" in content_type else None
+        except (ValueError, RecursionError):
+            data = None
+    email = _expected_email(data)
     expected = ("email", email) if email is not None else ("ip", CLIENT_IP)
     assert keys.subject("email", "g", request) == expected
 
@@ -562,18 +663,16 @@ def sender(client: Client) -> Send:
     return send
 
 
-#: Request arguments whose email is missing after cleaning: the client IP counts them.
+#: Request arguments whose email is absent (nothing left after cleaning, or a body the view
+#: cannot read either): the client IP counts them.
 GARBAGE: list[dict[str, Any]] = [
-    {"data": {"email": "a" * 10_000 + "@x.com"}},
     {"data": {"email": "\x00\x01\x1b\u200b\u202e\ufeff"}},
     {"data": {}},
     {"data": {"email": ""}},
     {"data": "{not json", "content_type": "application/json"},
     {"data": b"\xff\xfe\x00", "content_type": "application/json"},
     {"data": "[" * 50_000, "content_type": "application/json"},
-    {"data": json.dumps({"email": ["a@b.c"]}), "content_type": "application/json"},
-    {"data": json.dumps({"email": "x" * 10_240}), "content_type": "application/json"},
-    {"data": json.dumps({"email": 5}), "content_type": "application/json"},
+    {"data": json.dumps({"email": None}), "content_type": "application/json"},
     {"data": b"--x\r\nbroken", "content_type": "multipart/form-data; boundary=x"},
     {"data": b"garbage", "content_type": "multipart/form-data"},
     {
@@ -585,6 +684,17 @@ GARBAGE: list[dict[str, Any]] = [
         "data": "&".join(f"f{i}=1" for i in range(2000)) + "&email=a@b.c",
         "content_type": "application/x-www-form-urlencoded",
     },
+]
+
+
+#: Request arguments whose email is there but too long or not a string: each is a subject of
+#: its own (the view sees it), never the client IP.
+OWN_SUBJECTS: list[dict[str, Any]] = [
+    {"data": {"email": "a" * 10_000 + "@x.com"}},
+    {"data": json.dumps({"email": ["a@b.c"]}), "content_type": "application/json"},
+    {"data": json.dumps({"email": "x" * 10_240}), "content_type": "application/json"},
+    {"data": json.dumps({"email": 5}), "content_type": "application/json"},
+    {"data": json.dumps({"email": "\ud800"}), "content_type": "application/json"},
 ]
 
 
@@ -601,6 +711,10 @@ def test_hostile_posts_fall_back_to_the_client_ip_never_one_shared_bucket(
         assert other == [200, 200, 200, 429]
         # A real email from the limited client is counted by the email, not by its IP.
         assert send("203.0.113.10", data={"email": "someone@example.org"}) == 200
+        # Too long or not a string: counted as itself from any address, never by the IP.
+        for n, kwargs in enumerate(OWN_SUBJECTS):
+            codes = [send(f"192.0.2.{10 * n + i}", **kwargs) for i in range(4)]
+            assert codes == [200, 200, 200, 429], kwargs
 
 
 def test_the_view_still_reads_a_json_body_the_middleware_parsed(backend_kind: str) -> None:
@@ -631,30 +745,32 @@ def test_disguised_copies_of_one_email_share_its_bucket(backend_kind: str) -> No
 
 
 @pytest.mark.parametrize("remote", ["", "not-an-ip"])
-def test_no_client_ip_and_no_email_is_skipped_with_a_warning(
-    backend_kind: str, remote: str, caplog: pytest.LogCaptureFixture
+def test_no_client_ip_where_one_is_needed_is_a_configuration_error(
+    backend_kind: str, remote: str
 ) -> None:
-    with one_rule() as name, caplog.at_level(logging.WARNING, logger="ratelimit_app"):
+    """As django-ratelimit: a server that gives no client address cannot be limited by it,
+    and saying so beats skipping the limit (every client through) or one shared bucket
+    (one client locks out all). The message names what to fix, never the value."""
+    with one_rule():
         send = sender(Client())
-        garbage = "\x00garbage-value\x01" * 100
-        codes = [send(remote, data={"email": garbage}) for _ in range(6)]
-        assert codes == [200] * 6
-        warnings = [r for r in caplog.records if "no client IP" in r.getMessage()]
-        assert len(warnings) == 6
-        assert all(f"rule:{name}" in r.getMessage() for r in warnings)
-        assert not any("garbage-value" in r.getMessage() for r in caplog.records)
-        # Without an IP a known email is still limited.
+        garbage = "\x00\x01\u200b" * 100  # nothing left after cleaning: absent
+        for _ in range(3):
+            with pytest.raises(ImproperlyConfigured) as caught:
+                send(remote, data={"email": garbage})
+            assert "RATELIMIT_IP_META_KEY" in str(caught.value)
+        # A value needs no address: a known email is still limited.
         known = [send(remote, data={"email": "known@example.org"}) for _ in range(4)]
         assert known == [200, 200, 200, 429]
 
 
 def test_missing_remote_addr_through_the_middleware() -> None:
-    """No REMOTE_ADDR key at all (the test client cannot leave it out)."""
+    """No REMOTE_ADDR key at all (the test client cannot leave it out; Django's ASGI
+    handler does, for a Unix socket)."""
     middleware = RatelimitMiddleware(lambda request: HttpResponse("ok"))
     with one_rule(CACHES=LOCMEM_CACHES, RATELIMIT_USE_CACHE="rl"):
-        for _ in range(5):
-            request = with_remote(rf.post("/login/", {"email": "\x00"}), None)
-            assert middleware(request).status_code == 200
+        request = with_remote(rf.post("/login/", {"email": "\x00"}), None)
+        with pytest.raises(ImproperlyConfigured, match="REMOTE_ADDR"):
+            middleware(request)
         for code in (200, 200, 200, 429):
             request = with_remote(rf.post("/login/", {"email": "k@example.org"}), None)
             assert middleware(request).status_code == code
@@ -758,11 +874,12 @@ def test_middleware_under_hypothesis(sequence: list[tuple[str | None, str, str]]
         caches["rl"].clear()
         admitted: dict[tuple[str, str], int] = {}
         for remote, value, transport in sequence:
-            subject = keys.subject("email", "rule:x", build(remote, value, transport))
-            status = middleware(build(remote, value, transport)).status_code
-            if subject is None:
-                assert status == 200
+            subject = subject_or_error("email", build(remote, value, transport))
+            if subject == "ImproperlyConfigured":
+                with pytest.raises(ImproperlyConfigured):
+                    middleware(build(remote, value, transport))
                 continue
+            status = middleware(build(remote, value, transport)).status_code
             expected = 429 if admitted.get(subject, 0) >= 3 else 200
             assert status == expected, (subject, admitted)
             if status == 200:

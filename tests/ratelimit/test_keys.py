@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -46,9 +47,16 @@ def test_ip_meta_key_as_django_ratelimit() -> None:
     assert keys.client_ip(rf.get("/", HTTP_X_REAL_IP="198.51.100.1")) == "198.51.100.1"
 
 
-def test_missing_or_invalid_remote_addr_is_none() -> None:
-    assert keys.client_ip(rf.get("/", REMOTE_ADDR="")) is None
-    assert keys.client_ip(rf.get("/", REMOTE_ADDR="garbage")) is None
+@pytest.mark.parametrize("remote", ["", "garbage", "unix:", None])
+def test_missing_or_invalid_remote_addr_is_a_configuration_error(remote: str | None) -> None:
+    request = rf.get("/", REMOTE_ADDR=remote)
+    if remote is None:
+        del request.META["REMOTE_ADDR"]  # what Django's ASGI handler leaves on a Unix socket
+    with pytest.raises(ImproperlyConfigured) as caught:
+        keys.client_ip(request)
+    message = str(caught.value)
+    for setting in ("REMOTE_ADDR", "RATELIMIT_IP_META_KEY", "RATELIMIT_TRUSTED_PROXIES"):
+        assert setting in message
 
 
 def test_email_normalised_from_form_and_json() -> None:
@@ -68,7 +76,11 @@ def test_missing_values_fall_back_to_the_ip_never_a_shared_bucket() -> None:
         request = rf.post("/", {}, REMOTE_ADDR="198.51.100.4")
         assert keys.subject(spec, "g", request) == ("ip", "198.51.100.4"), spec
     no_ip = rf.post("/", {}, REMOTE_ADDR="")
-    assert keys.subject("email", "g", no_ip) is None
+    with pytest.raises(ImproperlyConfigured):
+        keys.subject("email", "g", no_ip)
+    # A value needs no address.
+    known = rf.post("/", {"email": "k@example.org"}, REMOTE_ADDR="")
+    assert keys.subject("email", "g", known) == ("email", "k@example.org")
 
 
 @pytest.mark.parametrize(
@@ -76,7 +88,6 @@ def test_missing_values_fall_back_to_the_ip_never_a_shared_bucket() -> None:
     [
         ("{not json", "application/json"),
         ("[1, 2]", "application/json"),
-        ('{"email": 5}', "application/json"),
         ("--x\r\nbroken", "multipart/form-data; boundary=x"),
         ("\xff\xfe", "application/json"),
     ],
@@ -88,7 +99,11 @@ def test_malformed_bodies_fall_back_to_ip(body: str, content_type: str) -> None:
 
 def test_huge_and_control_character_values() -> None:
     huge = rf.post("/", {"email": "a" * 10_000 + "@x.com"}, REMOTE_ADDR="198.51.100.6")
-    assert keys.subject("email", "g", huge) == ("ip", "198.51.100.6")
+    kind, value = keys.subject("email", "g", huge)
+    # Its own subject, a hash of the value: never the IP, never the raw 10 kB.
+    assert kind == "email" and value.startswith("long:sha256:") and len(value) < 80
+    again = rf.post("/", {"email": "A" * 10_000 + "@X.com "}, REMOTE_ADDR="198.51.100.7")
+    assert keys.subject("email", "g", again) == (kind, value)
     control = rf.post("/", {"email": "bob\x00\u200b@x.com"})
     assert keys.subject("email", "g", control) == ("email", "bob@x.com")
 
@@ -167,3 +182,280 @@ def test_extractors_never_raise(value: str, header: str, forwarded: str) -> None
             kind, text = result
             assert text and len(text) <= keys.MAX_VALUE_LENGTH
             assert kind in (spec, "ip")
+
+
+# --- padding, long and invalid values -------------------------------------------------------
+
+#: More padding than the old 1,280-character cut-off, which dropped the value before
+#: stripping it (and fell back to the client IP, while Django's forms strip the padding).
+PAD = " " * 2000
+
+
+def _subjects_of(value: str) -> dict[str, tuple[str, str]]:
+    """The subject of ``value`` through every accessor that reads a client-sent value."""
+    query = urllib.parse.urlencode({"q": value})
+    form = rf.post(f"/?{query}", {"email": value, "name": value, "username": value})
+    body = json.dumps({"email": value, "name": value, "username": value})
+    as_json = rf.post("/", body, content_type="application/json")
+    header = rf.get("/", HTTP_X_API_KEY=value)
+    return {
+        "get:q": keys.subject("get:q", "g", form),
+        "post:name": keys.subject("post:name", "g", form),
+        "post:name json": keys.subject("post:name", "g", as_json),
+        "email": keys.subject("email", "g", form),
+        "email json": keys.subject("email", "g", as_json),
+        "email:username": keys.subject("email:username", "g", form),
+        "header:x-api-key": keys.subject("header:x-api-key", "g", header),
+        "callable": keys.subject(lambda g, r: value, "g", header),
+    }
+
+
+@pytest.mark.parametrize("pad", [PAD, "\t\r\n" * 700, "\u3000" * 1500, "\u200b" * 1500])
+def test_a_padded_value_is_the_value_it_pads_in_every_accessor(pad: str) -> None:
+    plain = _subjects_of("Alice@Example.com")
+    for padded in (pad + "Alice@Example.com", "Alice@Example.com" + pad):
+        assert _subjects_of(padded) == plain
+    assert all(value.lower() == "alice@example.com" for _, value in plain.values())
+
+
+def test_a_value_still_too_long_is_a_subject_of_its_own_never_the_ip() -> None:
+    long_value = "x" * (keys.MAX_VALUE_LENGTH + 1)
+    subjects = _subjects_of(long_value)
+    assert {kind for kind, _ in subjects.values()} != {"ip"}
+    for name, (kind, value) in subjects.items():
+        assert kind != "ip", name
+        assert value == keys.derived("long", long_value.encode()), name
+    # Padded, it is the same subject; another long value is another subject.
+    assert _subjects_of(PAD + long_value + PAD) == subjects
+    assert _subjects_of(long_value + "y")["email"] != subjects["email"]
+
+
+def test_lone_surrogates_are_an_invalid_value_of_their_own() -> None:
+    """``"\\ud800"`` from a JSON body is no text any encoding can write: ``namespace``
+    encoded it and raised (a 500)."""
+    body = json.dumps({"email": "\ud800", "username": "a\udfffb"})
+    request = rf.post("/", body, content_type="application/json")
+    for spec, kind in (("email", "email"), ("email:username", "email:username")):
+        found = keys.subject(spec, "g", request)
+        assert found[0] == kind and found[1].startswith("invalid:sha256:")
+        namespace("g", *found)  # raised UnicodeEncodeError
+    padded = rf.post("/", json.dumps({"email": "  \ud800\u200b "}), content_type="text/json")
+    assert keys.subject("email", "g", padded) == keys.subject("email", "g", request)
+    other = rf.post("/", json.dumps({"email": "\ud801"}), content_type="application/json")
+    assert keys.subject("email", "g", other) != keys.subject("email", "g", request)
+
+
+@pytest.mark.parametrize(
+    ("returned", "expected"),
+    [
+        (b"tenant-1", "tenant-1"),
+        (b"  tenant-1\x00 ", "tenant-1"),
+        (b"\xff\xfe", keys.derived("invalid", b"\xff\xfe")),
+        (10**5000, keys.derived("long", f"{10**5000:x}".encode())),
+        ("t" * 10_000, keys.derived("long", b"t" * 10_000)),
+        ("\ud800", keys.derived("invalid", "\ud800".encode("utf-8", "surrogatepass"))),
+    ],
+    ids=["bytes", "padded-bytes", "bad-utf8", "huge-int", "huge-str", "lone"],
+)
+def test_callable_keys_returning_other_types(returned: object, expected: str) -> None:
+    request = rf.get("/", REMOTE_ADDR="198.51.100.7")
+    found = keys.subject(lambda g, r: returned, "g", request)
+    assert found[1] == expected
+    namespace("g", *found)
+
+
+def test_callable_keys_returning_nothing_fall_back_to_the_ip() -> None:
+    request = rf.get("/", REMOTE_ADDR="198.51.100.7")
+    for nothing in (None, "", b"", "  \u200b "):
+        assert keys.subject(lambda g, r, v=nothing: v, "g", request) == ("ip", "198.51.100.7")
+
+
+def test_json_values_that_are_not_strings_are_the_text_a_form_would_make() -> None:
+    """A view passing ``data["username"]`` to the ORM or a form finds user ``"12345"`` for
+    ``12345``: the value is not missing."""
+    for sent, expected in ((12345, "12345"), (1.5, "1.5"), (["a@b.c"], "['a@b.c']")):
+        request = rf.post("/", json.dumps({"email": sent}), content_type="application/json")
+        assert keys.subject("email", "g", request) == ("email", expected)
+    null = rf.post("/", '{"email": null}', content_type="application/json", REMOTE_ADDR="::1")
+    assert keys.subject("email", "g", null) == ("ip", "::")
+
+
+# --- bodies -------------------------------------------------------------------------------
+
+
+def _big_json(email: str, size: int) -> str:
+    return json.dumps({"email": email, "filler": "f" * size})
+
+
+def test_json_bodies_are_read_up_to_djangos_limit_not_64_kib() -> None:
+    body = _big_json("Alice@Example.com", 100_000)  # over the old 64 KiB cut-off
+    request = rf.post("/", body, content_type="application/json", REMOTE_ADDR="192.0.2.1")
+    assert keys.subject("email", "g", request) == ("email", "alice@example.com")
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=None)
+def test_json_bodies_without_a_limit_are_read_whole() -> None:
+    body = _big_json("alice@example.com", 3_000_000)
+    request = rf.post("/", body, content_type="application/json", REMOTE_ADDR="192.0.2.1")
+    assert keys.subject("email", "g", request) == ("email", "alice@example.com")
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=1000)
+def test_a_body_over_djangos_limit_counts_by_the_ip_as_the_view_cannot_read_it() -> None:
+    from django.core.exceptions import RequestDataTooBig
+
+    body = _big_json("alice@example.com", 2000)
+    request = rf.post("/", body, content_type="application/json", REMOTE_ADDR="192.0.2.1")
+    assert keys.subject("email", "g", request) == ("ip", "192.0.2.1")
+    with pytest.raises(RequestDataTooBig):  # what the view gets: Django answers 400
+        request.body  # noqa: B018
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "text/plain;charset=UTF-8", ""])
+def test_json_sent_as_plain_text_is_read(content_type: str) -> None:
+    """``fetch(url, {method: "POST", body: JSON.stringify(...)})`` sends text/plain; a view
+    that calls ``json.loads(request.body)`` reads it all the same."""
+    body = json.dumps({"email": "Alice@Example.com"})
+    request = rf.post("/", body, content_type=content_type, REMOTE_ADDR="192.0.2.1")
+    assert keys.subject("email", "g", request) == ("email", "alice@example.com")
+
+
+def test_json_sent_as_a_url_encoded_form_is_read_when_the_form_lacks_the_field() -> None:
+    """``curl -d '{"email": ...}'`` declares a URL-encoded form."""
+    body = json.dumps({"email": "Alice@Example.com"})
+    request = rf.post(
+        "/", body, content_type="application/x-www-form-urlencoded", REMOTE_ADDR="192.0.2.1"
+    )
+    assert keys.subject("email", "g", request) == ("email", "alice@example.com")
+    both = rf.post("/", "email=bob@example.com", content_type="application/x-www-form-urlencoded")
+    assert keys.subject("email", "g", both) == ("email", "bob@example.com")
+
+
+def test_json_in_its_declared_charset() -> None:
+    """Not UTF-8 but what the request declares, as Django REST framework decodes it."""
+    body = '{"email": "alice@example.com", "x": "é"}'  # the factory encodes it in Latin-1
+    request = rf.post(
+        "/", body, content_type="application/json; charset=latin-1", REMOTE_ADDR="192.0.2.1"
+    )
+    assert keys.subject("email", "g", request) == ("email", "alice@example.com")
+
+
+# --- addresses ------------------------------------------------------------------------------
+
+
+@override_settings(RATELIMIT_TRUSTED_PROXIES=["127.0.0.1"])
+def test_a_trusted_proxy_on_a_dual_stack_socket_is_still_trusted() -> None:
+    """gunicorn ``-b [::]:8000`` reports the IPv4 proxy as ``::ffff:127.0.0.1``."""
+    first = rf.get("/", REMOTE_ADDR="::ffff:127.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.1")
+    second = rf.get("/", REMOTE_ADDR="::ffff:127.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.2")
+    assert keys.client_ip(first) == "198.51.100.1"
+    assert keys.client_ip(second) == "198.51.100.2"
+
+
+@override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"])
+def test_a_mapped_hop_of_a_trusted_network_is_skipped() -> None:
+    request = rf.get(
+        "/", REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="198.51.100.9, ::ffff:10.0.0.5"
+    )
+    assert keys.client_ip(request) == "198.51.100.9"
+
+
+@override_settings(RATELIMIT_TRUSTED_PROXIES=["::ffff:127.0.0.1", "::ffff:10.0.0.0/104"])
+def test_trusted_proxies_configured_in_mapped_form() -> None:
+    request = rf.get("/", REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.9, 10.1.2.3")
+    assert keys.client_ip(request) == "198.51.100.9"
+
+
+def test_unmap_network() -> None:
+    import ipaddress
+
+    assert keys.unmap_network(ipaddress.ip_network("::ffff:10.0.0.0/104")) == (
+        ipaddress.ip_network("10.0.0.0/8")
+    )
+    assert keys.unmap_network(ipaddress.ip_network("::ffff:0:0/96")) == (
+        ipaddress.ip_network("0.0.0.0/0")
+    )
+    assert keys.unmap_network(ipaddress.ip_network("2001:db8::/32")) == (
+        ipaddress.ip_network("2001:db8::/32")
+    )
+
+
+# --- django-ratelimit's helpers and its two address tests ------------------------------------
+
+
+def test_empty_ip() -> None:
+    """django-ratelimit's ``IpMetaTests.test_empty_ip``, on ours."""
+    req = rf.get("/")
+    req.META["REMOTE_ADDR"] = ""
+    with pytest.raises(ImproperlyConfigured):
+        keys.client_ip(req)
+
+
+@override_settings(RATELIMIT_IP_META_KEY="fake")
+def test_bad_config() -> None:
+    """django-ratelimit's ``IpMetaTests.test_bad_config``, on ours: the META key finds
+    nothing."""
+    req = rf.get("/")
+    req.META["REMOTE_ADDR"] = "1.2.3.4"
+    with pytest.raises(ImproperlyConfigured, match="RATELIMIT_IP_META_KEY"):
+        keys.client_ip(req)
+
+
+@pytest.mark.parametrize("meta_key", [lambda r: None, lambda r: "", lambda r: "unknown"])
+def test_an_ip_meta_key_callable_that_finds_nothing(meta_key: object) -> None:
+    with (
+        override_settings(RATELIMIT_IP_META_KEY=meta_key),
+        pytest.raises(ImproperlyConfigured, match="RATELIMIT_IP_META_KEY"),
+    ):
+        keys.subject("email", "g", rf.post("/", {}))
+
+
+def test_get_header_as_django_ratelimit() -> None:
+    from django_ratelimit.core import get_header as theirs
+
+    request = rf.get("/", HTTP_X_API_KEY=" k-1 ", HTTP_USER_AGENT="agent")
+    for header in ("x-api-key", "X-Api-Key", "X_API_KEY", "user-agent", "x-missing"):
+        assert keys.get_header(request, header) == theirs(request, header), header
+    assert keys.get_header(request, "x-missing") == ""
+
+
+def test_user_or_ip_as_django_ratelimit() -> None:
+    from django.contrib.auth.models import AnonymousUser
+    from django_ratelimit.core import user_or_ip as theirs
+
+    class Member:
+        pk = 7
+        is_authenticated = True
+
+    anonymous = rf.get("/", REMOTE_ADDR="203.0.113.7")
+    anonymous.user = AnonymousUser()
+    member = rf.get("/", REMOTE_ADDR="203.0.113.7")
+    member.user = Member()  # type: ignore[assignment]
+    for request in (anonymous, member):
+        assert keys.user_or_ip(request) == theirs(request)
+    nowhere = rf.get("/", REMOTE_ADDR="")
+    nowhere.user = AnonymousUser()
+    with pytest.raises(ImproperlyConfigured):
+        theirs(nowhere)
+    with pytest.raises(ImproperlyConfigured):
+        keys.user_or_ip(nowhere)
+
+
+# --- what a person types in the admin --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "typed", "sent"),
+    [
+        ("email", PAD + "Alice@Example.com\u200b" + PAD, "alice@example.com"),
+        ("email:username", "\t" * 1500 + "ALICE@example.com", " alice@example.com"),
+        ("post:name", PAD + "n1", "n1"),
+        ("post:name", PAD + "z" * 400, "z" * 400),
+    ],
+)
+def test_typed_padded_subjects_find_the_counters_requests_fill(
+    spec: str, typed: str, sent: str
+) -> None:
+    field = spec.partition(":")[2] or "email"
+    request = rf.post("/", {field: sent}, REMOTE_ADDR="198.51.100.1")
+    assert keys.normalize_value(spec, typed) == keys.subject(spec, "g", request)[1]
