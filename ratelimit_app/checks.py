@@ -17,12 +17,11 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ratelimit_app.backends import MEMCACHED, REDIS
+from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
 from ratelimit_app.conf import DEFAULTS
 
 MESSAGES: dict[str, str] = {
     "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
-    "E002": "The rate-limit cache cannot count: it stores nothing.",
     "E003": "RATELIMIT_IPV4_MASK must be an integer from 0 to 32.",
     "E004": "RATELIMIT_IPV6_MASK must be an integer from 0 to 128.",
     "E005": "RATELIMIT_TRUSTED_PROXIES must be a list of IP addresses or CIDR networks.",
@@ -39,15 +38,17 @@ MESSAGES: dict[str, str] = {
     "'user:<id>' entries or email addresses.",
     "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
     "E017": "RATELIMIT_FAIL_CLOSED_STATUS must be an HTTP error status code (400-599).",
+    "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be built as cls(alias, cache).",
     "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
     "no rule applies.",
     "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: rules keyed on the user "
     "see every request as anonymous and fall back to the IP.",
     "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
     "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
+    "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
+    "reached (only a rate of 0 refuses).",
 }
 
-_NOT_COUNTING = {"django.core.cache.backends.dummy.DummyCache"}
 _NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
 _NOT_ATOMIC = {
     "django.core.cache.backends.filebased.FileBasedCache",
@@ -84,8 +85,15 @@ def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     backend = caches[alias].get("BACKEND", "")
     if backend in (MEMCACHED, REDIS) and not caches[alias].get("LOCATION"):
         return [_error("E013", f"({alias!r} is {backend}).")]
-    if backend in _NOT_COUNTING:
-        return [_error("E002", f"({backend})", hint="Use memcached, Redis or LocMemCache.")]
+    if backend == DUMMY and not _setting("RATELIMIT_BACKEND"):
+        return [
+            _error(
+                "W005",
+                f"({alias!r} is {backend}).",
+                hint="Fine where nothing should be limited; use LocMemCache to see the limits "
+                "in development, and memcached or Redis in production.",
+            )
+        ]
     if backend in _NOT_SHARED:
         return [
             _error(
@@ -121,6 +129,12 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
     for name in ("RATELIMIT_VIEW", "RATELIMIT_EXCEPTION_CLASS", "RATELIMIT_BACKEND"):
         if not _importable(_setting(name)):
             yield _error("E007", f"{name} = {_setting(name)!r}.")
+    backend = _setting("RATELIMIT_BACKEND")
+    if backend and _importable(backend):
+        try:
+            configured_class(backend)
+        except ImproperlyConfigured as exc:
+            yield _error("E018", str(exc))
     prefix = _setting("RATELIMIT_CACHE_PREFIX")
     if not isinstance(prefix, str) or len(prefix) > 64 or re.search(r"[\s\x00-\x1f\x7f]", prefix):
         yield _error("E008", f"Got {prefix!r}.")

@@ -2,74 +2,157 @@
 
 * ``django.core.cache.backends.memcached.PyMemcacheCache``: :mod:`.memcached`;
 * ``django_redis.cache.RedisCache``: :mod:`.redis`;
+* ``django.core.cache.backends.dummy.DummyCache``: :mod:`.dummy` (never limits);
 * anything else: :mod:`.cache` (generic Django cache calls).
 
-``RATELIMIT_BACKEND`` (a dotted path to a :class:`~.base.Backend` subclass) overrides the
-choice. Backends are built once per process and alias, and rebuilt when settings change.
+``RATELIMIT_BACKEND`` (a :class:`~.base.Backend` subclass or its dotted path) overrides the
+choice. Every backend is built the same way, ``cls(alias, cache)`` (:func:`build`), once per
+process and alias, and rebuilt when settings change.
+
+A mistake in the settings (an alias not in ``CACHES``, a ``RATELIMIT_BACKEND`` that cannot
+be imported, is no backend, or cannot be built that way) raises ``ImproperlyConfigured`` and
+is reported by the system checks; only a backend that fails to start (a bad server address)
+is a :class:`~ratelimit_app.exceptions.BackendError`, which fails open or closed.
 """
 
 from __future__ import annotations
 
+import inspect
 import threading
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
+from django.core.cache import InvalidCacheBackendError, caches
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ratelimit_app.backends.base import Backend
+from ratelimit_app.backends.base import Backend, cache_settings
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 
 MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"
 REDIS = "django_redis.cache.RedisCache"
+DUMMY = "django.core.cache.backends.dummy.DummyCache"
 
 _backends: dict[str, Backend] = {}
 _lock = threading.Lock()
 
 
 def get_backend(alias: str | None = None) -> Backend:
-    """The backend for ``alias`` (default: ``RATELIMIT_USE_CACHE``)."""
+    """The backend for ``alias`` (default: ``RATELIMIT_USE_CACHE``).
+
+    Raises ``ImproperlyConfigured`` for a configuration mistake (``InvalidCacheBackendError``
+    when the alias is not in ``CACHES``, as Django's ``caches[alias]`` does), and
+    ``BackendError`` when the backend cannot start.
+    """
     alias = alias or conf.USE_CACHE
     backend = _backends.get(alias)
     if backend is None:
         with _lock:
             backend = _backends.get(alias)
             if backend is None:
-                try:
-                    backend = _build(alias)
-                except ImproperlyConfigured:
-                    raise
-                except Exception as exc:  # a bad LOCATION: a failure like any other
-                    raise BackendError(f"{alias}: cannot connect ({exc!r})") from exc
+                backend = build(backend_class(alias), alias)
                 _backends[alias] = backend
     return backend
 
 
-def _build(alias: str) -> Backend:
+def backend_class(alias: str) -> type[Backend]:
+    """The class that counts on cache ``alias``: ``RATELIMIT_BACKEND``'s when set, else the
+    one the cache's ``BACKEND`` selects. Raises ``ImproperlyConfigured``."""
     config = settings.CACHES.get(alias)
     if config is None:
-        raise ImproperlyConfigured(
+        raise InvalidCacheBackendError(
             f"RATELIMIT_USE_CACHE is {alias!r}, which is not a key of CACHES."
         )
-    cache = caches[alias]
     if conf.BACKEND:
-        return import_string(conf.BACKEND)(alias, cache)
+        return configured_class(conf.BACKEND)
     path = config.get("BACKEND", "")
-    location = config.get("LOCATION", "")
-    options = cast(dict[str, Any], config.get("OPTIONS") or {})
     if path == MEMCACHED:
         from ratelimit_app.backends.memcached import MemcachedBackend
 
-        return MemcachedBackend(alias, cache, location, options)
+        return MemcachedBackend
     if path == REDIS:
         from ratelimit_app.backends.redis import RedisBackend
 
-        return RedisBackend(alias, cache, location, options)
+        return RedisBackend
+    if path == DUMMY:
+        from ratelimit_app.backends.dummy import DummyBackend
+
+        return DummyBackend
     from ratelimit_app.backends.cache import CacheBackend
 
-    return CacheBackend(alias, cache)
+    return CacheBackend
+
+
+def configured_class(value: object) -> type[Backend]:
+    """The class ``RATELIMIT_BACKEND`` names (a class or its dotted path), checked: it can
+    be imported, is a concrete :class:`~.base.Backend` subclass, and can be built as
+    ``cls(alias, cache)``. Raises ``ImproperlyConfigured`` naming the setting (the system
+    check ``ratelimit_app.E018`` reports the same at start-up)."""
+    cls: object = value
+    if isinstance(value, str):
+        try:
+            cls = import_string(value)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"RATELIMIT_BACKEND = {value!r} cannot be imported: {exc}"
+            ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise ImproperlyConfigured(
+            f"RATELIMIT_BACKEND = {value!r} is not a subclass of "
+            "ratelimit_app.backends.base.Backend."
+        )
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        raise ImproperlyConfigured(
+            f"RATELIMIT_BACKEND = {value!r} does not implement {missing} (see the Backend "
+            "contract in docs/backends)."
+        )
+    try:
+        inspect.signature(cls).bind(*_parameters(cls))
+    except TypeError as exc:
+        raise ImproperlyConfigured(
+            f"RATELIMIT_BACKEND = {value!r} cannot be built as cls(alias, cache): {exc}."
+        ) from exc
+    return cls
+
+
+#: The names of the arguments of the older construction of the memcached and Redis backends,
+#: ``cls(alias, cache, location, options)``.
+_WITH_LOCATION = ("alias", "cache", "location", "options")
+
+
+def _parameters(cls: type[Backend]) -> tuple[str, ...]:
+    """The arguments :func:`build` passes to ``cls``, by name.
+
+    The contract is ``cls(alias, cache)``; a backend that needs the cache's ``LOCATION`` and
+    ``OPTIONS`` reads them with :func:`~.base.cache_settings`. The memcached and Redis
+    backends still take them as arguments, so a class whose constructor asks for
+    ``location`` and ``options`` gets them.
+    """
+    names = inspect.signature(cls).parameters
+    if "location" in names and "options" in names:
+        return _WITH_LOCATION
+    return _WITH_LOCATION[:2]
+
+
+def build(cls: type[Backend], alias: str) -> Backend:
+    """A backend of class ``cls`` for the cache ``alias`` (in ``CACHES``).
+
+    A failure of the constructor is a :class:`~ratelimit_app.exceptions.BackendError` (a
+    server address that cannot be used is a failure like any other: it fails open or
+    closed), except ``ImproperlyConfigured``, which is raised as it is.
+    """
+    values: dict[str, Any] = {"alias": alias, "cache": caches[alias]}
+    names = _parameters(cls)
+    if names == _WITH_LOCATION:
+        values["location"], values["options"] = cache_settings(alias)
+    try:
+        return cls(*(values[name] for name in names))
+    except ImproperlyConfigured:
+        raise
+    except Exception as exc:
+        raise BackendError(f"{alias}: cannot connect ({exc!r})") from exc
 
 
 def reset_backends() -> None:

@@ -18,8 +18,9 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+from django.conf import settings
 from django.core.cache import caches
 
 from ratelimit_app import gcra
@@ -110,8 +111,26 @@ class Encoded:
                 values[i] = proof
 
 
+def cache_settings(alias: str) -> tuple[Any, dict[str, Any]]:
+    """The ``LOCATION`` and ``OPTIONS`` of ``settings.CACHES[alias]`` (``""`` and ``{}`` when
+    absent), for a backend that talks to the cache's servers itself."""
+    config = settings.CACHES[alias]
+    return config.get("LOCATION", ""), dict(cast(dict[str, Any], config.get("OPTIONS") or {}))
+
+
 class Backend(ABC):
-    """Counts bucket hits for subjects. One instance per cache alias and process."""
+    """Counts bucket hits for subjects. One instance per cache alias and process.
+
+    The contract (``docs/backends.rst``, "Your own backend", states it for users):
+
+    * built as ``cls(alias, cache)``: the key of ``CACHES`` and Django's cache object for it
+      (:func:`ratelimit_app.backends.build`); call ``super().__init__(alias, cache)``, and
+      read the cache's ``LOCATION`` and ``OPTIONS`` with :func:`cache_settings` if needed;
+    * must implement :meth:`run_many` and :meth:`delete`;
+    * may override :meth:`meter_many` (leaky buckets; the default runs on the Django cache
+      under a process lock), :meth:`exchange` (both kinds in one round trip), :meth:`close`,
+      and set :attr:`inline_ok`.
+    """
 
     #: True when a check is bounded loopback-class I/O an event loop may run inline.
     inline_ok = False

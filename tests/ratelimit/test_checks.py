@@ -5,13 +5,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.checks import WARNING
 from django.core.management import call_command
 from django.test import override_settings
 
 from ratelimit_app import checks
+from ratelimit_app.backends.cache import CacheBackend
 from ratelimit_app.decorators import ratelimit, registry
 
 LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+DUMMY = {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}
 
 
 MEMCACHED = {
@@ -48,10 +51,6 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
     ("settings", "expected"),
     [
         ({"RATELIMIT_USE_CACHE": "missing"}, "ratelimit_app.E001"),
-        (
-            {"CACHES": {"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}},
-            "ratelimit_app.E002",
-        ),
         ({"RATELIMIT_IPV4_MASK": 33}, "ratelimit_app.E003"),
         ({"RATELIMIT_IPV6_MASK": "64"}, "ratelimit_app.E004"),
         ({"RATELIMIT_TRUSTED_PROXIES": ["10.0.0.0/33"]}, "ratelimit_app.E005"),
@@ -93,6 +92,13 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
             "ratelimit_app.W004",
         ),
         ({"CACHES": {"default": LOCMEM}}, "ratelimit_app.W001"),
+        ({"CACHES": {"default": DUMMY}}, "ratelimit_app.W005"),
+        # Not a backend, an abstract one, one built with other arguments (a configuration
+        # mistake, never a connection failure at request time).
+        ({"RATELIMIT_BACKEND": LOCMEM["BACKEND"]}, "ratelimit_app.E018"),
+        ({"RATELIMIT_BACKEND": "ratelimit_app.backends.base.Backend"}, "ratelimit_app.E018"),
+        ({"RATELIMIT_BACKEND": f"{__name__}.ThreeArguments"}, "ratelimit_app.E018"),
+        ({"RATELIMIT_BACKEND": "no.such.Backend"}, "ratelimit_app.E007"),
         (
             {
                 "CACHES": {
@@ -156,6 +162,48 @@ def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:
 @override_settings(RATELIMIT_IP_META_KEY="HTTP_X_REAL_IP")
 def test_a_plain_meta_key_is_fine() -> None:
     assert "ratelimit_app.E011" not in ids(all_messages())
+
+
+class ThreeArguments(CacheBackend):
+    """A backend whose constructor wants more than the contract's ``(alias, cache)``."""
+
+    def __init__(self, alias: str, cache: Any, servers: list[str]) -> None:
+        super().__init__(alias, cache)
+
+
+def test_dummy_cache_is_a_warning_that_says_why() -> None:
+    with override_settings(CACHES={"default": DUMMY}):
+        (message,) = checks.check_cache()
+    assert message.level == WARNING and "stores nothing" in message.msg
+    assert message.hint and "LocMemCache" in message.hint
+    # A backend of one's own decides without the cache: no warning about the cache.
+    with override_settings(
+        CACHES={"default": DUMMY}, RATELIMIT_BACKEND=f"{__name__}.ThreeArguments"
+    ):
+        assert "ratelimit_app.W005" not in ids(checks.check_cache())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "ratelimit_app.backends.cache.CacheBackend",
+        "ratelimit_app.backends.memcached.MemcachedBackend",
+        "ratelimit_app.backends.redis.RedisBackend",
+        "ratelimit_app.backends.redis.RedisClusterBackend",
+    ],
+)
+def test_every_builtin_backend_passes_as_the_setting(path: str) -> None:
+    with override_settings(RATELIMIT_BACKEND=path):
+        assert not [m for m in checks.check_settings() if m.id.endswith(("E007", "E018"))]
+
+
+def test_backend_setting_errors_name_the_setting_and_the_problem() -> None:
+    with override_settings(RATELIMIT_BACKEND=f"{__name__}.ThreeArguments"):
+        (message,) = [m for m in checks.check_settings() if m.id == "ratelimit_app.E018"]
+    assert "RATELIMIT_BACKEND" in message.msg and "servers" in message.msg
+    with override_settings(RATELIMIT_BACKEND="ratelimit_app.backends.base.Backend"):
+        (message,) = [m for m in checks.check_settings() if m.id == "ratelimit_app.E018"]
+    assert "delete, run_many" in message.msg
 
 
 def test_manage_py_check_passes_with_good_settings() -> None:

@@ -1,0 +1,1 @@
+"""Other projects' own test suites, run against ``ratelimit_app`` through import aliases."""
