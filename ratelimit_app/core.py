@@ -19,12 +19,13 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, rates, windows
+from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, limits, rates, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import MeterOp, MeterReply, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.limits import Limit, Method, method_set
 from ratelimit_app.rules import Rule
 from ratelimit_app.signals import backend_failed, ratelimited
 
@@ -32,14 +33,11 @@ __all__ = ["ALL", "UNSAFE", "get_usage", "is_ratelimited", "lookup", "reset"]
 
 logger = logging.getLogger("ratelimit_app")
 
-Method = str | Sequence[str | None] | None
-
 
 def method_matches(request: HttpRequest, method: Method) -> bool:
-    if method == ALL or method is None:
-        return True
-    methods = [method] if isinstance(method, str) else method
-    return request.method in [m.upper() for m in methods if m]
+    """True when the request's method is one ``method`` (as the decorators take it) names."""
+    methods = method_set(method)
+    return methods is None or request.method in methods
 
 
 def group_name(fn: Callable[..., Any]) -> str:
@@ -80,20 +78,15 @@ def namespace(group: str, kind: str, value: str) -> str:
 def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
     """What counters are kept apart by (:func:`ratelimit_app.rates.scope`), for a method
     spec as the decorators take it."""
-    if method == ALL or method is None:
-        methods = ""
-    elif isinstance(method, str):
-        methods = method.upper()
-    else:
-        methods = ",".join(sorted(m.upper() for m in method if m))
-    return rates.scope(group, methods, rate_list)
+    methods = method_set(method)
+    return rates.scope(group, ",".join(sorted(methods)) if methods else "", rate_list)
 
 
 class Result:
     """Outcome of one check of one subject (built on every request: a plain slotted class,
     cheaper to make than a frozen dataclass)."""
 
-    __slots__ = ("limited", "meter", "namespace", "usages")
+    __slots__ = ("limited", "meter", "namespace", "plan", "reply", "usages")
 
     def __init__(
         self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None
@@ -103,6 +96,10 @@ class Result:
         #: A leaky bucket's state (its one usage is derived from it); None for sliding
         #: windows.
         self.meter = meter
+        #: What :func:`take_back` needs to undo an admitted hit: the sliding windows' plan
+        #: that counted it, or the leaky bucket's reply that stored it (None: nothing stored).
+        self.plan: windows.Plan | None = None
+        self.reply: MeterReply | None = None
         #: True when any rate is over its limit.
         self.limited = False
         for u in usages:
@@ -204,13 +201,15 @@ def check_many(
     results: list[Result] = [None] * len(checks)  # type: ignore[list-item]
     for i, v in zip(windowed, values, strict=True):
         usages = windows.evaluate(plans[i], v, t, counted=checks[i].increment)
-        results[i] = Result(usages, namespaces[i])
+        results[i] = r = Result(usages, namespaces[i])
+        if checks[i].increment:
+            r.plan = plans[i]
     admitted: dict[int, MeterReply] = {}
     for i, reply in zip(metered, replies, strict=True):
         state = gcra.outcome(meters[i], reply.read, reply.written, now_us, checks[i].increment)
-        results[i] = meter_result(state, namespaces[i])
+        results[i] = r = meter_result(state, namespaces[i])
         if reply.written is not None:
-            admitted[i] = reply
+            admitted[i] = r.reply = reply
     limited = {i for i, r in enumerate(results) if r.limited}
     if not limited:
         return results
@@ -229,6 +228,8 @@ def check_many(
     }
     second = sorted(undo.intersection(windowed) | set(detail))
     untake = sorted(undo.intersection(admitted))
+    for i in undo:  # taken back here (or, if that fails, left counted): never again
+        results[i].plan = results[i].reply = None
     if not second and not untake:
         return results
     ops = [
@@ -249,6 +250,26 @@ def check_many(
                 windows.refine(results[i].usages, detail[i], v, t), results[i].namespace
             )
     return results
+
+
+def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
+    """Take back the hits ``results`` counted and still hold, in one round trip: a
+    failure-only rule's provisional hit when the request turned out not to be a failure.
+
+    A leaky bucket's hit is taken back only if nothing has changed its bucket since (else it
+    stays counted: the safe side). Raises ``BackendError``; either way the results hold
+    nothing more to take back.
+    """
+    ops: list[Op] = []
+    meter_ops: list[MeterOp] = []
+    for c, r in zip(checks, results, strict=True):
+        if r.plan is not None:
+            ops.append(Op(r.namespace, r.plan, False, r.plan))
+        elif r.reply is not None:
+            meter_ops.append(MeterOp(r.namespace, gcra.meter(c.rates, c.burst), take_back=r.reply))
+        r.plan = r.reply = None
+    if ops or meter_ops:
+        get_backend().exchange(ops, meter_ops, gcra.micros(clock.now()))
 
 
 def check(
@@ -280,7 +301,9 @@ def usage_dict(result: Result) -> dict[str, Any]:
         "count": u.count,
         "limit": limit,
         "should_limit": result.limited,
-        "time_left": math.ceil(u.reset),
+        # django-ratelimit's meaning: at most the period. ``reset`` is exact, and may pass the
+        # period by up to one fine bucket: the oldest bucket counts in full (never lenient).
+        "time_left": min(math.ceil(u.reset), u.rate.seconds),
         "remaining": u.remaining,
         "reset": math.ceil(u.reset),
         "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
@@ -353,36 +376,50 @@ def get_usage(
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
-    gcra.validate_algorithm(algorithm)
-    gcra.validate_burst(burst)
-    if not conf.ENABLE or not method_matches(request, method):
+    if not conf.ENABLE or rate is None:
         return None
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
-    rate_list = rates.resolve(rate, group, request)
+    limit = limits.build(group, key, rate, method, algorithm, burst)
+    return limit_usage(request, limit, increment, fail_open)
+
+
+def limit_usage(
+    request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
+) -> dict[str, Any] | None:
+    """:func:`get_usage` for a validated :class:`~ratelimit_app.limits.Limit`.
+
+    When the backend fails, a request that counts fails open or closed as ``fail_open`` (or
+    ``RATELIMIT_FAIL_OPEN``) says; a look that counts nothing never enforces (as in
+    django-ratelimit), unless ``fail_open=False`` is passed.
+    """
+    if not limit.applies_to(request):
+        return None
+    rate_list = limit.rates_for(request)
     if not rate_list:
         return None
-    if not key:
-        raise ImproperlyConfigured("Ratelimit key must be specified.")
-    subject = keys.subject(key, group, request)
+    subject = keys.subject(limit.key, limit.group, request)
     if subject is None:
         return None
-    if algorithm == LEAKY_BUCKET:
-        gcra.meter(rate_list, burst)  # a rate from a callable is validated here
     try:
         result = check(
-            scope(group, method, rate_list), subject, rate_list, increment, algorithm, burst
+            limit.scope_for(rate_list),
+            subject,
+            rate_list,
+            increment,
+            limit.algorithm,
+            limit.burst,
         )
     except BackendError as exc:
         report_failure(exc)
-        if conf.FAIL_OPEN if fail_open is None else fail_open:
-            return None
-        return failure_dict()
-    usage = usage_dict(result)
+        if fail_open is None:
+            fail_open = conf.FAIL_OPEN or not increment
+        return None if fail_open else failure_dict()
+    found = usage_dict(result)
     if increment and result.limited:
         ratelimited.send(
-            sender=None, group=group, subject=result.namespace, usage=usage, request=request
+            sender=None, group=limit.group, subject=result.namespace, usage=found, request=request
         )
-    return usage
+    return found
 
 
 def is_ratelimited(
@@ -409,28 +446,25 @@ RESET_BATCH = 5000
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """The counters of one subject of a rule or a decorator's group, found from what a person
-    types (for :func:`reset`, :func:`lookup`, the commands and the admin)."""
+    """The counters of one subject of a limit, found from what a person types (for
+    :func:`reset`, :func:`lookup`, the commands and the admin)."""
 
-    group: str
-    key: keys.KeySpec
+    limit: Limit
+    #: The limit's rates (fixed: a target never depends on a request).
     rates: tuple[rates.Rate, ...]
-    method: Method
     #: The subject as the key stores it.
     value: str
     #: The subject as a masked IP, when it is one and the key is of another kind: the
     #: counters of requests that had no value for the key and fell back to the client IP.
     fallback_ip: str | None = None
-    algorithm: str = SLIDING_WINDOW
-    burst: int | None = None
 
     @property
     def scope(self) -> str:
-        return scope(self.group, self.method, self.rates)
+        return self.limit.scope_for(self.rates)
 
     def subjects(self) -> list[tuple[str, str]]:
         """``(kind, value)`` of every place the subject's counts may be filed."""
-        found = [(keys.kind(self.key), self.value)]
+        found = [(self.limit.kind, self.value)]
         if self.fallback_ip is not None:
             found.append(("ip", self.fallback_ip))
         return found
@@ -438,9 +472,48 @@ class Target:
     def kinds(self) -> set[str]:
         return {kind for kind, _ in self.subjects()}
 
+    def checks(self) -> list[Check]:
+        """A look (counting nothing) at each place the subject's counts may be filed."""
+        lim = self.limit
+        return [
+            Check(self.scope, subject, self.rates, False, lim.algorithm, lim.burst)
+            for subject in self.subjects()
+        ]
+
+
+def find_limit(
+    rule_or_group: str | Rule | Limit,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
+) -> Limit:
+    """The limit a rule (a :class:`~ratelimit_app.rules.Rule`, or the name of a rule in
+    force) or a decorator's group (with the decorator's ``key``, ``rate``, ``method``,
+    ``algorithm`` and ``burst``) counts with. Raises ``ValueError`` when there is none."""
+    if isinstance(rule_or_group, Limit):
+        return rule_or_group
+    if isinstance(rule_or_group, Rule):
+        return rule_or_group.limit
+    if key is None:
+        found = conf.RULES.by_name.get(rule_or_group)
+        if found is None:
+            raise ValueError(
+                f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "
+                f"pass its key and rate."
+            )
+        return found.limit
+    if rate is None:
+        raise ValueError(f"{rule_or_group!r}: a group needs the key and rate of its decorator.")
+    try:
+        return limits.build(rule_or_group, key, rate, method, algorithm, burst)
+    except ImproperlyConfigured as exc:
+        raise ValueError(f"{rule_or_group!r}: {exc}") from exc
+
 
 def target(
-    rule_or_group: str | Rule,
+    rule_or_group: str | Rule | Limit,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -448,52 +521,28 @@ def target(
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
 ) -> Target | None:
-    """The counters ``subject`` has under a rule (a :class:`~ratelimit_app.rules.Rule` or the
-    name of one in ``RATELIMIT_RULES``) or under a decorator's ``group`` (then ``key``,
-    ``rate``, ``method``, ``algorithm`` and ``burst`` are the decorator's). ``subject`` is
+    """The counters ``subject`` has under a limit (see :func:`find_limit`). ``subject`` is
     what a person types: an IP, an email (case folded as the key does), a user id. Returns
     None when the subject is empty or invalid.
 
     Raises ``ValueError`` when the limit cannot be found, its rates depend on the request,
     or its algorithm, rates and burst do not make a limit.
     """
-    if isinstance(rule_or_group, str) and key is None:
-        found = conf.RULES.by_name.get(rule_or_group)
-        if found is None:
-            raise ValueError(
-                f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "
-                f"pass its key and rate."
-            )
-        rule_or_group = found
-    if isinstance(rule_or_group, Rule):
-        group, key, rate, method = rule_or_group.group, rule_or_group.key, rule_or_group.rate, ALL
-        algorithm, burst = rule_or_group.algorithm, rule_or_group.burst
-    else:
-        group = rule_or_group
-    if key is None or rate is None:
-        raise ValueError(f"{rule_or_group!r}: a group needs the key and rate of its decorator.")
-    if callable(rate) or rates.is_dotted_path(rate):
-        raise ValueError(
-            f"{rule_or_group!r}: its rate depends on the request; pass the rate it returns."
-        )
-    try:
-        rate_list = rates.normalize(rate)
-        gcra.validate_algorithm(algorithm)
-        if algorithm == LEAKY_BUCKET:
-            gcra.meter(rate_list, burst)
-    except ImproperlyConfigured as exc:
-        raise ValueError(f"{rule_or_group!r}: {exc}") from exc
-    value = keys.normalize_value(key, subject)
+    limit = find_limit(rule_or_group, key, rate, method, algorithm, burst)
+    if limit.static_rates is None:
+        name = rule_or_group.name if isinstance(rule_or_group, Rule) else limit.group
+        raise ValueError(f"{name!r}: its rate depends on the request; pass the rate it returns.")
+    value = keys.normalize_value(limit.key, subject)
     if value is None:
         return None
     fallback = None
-    if keys.kind(key) not in ("ip", "user_or_ip"):
+    if limit.kind not in ("ip", "user_or_ip"):
         fallback = keys.mask_ip(subject)
-    return Target(group, key, rate_list, method, value, fallback, algorithm, burst)
+    return Target(limit, limit.static_rates, value, fallback)
 
 
 def reset(
-    rule_or_group: str | Rule,
+    rule_or_group: str | Rule | Limit,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -512,7 +561,7 @@ def reset(
     if found is None:
         return False
     suffixes = [gcra.SUFFIX]
-    if found.algorithm == SLIDING_WINDOW:
+    if not found.limit.metered:
         now = clock.now()
         suffixes += sorted(windows.stored_suffixes(found.rates, now, conf.BUCKETS_PER_WINDOW))
     backend = get_backend()
@@ -524,7 +573,7 @@ def reset(
 
 
 def lookup(
-    rule_or_group: str | Rule,
+    rule_or_group: str | Rule | Limit,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -543,12 +592,7 @@ def lookup(
     found = target(rule_or_group, subject, key, rate, method, algorithm, burst)
     if found is None:
         return None
-    results = check_many(
-        [
-            Check(found.scope, subject, found.rates, False, found.algorithm, found.burst)
-            for subject in found.subjects()
-        ]
-    )
+    results = check_many(found.checks())
     busiest = max(results, key=lambda r: r.binding().count)  # the first on a tie: its own
     return usage_dict(busiest)
 

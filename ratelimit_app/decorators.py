@@ -15,50 +15,19 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, gcra, keys, rates
+from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.core import Method, get_usage, group_name
+from ratelimit_app.core import group_name, limit_usage
+from ratelimit_app.limits import Limit, Method
 
 __all__ = ["ratelimit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Decorated views whose static configuration is invalid, for the system checks. Keyed by
-#: view, so ``method_decorator`` (which decorates again on every request) adds nothing.
+#: Decorated views whose configuration is invalid, for the system checks. Keyed by view, so
+#: ``method_decorator`` (which decorates again on every request) adds nothing.
 registry: dict[str, list[str]] = {}
-
-
-def _validate(
-    key: object, rate: object, algorithm: object = gcra.SLIDING_WINDOW, burst: object = None
-) -> list[str]:
-    problems = []
-    static: tuple[rates.Rate, ...] | None = None
-    if (isinstance(rate, str) and not rates.is_dotted_path(rate)) or isinstance(rate, tuple):
-        try:
-            static = rates.normalize(rate)
-        except ImproperlyConfigured as exc:
-            problems.append(str(exc))
-    if not key:
-        problems.append("Ratelimit key must be specified.")
-    elif isinstance(key, str):
-        try:
-            keys.compile_key(key)
-        except ImproperlyConfigured as exc:
-            problems.append(str(exc))
-    try:
-        gcra.validate_algorithm(algorithm)
-        if burst is not None and algorithm != gcra.LEAKY_BUCKET:
-            raise ImproperlyConfigured(
-                f"Burst {burst!r}: a burst is the capacity of a leaky bucket; add "
-                "algorithm='leaky_bucket' or remove it."
-            )
-        gcra.validate_burst(burst)
-        if algorithm == gcra.LEAKY_BUCKET and static is not None:
-            gcra.meter(static, burst)
-    except ImproperlyConfigured as exc:
-        problems.append(str(exc))
-    return problems
 
 
 def _find_request(args: tuple[Any, ...]) -> HttpRequest:
@@ -100,25 +69,22 @@ def ratelimit(
         return _wrap(fn, group, group_name(fn))
 
     def _wrap(fn: F, group: str | None, view_name: str) -> F:
-        problems = _validate(key, rate, algorithm, burst)
-        if problems:
-            registry[view_name] = problems
+        limit: Limit | None = None
+        problem = None
+        if rate is not None:  # django-ratelimit's "no rate, no limit"
+            try:
+                limit = limits.build(group or view_name, key, rate, method, algorithm, burst)
+            except ImproperlyConfigured as exc:
+                problem = str(exc)
+                registry[view_name] = [problem]
 
         def before(request: HttpRequest) -> None:
-            if problems:
-                raise ImproperlyConfigured(f"@ratelimit on {view_name}: {problems[0]}")
+            if problem is not None:
+                raise ImproperlyConfigured(f"@ratelimit on {view_name}: {problem}")
             old_limited = getattr(request, "limited", False)
-            usage = get_usage(
-                request,
-                group,
-                fn,
-                key,
-                rate,
-                method,
-                increment=True,
-                algorithm=algorithm,
-                burst=burst,
-            )
+            usage = None
+            if limit is not None and conf.ENABLE:
+                usage = limit_usage(request, limit, increment=True)
             limited = bool(usage and usage["should_limit"])
             request.limited = limited or old_limited  # type: ignore[attr-defined]
             if limited and block:
@@ -129,7 +95,7 @@ def ratelimit(
             @functools.wraps(fn)
             async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
                 request = _find_request(args)
-                if _inline_ok():
+                if limit is not None and limit.async_safe and _inline_ok():
                     before(request)  # one bounded round trip: cheaper than a thread hop
                 else:
                     await sync_to_async(before)(request)

@@ -10,14 +10,16 @@ Per request:
    email is what the request claims, so the IP and user rules still apply).
 3. Every matching rule is checked in **one** backend round trip
    (:func:`~ratelimit_app.core.check_many`; leaky-bucket rules on memcached add a
-   compare-and-set round trip): ``count: "all"`` rules count the request,
-   ``count: "failures"`` rules only look. A limited blocking rule answers 429
-   (:mod:`~ratelimit_app.responses`) without calling the view, and the request then counts
-   nowhere (the other rules' hits are taken back in the same second round trip that times
-   the wait).
-4. After the view, failure-only rules count the request when it failed: a status in
-   ``RATELIMIT_FAILURE_STATUSES`` or ``user_login_failed`` sent during the request (Django's
-   ``LoginView`` answers a wrong password with 200).
+   compare-and-set round trip), and every one counts the request. A limited blocking rule
+   answers 429 (:mod:`~ratelimit_app.responses`) without calling the view, and the request
+   then counts nowhere (the other rules' hits are taken back in the same second round trip
+   that times the wait).
+4. A ``count: "failures"`` rule's hit is provisional: after the view it is taken back
+   (:func:`~ratelimit_app.core.take_back`, one round trip) unless the request failed: a
+   status in ``RATELIMIT_FAILURE_STATUSES`` or ``user_login_failed`` sent during the request
+   (Django's ``LoginView`` answers a wrong password with 200). Counting before the view is
+   what keeps concurrent attempts within the limit: a rule that only looked before the view
+   and counted after it would let any number of parallel attempts through.
 
 Backend failures never raise: a rule fails open (default) or, with ``fail_open: False``,
 answers ``RATELIMIT_FAIL_CLOSED_STATUS``. The sync and async paths share every step; the async
@@ -38,10 +40,10 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import ALL, keys, responses
+from ratelimit_app import keys, responses
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.core import Check, Result, check_many, report_failure, scope, usage_dict
+from ratelimit_app.core import Check, Result, check_many, report_failure, take_back, usage_dict
 from ratelimit_app.exceptions import BackendError, Ratelimited
 from ratelimit_app.rules import Rule
 from ratelimit_app.signals import ratelimited
@@ -81,14 +83,21 @@ def _tracking(marker: _Failure) -> Iterator[None]:
 
 @dataclasses.dataclass(slots=True)
 class _Pending:
-    """What is left to do after the view: headers to add, failures to count."""
+    """What is left to do after the view: headers to add, and the provisional hits of
+    failure-only rules to take back if the request does not fail."""
 
     policies: list[tuple[str | None, dict[str, Any]]]
-    failure_checks: list[Check]
+    provisional: list[tuple[Check, Result]] = dataclasses.field(default_factory=list)
     marker: _Failure = dataclasses.field(default_factory=_Failure)
 
     def failed(self, response: HttpResponse) -> bool:
         return self.marker.failed or response.status_code in conf.FAILURE_STATUSES
+
+    def to_take_back(self, response: HttpResponse) -> list[tuple[Check, Result]]:
+        """The provisional hits to take back: all of them, unless the request failed."""
+        if not self.provisional or self.failed(response):
+            return []
+        return self.provisional
 
 
 def _exception(usage: dict[str, Any] | None, rule: str | None) -> Exception:
@@ -127,12 +136,13 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     checks: list[Check] = []
     used: list[Rule] = []
     for rule in rules:
-        rate_list = rule.static_rates
+        limit = rule.limit
+        rate_list = limit.static_rates
         if rate_list is None:
-            rate_list = rule.rates_for(request)
+            rate_list = limit.rates_for(request)
         if not rate_list:
             continue
-        subject = keys.subject(rule.key, rule.group, request)
+        subject = keys.subject(limit.key, limit.group, request)
         if subject is None:  # no value and no client IP: logged, not limited
             continue
         if (allow.emails or deny.emails) and keys.is_email_kind(subject[0]):
@@ -142,27 +152,23 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
                 return responses.denied(request)
             if subject[1] in allow.emails:
                 continue
-        rule_scope = rule.static_scope
-        if rule_scope is None or rate_list is not rule.static_rates:
-            rule_scope = scope(rule.group, ALL, rate_list)
+        # Every rule counts the request in the check's own round trip. A failure-only rule's
+        # hit is provisional: taken back after the view unless the request failed. So
+        # concurrent attempts never pass the limit, and only requests that did not fail pay
+        # a second round trip.
         checks.append(
             Check(
-                rule_scope,
+                limit.scope_for(rate_list),
                 subject,
                 rate_list,
-                not rule.failures_only,
-                rule.algorithm,
-                rule.burst,
+                True,
+                limit.algorithm,
+                limit.burst,
             )
         )
         used.append(rule)
     if not checks:
         return None
-    failure_checks = [
-        c._replace(increment=True)
-        for c, rule in zip(checks, used, strict=True)
-        if rule.failures_only
-    ]
     try:
         results = check_many(checks, take_back=_take_back_all_if_blocked(used))
     except BackendError as exc:
@@ -170,7 +176,7 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         closed = [rule for rule in used if rule.block and not rule.fail_open]
         if closed:
             return responses.unavailable(request, closed[0].name)
-        return _Pending([], failure_checks)
+        return _Pending([])
     policies: list[tuple[str | None, dict[str, Any]]] = []
     blocking: list[tuple[Rule, dict[str, Any]]] = []
     request_usage = getattr(request, "ratelimit_usage", None) or {}
@@ -196,29 +202,37 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     if blocking:
         rule, usage = max(blocking, key=lambda b: b[1]["retry_after"])
         return responses.too_many_requests(request, _exception(usage, rule.name), usage, rule.name)
-    return _Pending(policies if conf.HEADERS else [], failure_checks)
+    provisional = [
+        (c, r)
+        for c, r, rule in zip(checks, results, used, strict=True)
+        if rule.failures_only and (r.plan is not None or r.reply is not None)
+    ]
+    return _Pending(policies if conf.HEADERS else [], provisional)
 
 
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
-    """Everything after the view: count failures, add the RateLimit headers."""
-    if pending.failure_checks and pending.failed(response):
-        count_failures(pending.failure_checks)
+    """Everything after the view: take back provisional hits, add the RateLimit headers."""
+    settle(pending.to_take_back(response))
     if pending.policies:
         responses.add_headers(response, pending.policies)
     return response
 
 
-def count_failures(checks: list[Check]) -> None:
-    """Count a failed request for the failure-only rules; a backend failure is reported."""
+def settle(provisional: list[tuple[Check, Result]]) -> None:
+    """Take back the provisional hits of a request that did not fail; a backend failure
+    is reported (the hits then stay counted: the safe side)."""
+    if not provisional:
+        return
+    checks, results = zip(*provisional, strict=True)
     try:
-        check_many(checks, take_back=lambda *_: set(), exact=False)
+        take_back(checks, results)
     except BackendError as exc:
         report_failure(exc)
 
 
 def _async_inline(rules: list[Rule]) -> bool:
     """True when the checks of ``rules`` may run on the event loop (see the module doc)."""
-    if conf.ALLOW.users or conf.DENY.users or not all(r.async_safe for r in rules):
+    if conf.ALLOW.users or conf.DENY.users or not all(r.limit.async_safe for r in rules):
         return False
     try:
         return get_backend().inline_ok
@@ -284,9 +298,9 @@ class RatelimitMiddleware:
             return pending
         with _tracking(pending.marker):
             response = await self.get_response(request)
-        if pending.failure_checks and pending.failed(response) and not inline:
-            await sync_to_async(count_failures)(pending.failure_checks)
-            pending.failure_checks = []
+        if not inline:
+            await sync_to_async(settle)(pending.to_take_back(response))
+            pending.provisional = []
         return after(request, pending, response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:

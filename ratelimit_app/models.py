@@ -5,6 +5,8 @@ They apply together with ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMI
 without a query per request). Validation is the settings' own: :func:`Rule.as_dict` goes
 through :func:`ratelimit_app.rules.parse_rule`, and an entry through
 :func:`ratelimit_app.access.parse_entry`, so the admin and the system checks never disagree.
+A row is data, not code: its key is a built-in kind and its rate a literal
+(:mod:`ratelimit_app.limits`); nothing a row names is imported or called.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class Rule(models.Model):
         _("key"),
         max_length=200,
         help_text=_(
-            "What is counted: 'ip', 'user', 'email', 'email:username', 'header:x-api-key'."
+            "What is counted: 'ip', 'user', 'user_or_ip', 'email', 'device', or "
+            "'email:<field>', 'post:<field>', 'get:<name>', 'header:<name>'."
         ),
     )
     rate = models.CharField(
@@ -132,7 +135,7 @@ class Rule(models.Model):
         if self.name in settings_rule_names():
             raise ValidationError({"name": _("RATELIMIT_RULES already has a rule of this name.")})
         try:
-            rules.parse_rule(self.as_dict())
+            rules.parse_rule(self.as_dict(), trusted=False)
         except rules.RuleError as exc:
             field = exc.field if exc.field in {f.name for f in self._meta.fields} else None
             raise ValidationError({field: exc.problem} if field else exc.problem) from exc

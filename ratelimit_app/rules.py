@@ -28,7 +28,8 @@ from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from ratelimit_app import gcra, keys, rates
+from ratelimit_app import gcra, keys, limits, rates
+from ratelimit_app.limits import Limit, LimitError
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"
@@ -46,9 +47,6 @@ FIELDS: dict[str, str] = {
     "algorithm": "'sliding_window' (default) or 'leaky_bucket'",
     "burst": "a leaky bucket's capacity: an integer from 1 (default: the rate's count)",
 }
-#: Keys whose values an async request can be read for without a database query.
-ASYNC_SAFE_KEYS = ("ip", "email", "device")
-ASYNC_SAFE_ACCESSORS = ("email:", "header:", "get:", "post:")
 
 
 class RuleError(ImproperlyConfigured):
@@ -61,54 +59,49 @@ class RuleError(ImproperlyConfigured):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Rule:
-    """One validated rule. ``group`` keeps its counters apart from every other limit."""
+    """One validated rule: which requests it covers (paths, URL names, methods), the
+    :class:`~ratelimit_app.limits.Limit` that counts them (group ``rule:<name>``), and what
+    happens over it."""
 
     name: str
-    key: keys.KeySpec
-    rate: rates.RateSpec
+    limit: Limit
     paths: tuple[str, ...] = ()
     url_names: frozenset[str] = frozenset()
     methods: frozenset[str] | None = None
     count: str = COUNT_ALL
     block: bool = True
     fail_open: bool = True
-    #: The rates when they do not depend on the request (else None: resolved per request).
-    static_rates: tuple[rates.Rate, ...] | None = None
-    algorithm: str = gcra.SLIDING_WINDOW
-    #: A leaky bucket's capacity (None: the rate's count).
-    burst: int | None = None
 
-    #: The group its counters are kept under (``rule:<name>``), and whether only failed
-    #: requests count: derived once, read on every request.
-    group: str = field(init=False, repr=False)
+    #: Whether only failed requests count: derived once, read on every request.
     failures_only: bool = field(init=False, repr=False)
-    #: The scope of its counters (:func:`ratelimit_app.rates.scope`) when its rates are
-    #: static (else None: made per request).
-    static_scope: str | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        group = f"rule:{self.name}"
-        object.__setattr__(self, "group", group)
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
-        static = self.static_rates
-        object.__setattr__(
-            self, "static_scope", None if static is None else rates.scope(group, "", static)
-        )
+
+    # The limit's parts, for readers of a rule (the admin, the commands).
+    @property
+    def group(self) -> str:
+        return self.limit.group
 
     @property
-    def async_safe(self) -> bool:
-        """True when the rule can be read on an event loop (no database, no user code)."""
-        return (
-            self.static_rates is not None
-            and isinstance(self.key, str)
-            and (self.key in ASYNC_SAFE_KEYS or self.key.startswith(ASYNC_SAFE_ACCESSORS))
-        )
+    def key(self) -> keys.KeySpec:
+        return self.limit.key
 
-    def rates_for(self, request: HttpRequest | None) -> tuple[rates.Rate, ...] | None:
-        """The rule's rates (a callable rate is asked with the request; None: no limit)."""
-        if self.static_rates is not None:
-            return self.static_rates
-        return rates.resolve(self.rate, self.group, request)
+    @property
+    def rate(self) -> rates.RateSpec:
+        return self.limit.rate
+
+    @property
+    def algorithm(self) -> str:
+        return self.limit.algorithm
+
+    @property
+    def burst(self) -> int | None:
+        return self.limit.burst
+
+    @property
+    def static_rates(self) -> tuple[rates.Rate, ...] | None:
+        return self.limit.static_rates
 
     def describe(self) -> dict[str, Any]:
         """The rule as a settings dict (for the admin and ``ratelimit_usage``)."""
@@ -143,8 +136,12 @@ def _flag(raw: Mapping[str, Any], rule: str, field: str, default: bool) -> bool:
     return value
 
 
-def parse_rule(raw: object, index: int = 0) -> Rule:
-    """Validate one rule dict; raise :class:`RuleError` naming the rule and the field."""
+def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
+    """Validate one rule dict; raise :class:`RuleError` naming the rule and the field.
+
+    ``trusted=False`` for a rule kept in the database: only built-in keys and literal rates
+    (:func:`ratelimit_app.limits.build`).
+    """
     if not isinstance(raw, Mapping):
         raise RuleError(f"#{index}", "name", f"a rule must be a dict, got {raw!r}.")
     name = raw.get("name")
@@ -168,78 +165,46 @@ def parse_rule(raw: object, index: int = 0) -> Rule:
     methods = None
     if raw.get("methods") not in (None, "ALL", "all"):
         methods = frozenset(m.upper() for m in _strings(raw["methods"], name, "methods"))
-    key = raw.get("key")
-    if not key or not (isinstance(key, str) or callable(key)):
-        raise RuleError(name, "key", f"expected {FIELDS['key']}, got {key!r}.")
-    if isinstance(key, str):
-        try:
-            keys.compile_key(key)
-        except ImproperlyConfigured as exc:
-            raise RuleError(name, "key", str(exc)) from exc
-    rate = raw.get("rate")
-    static: tuple[rates.Rate, ...] | None = None
-    if rate is None or rate == "":
-        raise RuleError(name, "rate", f"expected {FIELDS['rate']}, got {rate!r}.")
-    if not callable(rate) and not rates.is_dotted_path(rate):
-        try:
-            static = rates.normalize(rate)
-        except (ImproperlyConfigured, TypeError, ValueError) as exc:
-            raise RuleError(name, "rate", str(exc)) from exc
-    elif isinstance(rate, str):
-        try:
-            import_string(rate)
-        except ImportError as exc:
-            raise RuleError(name, "rate", f"cannot import {rate!r}: {exc}") from exc
     count = raw.get("count", COUNT_ALL)
     if count not in (COUNT_ALL, COUNT_FAILURES):
         raise RuleError(name, "count", f"expected {FIELDS['count']}, got {count!r}.")
-    algorithm, burst = _algorithm(raw, name, static)
     return Rule(
         name=name,
-        key=key,
-        rate=rate,
+        limit=_limit(raw, name, trusted),
         paths=paths,
         url_names=url_names,
         methods=methods,
         count=count,
         block=_flag(raw, name, "block", True),
         fail_open=_flag(raw, name, "fail_open", True),
-        static_rates=static,
-        algorithm=algorithm,
-        burst=burst,
     )
 
 
-def _algorithm(
-    raw: Mapping[str, Any], rule: str, static: tuple[rates.Rate, ...] | None
-) -> tuple[str, int | None]:
-    """The rule's ``algorithm`` and ``burst``, checked against its rates when they are fixed."""
-    algorithm = raw.get("algorithm", gcra.SLIDING_WINDOW)
+def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
+    """The rule's limit. Its methods are the rule's to match: a rule counts every method it
+    covers in one counter."""
+    key, rate = raw.get("key"), raw.get("rate")
     try:
-        gcra.validate_algorithm(algorithm)
-    except ImproperlyConfigured:
-        raise RuleError(
-            rule, "algorithm", f"expected {FIELDS['algorithm']}, got {algorithm!r}."
-        ) from None
-    burst = raw.get("burst")
-    if burst is not None and algorithm != gcra.LEAKY_BUCKET:
-        raise RuleError(
-            rule,
-            "burst",
-            "a burst is the capacity of a leaky bucket: set "
-            "'algorithm': 'leaky_bucket', or remove it.",
+        found = limits.build(
+            f"rule:{rule}",
+            key,
+            rate,
+            algorithm=raw.get("algorithm", gcra.SLIDING_WINDOW),
+            burst=raw.get("burst"),
+            trusted=trusted,
         )
-    try:
-        burst = gcra.validate_burst(burst)
-    except ImproperlyConfigured:
-        raise RuleError(rule, "burst", f"expected {FIELDS['burst']}, got {burst!r}.") from None
-    if algorithm == gcra.LEAKY_BUCKET and static is not None:
+    except LimitError as exc:
+        missing = (exc.field == "key" and not key) or (exc.field == "rate" and not rate)
+        if missing or (exc.field == "key" and not (isinstance(key, str) or callable(key))):
+            problem = f"expected {FIELDS[exc.field]}, got {raw.get(exc.field)!r}."
+            raise RuleError(rule, exc.field, problem) from exc
+        raise RuleError(rule, exc.field, str(exc)) from exc
+    if trusted and isinstance(rate, str) and rates.is_dotted_path(rate):
         try:
-            gcra.meter(static, burst)
-        except ImproperlyConfigured as exc:
-            field = "rate" if len(static) != 1 else "burst"
-            raise RuleError(rule, field, str(exc)) from exc
-    return algorithm, burst
+            import_string(rate)
+        except ImportError as exc:
+            raise RuleError(rule, "rate", f"cannot import {rate!r}: {exc}") from exc
+    return found
 
 
 def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:

@@ -194,7 +194,7 @@ def _load(version: str | None) -> Snapshot:
     db_rules = []
     for row in rows:
         try:
-            rule = parse_rule(row.as_dict())
+            rule = parse_rule(row.as_dict(), trusted=False)
         except RuleError as exc:  # saved before a rule's validation changed
             logger.error("ratelimit: database %s (rule left out)", exc)
             continue

@@ -34,7 +34,7 @@ def test_usage_dict(group: str) -> None:
             "count": 1,
             "limit": 3,
             "should_limit": False,
-            "time_left": 61,
+            "time_left": 60,  # capped at the period, as django-ratelimit's; reset is exact
             "remaining": 2,
             "reset": 61,
             "retry_after": 0,

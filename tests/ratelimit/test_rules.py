@@ -21,7 +21,7 @@ def test_defaults() -> None:
     assert rule.paths == ("/accounts/login/",)
     assert rule.methods is None and rule.count == "all" and rule.block and rule.fail_open
     assert rule.static_rates == (Rate(5, 60),)
-    assert rule.rates_for(None) == (Rate(5, 60),)
+    assert rule.limit.rates_for(None) == (Rate(5, 60),)
 
 
 def test_every_field() -> None:
@@ -52,10 +52,10 @@ def rate_for_tests(group: str, request: Any) -> str:
 def test_callable_and_dotted_rates_resolve_per_request() -> None:
     dotted = parse_rule({**BASE, "rate": "tests.ratelimit.test_rules.rate_for_tests"})
     assert dotted.static_rates is None
-    assert dotted.rates_for(rf.get("/")) == (Rate(7, 3600),)
-    assert not dotted.async_safe  # user code: run off the event loop
+    assert dotted.limit.rates_for(rf.get("/")) == (Rate(7, 3600),)
+    assert not dotted.limit.async_safe  # user code: run off the event loop
     call = parse_rule({**BASE, "rate": lambda group, request: None})
-    assert call.rates_for(rf.get("/")) is None  # "no limit for this request"
+    assert call.limit.rates_for(rf.get("/")) is None  # "no limit for this request"
 
 
 @pytest.mark.parametrize(

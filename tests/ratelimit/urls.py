@@ -18,6 +18,8 @@ urlpatterns = [
     path("plain-method/", views.PlainMethod.as_view()),
     path("class-decorated/", views.ClassDecorated.as_view()),
     path("async-class/", views.AsyncClassDecorated.as_view()),
+    path("async-user-or-ip/", views.async_user_or_ip),
+    path("async-user/", views.async_user),
     # Behind RATELIMIT_RULES.
     path("admin/", admin.site.urls),
     path("rules/named/", views.plain, name="rules-named"),
@@ -25,6 +27,7 @@ urlpatterns = [
     path("rules/ns/", include(inner)),
     path("rules/async/", views.async_plain),
     path("rules/status/<int:code>/", views.status),
+    path("rules/slow/<int:code>/", views.slow_status),
     path("rules/annotated/", views.annotated),
     path(
         "accounts/login/",

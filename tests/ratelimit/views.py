@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -113,3 +116,32 @@ def send_message(request: HttpRequest) -> HttpResponse:
     if not request.user.is_authenticated:
         return HttpResponse("log in first", status=401)
     return HttpResponse("sent")
+
+
+@ratelimit(key="user_or_ip", rate="2/m")
+async def async_user_or_ip(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@ratelimit(key="user", rate="2/m")
+async def async_user(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+class SlowFailures:
+    """A view that takes a while and answers the status in its URL, counting the requests
+    that reach it: what concurrent password guesses look like to a failure-only rule."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reached = 0
+        self.delay = 0.2
+
+    def __call__(self, request: HttpRequest, code: int) -> HttpResponse:
+        with self.lock:
+            self.reached += 1
+        time.sleep(self.delay)
+        return HttpResponse(f"status {code}", status=code)
+
+
+slow_status = SlowFailures()

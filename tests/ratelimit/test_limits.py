@@ -1,0 +1,247 @@
+"""One notion of a limit (:mod:`ratelimit_app.limits`), and what was broken without it.
+
+* Database rules are data: only built-in keys and literal rates, nothing imported or called.
+* An async view whose key needs the user is checked off the event loop (it answered 500).
+* Failure-only rules count a provisional hit before the view, so concurrent attempts never
+  pass the limit (they all did when the rule looked before the view and counted after).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.test import Client, RequestFactory, override_settings
+
+from ratelimit_app import core, gcra, limits, store
+from ratelimit_app.backends import get_backend
+from ratelimit_app.limits import LimitError
+from ratelimit_app.models import Rule as RuleRow
+from ratelimit_app.rules import RuleError, parse_rule
+from ratelimit_app.testing import frozen_clock
+from tests.ratelimit import canary, views
+
+T0 = 1_800_000_000.0
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "ratelimit_app.middleware.RatelimitMiddleware",
+]
+
+
+@pytest.fixture(autouse=True)
+def site() -> Iterator[None]:
+    with override_settings(ROOT_URLCONF="tests.ratelimit.urls", MIDDLEWARE=MIDDLEWARE):
+        store.forget()
+        yield
+    store.forget()
+
+
+# -- the value ---------------------------------------------------------------------------
+
+
+def test_a_limit_derives_its_scope_and_async_safety_once() -> None:
+    ip = limits.build("g", "ip", "5/m;100/d", method=["post", "get"])
+    assert ip.methods == frozenset({"GET", "POST"})
+    assert ip.static_scope == core.scope("g", ["GET", "POST"], ip.static_rates or ())
+    assert ip.async_safe
+    assert limits.build("g", "ip", "5/m") is limits.build("g", "ip", "5/m")  # memoised
+    for key in ("user", "user_or_ip", lambda g, r: "x", "tests.ratelimit.canary.key"):
+        assert not limits.build("g", key, "5/m").async_safe, key
+    assert not limits.build("g", "ip", lambda g, r: "5/m").async_safe  # user code per request
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "problem"),
+    [
+        ({"key": None}, "key", "key must be specified"),
+        ({"key": "nope"}, "key", "Could not understand"),
+        ({"key": 42}, "key", "expected a key string"),
+        ({"rate": "10/M"}, "rate", "10/M"),
+        ({"rate": None}, "rate", "rate must be specified"),
+        ({"method": 5}, "method", "Method 5"),
+        ({"algorithm": "leaky"}, "algorithm", "Unknown algorithm 'leaky'"),
+        ({"burst": 3}, "burst", "capacity of a leaky bucket"),
+        ({"algorithm": "leaky_bucket", "rate": "5/m;10/d"}, "rate", "one leak rate"),
+        ({"rate": ["5/m"]}, "rate", "5/m"),  # unhashable: not memoised, still refused
+    ],
+)
+def test_every_mistake_names_its_field(kwargs: dict[str, Any], field: str, problem: str) -> None:
+    args = {"key": "ip", "rate": "5/m", **kwargs}
+    with pytest.raises(LimitError) as caught:
+        limits.build("g", **args)
+    assert caught.value.field == field
+    assert problem in str(caught.value)
+
+
+# -- database rules are data -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("key", "os.system"),
+        ("key", "builtins.print"),
+        ("key", "tests.ratelimit.canary.key"),
+        ("rate", "os.getcwd"),
+        ("rate", "tests.ratelimit.canary.key"),
+    ],
+)
+def test_a_database_rule_never_names_code(field: str, value: str, db: Any) -> None:
+    row = RuleRow(name="evil", path="/rules/named/", key="ip", rate="5/m")
+    setattr(row, field, value)
+    with pytest.raises(ValidationError) as caught:
+        row.full_clean()
+    assert "RATELIMIT_RULES" in str(caught.value.message_dict[field])
+    # The same rule is fine in settings: code is the settings' to name.
+    parse_rule({"name": "ok", "path": "/", "key": "ip", "rate": "5/m", field: value})
+    with pytest.raises(RuleError):
+        parse_rule({"name": "evil", "path": "/", "key": "ip", field: value}, trusted=False)
+
+
+def test_a_saved_row_naming_code_is_neither_imported_nor_called(
+    backend_kind: str, client: Client, db: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row written around the admin's validation (a fixture, raw SQL, an old release)."""
+    name = "tests.ratelimit.canary_unimported"
+    RuleRow.objects.create(name="evil", path="/rules/named/", key=f"{name}.key", rate="1/m")
+    RuleRow.objects.create(name="fine", path="/rules/named/", key="ip", rate="2/m")
+    store.forget()
+    with frozen_clock(T0):
+        codes = [client.get("/rules/named/").status_code for _ in range(3)]
+    assert codes == [200, 200, 429]  # the valid row applies, the other is left out
+    assert name not in sys.modules
+    assert "database" in caplog.text and "evil" in caplog.text
+    assert not canary.CALLS
+
+
+# -- async views -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/async-user-or-ip/", "/async-user/"])
+async def test_an_async_view_keyed_on_the_user(
+    backend_kind: str, async_client: Any, path: str, transactional_db: Any
+) -> None:
+    """A logged-in user's key reads the session: not on the event loop (it answered 500
+    ``SynchronousOnlyOperation`` on memcached and Redis)."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(User.objects.create_user)("dora", password="pw")
+    await async_client.alogin(username="dora", password="pw")
+    with frozen_clock(T0):
+        codes = [(await async_client.get(path)).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+
+
+# -- failure-only rules ------------------------------------------------------------------
+
+
+def failures_rule(**fields: Any) -> Any:
+    rule = {"name": "guess", "path": "/rules/slow/", "key": "ip", "rate": "5/m"}
+    return override_settings(RATELIMIT_RULES=[{**rule, "count": "failures", **fields}])
+
+
+def concurrently(path: str, n: int) -> list[int]:
+    """``n`` requests at once from one client address; their statuses."""
+    barrier = threading.Barrier(n)
+    codes: list[int] = []
+
+    def send() -> None:
+        barrier.wait()
+        codes.append(Client().post(path).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_window", "leaky_bucket"])
+def test_concurrent_failures_never_pass_the_limit(backend_kind: str, algorithm: str) -> None:
+    views.slow_status.reached = 0
+    with failures_rule(algorithm=algorithm), frozen_clock(T0):
+        codes = concurrently("/rules/slow/401/", 15)
+    assert sorted(codes) == [401] * 5 + [429] * 10
+    assert views.slow_status.reached == 5
+
+
+def test_only_requests_that_did_not_fail_pay_a_second_round_trip(
+    backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    views.slow_status.delay = 0
+    calls: list[int] = []
+    try:
+        with failures_rule(), frozen_clock(T0):
+            backend = get_backend()  # built for these settings
+            exchange = backend.exchange
+
+            def counting(ops: Any, meters: Any, now_us: int) -> Any:
+                calls.append(len(ops))
+                return exchange(ops, meters, now_us)
+
+            monkeypatch.setattr(backend, "exchange", counting)
+            assert client.post("/rules/slow/401/").status_code == 401
+            assert calls == [1]  # counted in the check: nothing after the view
+            for _ in range(10):  # successes never use up the quota
+                assert client.post("/rules/slow/200/").status_code == 200
+            assert calls == [1] + [1, 1] * 10  # each: the check, then the take-back
+            usage = core.lookup("guess", "127.0.0.1")
+    finally:
+        views.slow_status.delay = 0.2
+    assert usage is not None and usage["count"] == 1
+
+
+def test_a_leaky_bucket_failure_rule_takes_back_successes(
+    backend_kind: str, client: Client
+) -> None:
+    views.slow_status.delay = 0
+    try:
+        with failures_rule(algorithm=gcra.LEAKY_BUCKET, burst=2), frozen_clock(T0):
+            assert [client.post("/rules/slow/200/").status_code for _ in range(6)] == [200] * 6
+            assert [client.post("/rules/slow/403/").status_code for _ in range(3)] == [
+                403,
+                403,
+                429,
+            ]
+    finally:
+        views.slow_status.delay = 0.2
+
+
+# -- get_usage during an outage ----------------------------------------------------------
+
+
+def test_a_look_never_enforces_during_an_outage(dead_cache: str) -> None:
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.1")
+    look = core.get_usage(request, "g", key="ip", rate="1/m")
+    assert look is None  # counts nothing, so it fails open
+    counted = core.get_usage(request, "g", key="ip", rate="1/m", increment=True)
+    assert counted is not None and counted["should_limit"]  # RATELIMIT_FAIL_OPEN is False
+    closed = core.get_usage(request, "g", key="ip", rate="1/m", fail_open=False)
+    assert closed is not None and closed["should_limit"]  # unless asked to fail closed
+
+
+@pytest.fixture
+def dead_cache() -> Iterator[str]:
+    import socket
+
+    from ratelimit_app.backends import reset_backends
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": f"127.0.0.1:{port}",
+    }
+    local = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    with override_settings(CACHES={"default": local, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        yield "rl"
+    reset_backends()
