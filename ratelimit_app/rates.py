@@ -1,7 +1,9 @@
 """Rates: parse and validate ``'5/m'``, ``'100/10s'``, ``'5/m;10/d'`` and ``(count, seconds)``.
 
-Pure logic, no I/O. Parsing is strict: django-ratelimit reads ``'10/M'`` as ten per second,
-we refuse it and name the string.
+Pure logic, no I/O. Parsing is strict but takes every unit word django-ratelimit users write:
+django-ratelimit reads only a unit's first letter (``'10/minute'`` is ten a minute, and so,
+by accident, are ``'10/mo'`` and ``'10/ms'``; ``'10/M'`` is ten a *second*). Here the words of
+:data:`UNITS` mean what they say and anything else is refused with the string named.
 """
 
 from __future__ import annotations
@@ -16,12 +18,23 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Every unit a rate may be written with, lower case only: the letters of :data:`PERIODS`
+#: and the words django-ratelimit users write (it reads only their first letter).
+UNITS = {
+    word: PERIODS[word[0]]
+    for word in (
+        *("s", "sec", "second", "seconds"),
+        *("m", "min", "minute", "minutes"),
+        *("h", "hour", "hours"),
+        *("d", "day", "days"),
+    )
+}
 #: The longest window we accept: memcached reads TTLs over 30 days as timestamps, and a
 #: limit over a year is a quota, not a rate.
 MAX_SECONDS = 366 * 86400
 MAX_COUNT = 10**9
 
-_RATE_RE = re.compile(r"(?P<count>\d+)/(?P<multi>\d*)(?P<unit>[smhd]?)", re.ASCII)
+_RATE_RE = re.compile(r"(?P<count>\d+)/(?P<multi>\d*)(?P<unit>[a-z]*)", re.ASCII)
 
 RateSpec = str | tuple[int, int] | Callable[..., Any] | None
 
@@ -80,10 +93,15 @@ def parse(spec: str) -> tuple[Rate, ...]:
     for part in parts:
         text = part.strip(" ")
         match = _RATE_RE.fullmatch(text)
-        if match is None or not (match["multi"] or match["unit"]):
+        if (
+            match is None
+            or not (match["multi"] or match["unit"])
+            or (match["unit"] and match["unit"] not in UNITS)
+        ):
             raise ImproperlyConfigured(
                 f"Invalid rate {spec!r}: expected 'count/period' such as '5/m', '100/10s' or "
-                f"'5/m;100/d' (units s, m, h, d in lower case, no spaces around '/')."
+                f"'5/m;100/d' (units s, sec, second(s); m, min, minute(s); h, hour(s); d, "
+                f"day(s); lower case, no spaces around '/')."
             )
         if len(match["count"]) > 10 or len(match["multi"]) > 9:  # int() of 5000 digits raises
             bad = "count" if len(match["count"]) > 10 else "period"
@@ -96,7 +114,7 @@ def parse(spec: str) -> tuple[Rate, ...]:
                 )
             )
         multi = int(match["multi"]) if match["multi"] else 1
-        seconds = PERIODS[match["unit"] or "s"] * multi
+        seconds = UNITS[match["unit"] or "s"] * multi
         rates.append(_validated(int(match["count"]), seconds, spec))
     return tuple(sorted(set(rates), key=lambda r: (r.seconds, r.count)))
 

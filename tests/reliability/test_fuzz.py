@@ -44,6 +44,11 @@ anything = st.one_of(
 @example("3/1.5m")
 @example("10 / m")
 @example("5/0s")
+@example("10/minute")
+@example("10/5min;1000/days")
+@example("10/Minute")
+@example("10/mins")
+@example("10/ms")
 def test_rate_parser(value: Any) -> None:
     try:
         # parse() takes strings; normalize() is the entry point for any configured value.
