@@ -25,11 +25,21 @@ from ratelimit_app.backends.base import MeterOp, MeterReply, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.keys import get_header, user_or_ip  # django-ratelimit's public helpers
 from ratelimit_app.limits import Limit, Method, method_set
 from ratelimit_app.rules import Rule
 from ratelimit_app.signals import backend_failed, ratelimited
 
-__all__ = ["ALL", "UNSAFE", "get_usage", "is_ratelimited", "lookup", "reset"]
+__all__ = [
+    "ALL",
+    "UNSAFE",
+    "get_header",
+    "get_usage",
+    "is_ratelimited",
+    "lookup",
+    "reset",
+    "user_or_ip",
+]
 
 logger = logging.getLogger("ratelimit_app")
 

@@ -25,11 +25,12 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE, gcra, keys, rates
+from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates
 from ratelimit_app.conf import conf
-from ratelimit_app.core import Method, Target, target
+from ratelimit_app.core import Target, target
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.rules import Rule, parse_rules
+from ratelimit_app.limits import Limit, LimitError, Method
+from ratelimit_app.rules import parse_rules
 
 #: Shared by both commands' ``--help``.
 LIMIT_EPILOG = """\
@@ -54,18 +55,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, DjangoHelpFormatter):
 
 
 @dataclass(frozen=True, slots=True)
-class Limit:
-    """A rule or a ``@ratelimit`` group, as the command line named it."""
+class Named:
+    """A rule or a ``@ratelimit`` group, as the command line named it, and its limit."""
 
     #: "rule" or "group".
     kind: str
     name: str
-    rule_or_group: str | Rule
-    key: keys.KeySpec | None = None
-    rate: rates.RateSpec = None
-    method: Method = ALL
-    algorithm: str = gcra.SLIDING_WINDOW
-    burst: int | None = None
+    limit: Limit
 
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
@@ -73,21 +69,12 @@ class Limit:
     @property
     def key_kind(self) -> str:
         """The kind of the limit's key ("ip", "email", ...)."""
-        spec = self.rule_or_group.key if isinstance(self.rule_or_group, Rule) else self.key
-        return keys.kind(spec) if spec is not None else ""
+        return self.limit.kind
 
-    def apply(self, fn: Callable[..., T], subject: str) -> T:
-        """``fn(limit, subject, key, rate, method, algorithm, burst)``: :func:`target`,
+    def apply(self, fn: Callable[[Limit, str], T], subject: str) -> T:
+        """``fn(limit, subject)``: :func:`~ratelimit_app.core.target`,
         :func:`~ratelimit_app.core.lookup` or :func:`~ratelimit_app.core.reset`."""
-        return fn(
-            self.rule_or_group,
-            subject,
-            self.key,
-            self.rate,
-            self.method,
-            self.algorithm,
-            self.burst,
-        )
+        return fn(self.limit, subject)
 
     def find(self, subject: str) -> Target:
         """The counters of ``subject`` under this limit; CommandError when there are none."""
@@ -157,7 +144,7 @@ def _unknown_rule(name: str) -> CommandError:
     )
 
 
-def limit_from_options(options: dict[str, Any]) -> Limit:
+def limit_from_options(options: dict[str, Any]) -> Named:
     """The limit the positional ``rule`` and ``--key``/``--rate``/``--method`` name."""
     name: str = options["rule"]
     key: str | None = options["key"]
@@ -176,30 +163,22 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
                 f"--key needs --rate: the counters of group {name!r} are found by the key, "
                 "rate and method of its @ratelimit decorator."
             )
+        _parse_rate(rate)
+        if burst is not None and algorithm != gcra.LEAKY_BUCKET:
+            raise CommandError("--burst is for --algorithm leaky_bucket.")
         try:
-            keys.compile_key(key)
-        except ImproperlyConfigured as exc:
-            raise CommandError(f"--key: {exc}") from exc
-        rate_list = _parse_rate(rate)
-        algorithm = algorithm or gcra.SLIDING_WINDOW
-        try:
-            gcra.validate_algorithm(algorithm)
-            if burst is not None and algorithm != gcra.LEAKY_BUCKET:
-                raise ImproperlyConfigured("--burst is for --algorithm leaky_bucket.")
-            if algorithm == gcra.LEAKY_BUCKET:
-                gcra.meter(rate_list, burst)
-        except ImproperlyConfigured as exc:
-            raise CommandError(str(exc)) from exc
-        return Limit(
-            "group",
-            name,
-            name,
-            key,
-            rate,
-            parse_method(method) if method is not None else ALL,
-            algorithm,
-            burst,
-        )
+            limit = limits.build(
+                name,
+                key,
+                rate,
+                parse_method(method) if method is not None else ALL,
+                algorithm or gcra.SLIDING_WINDOW,
+                burst,
+            )
+        except LimitError as exc:
+            prefix = f"--{exc.field}: " if exc.field in ("key", "rate", "method") else ""
+            raise CommandError(f"{prefix}{exc}") from exc
+        return Named("group", name, limit)
     if method is not None:
         raise CommandError(
             "--method is for a @ratelimit group (with --key and --rate): a rule counts every "
@@ -214,7 +193,7 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
                 f"Rule {name!r} has a rate that depends on the request ({rule.rate!r}): "
                 "pass --rate with the rate it returns for this subject, such as '5/m'."
             )
-        return Limit("rule", name, rule, algorithm=rule.algorithm, burst=rule.burst)
+        return Named("rule", name, rule.limit)
     given = _parse_rate(rate)
     if rule.static_rates is not None and given != rule.static_rates:
         fixed = ";".join(map(str, rule.static_rates))
@@ -222,8 +201,15 @@ def limit_from_options(options: dict[str, Any]) -> Limit:
             f"Rule {name!r} has the fixed rate {fixed}: drop --rate (it is only for a rule "
             "whose rate depends on the request)."
         )
-    # A rule is counted as the group "rule:<name>" with its key, for every method.
-    return Limit("rule", name, rule.group, rule.key, rate, ALL, rule.algorithm, rule.burst)
+    if rule.static_rates is not None:
+        return Named("rule", name, rule.limit)
+    # A rule whose rate depends on the request: its limit with the rate given.
+    limit = rule.limit
+    try:
+        given_limit = limits.build(limit.group, limit.key, rate, ALL, limit.algorithm, limit.burst)
+    except LimitError as exc:
+        raise CommandError(f"--rate: {exc}") from exc
+    return Named("rule", name, given_limit)
 
 
 @contextlib.contextmanager

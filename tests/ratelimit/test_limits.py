@@ -245,3 +245,12 @@ def dead_cache() -> Iterator[str]:
         reset_backends()
         yield "rl"
     reset_backends()
+
+
+def test_django_ratelimits_public_helpers_import_from_core() -> None:
+    """A module written for django-ratelimit imports these from ``core``."""
+    from ratelimit_app.core import get_header, user_or_ip
+
+    request = RequestFactory().get("/", HTTP_X_API_KEY="k-1", REMOTE_ADDR="192.0.2.9")
+    assert get_header(request, "X-Api-Key") == "k-1"
+    assert user_or_ip(request) == "192.0.2.9"

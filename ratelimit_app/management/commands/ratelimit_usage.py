@@ -9,7 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ratelimit_app.core import Target, lookup
 from ratelimit_app.gcra import LEAKY_BUCKET
-from ratelimit_app.management.base import Limit, LimitCommand, backend_errors, limit_from_options
+from ratelimit_app.management.base import LimitCommand, Named, backend_errors, limit_from_options
 
 COLUMNS = ("rate", "count", "limit", "remaining", "reset (s)", "state")
 #: A leaky bucket's columns: its level (fractional: it drains continuously), its capacity,
@@ -115,7 +115,7 @@ Examples:
             )
 
     @staticmethod
-    def heading(limit: Limit, found: Target) -> str:
+    def heading(limit: Named, found: Target) -> str:
         text = f"{limit.kind.capitalize()} {limit.name} (key {limit.key_kind}), "
         text += f"subject {found.value}"
         if len(found.kinds()) > 1:
