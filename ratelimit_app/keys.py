@@ -126,9 +126,9 @@ def client_ip(request: HttpRequest) -> str:
     address. Raises ``ImproperlyConfigured`` when no valid address is found (see
     :func:`client_address`).
     """
-    address = client_address(request)
-    masked = mask_ip(address)
-    assert masked is not None  # client_address only returns valid addresses
+    masked = _masked(_address(request), conf.IPV4_MASK, conf.IPV6_MASK)
+    if masked is None:
+        raise ImproperlyConfigured(_no_address(request))
     return masked
 
 
@@ -141,34 +141,43 @@ def client_address(request: HttpRequest) -> str:
     bucket would let one client lock out everyone, and not limiting them at all would let
     every client through.
     """
+    address = _address(request)
+    if _parse_address(address) is None:
+        raise ImproperlyConfigured(_no_address(request))
+    return address
+
+
+def _source(request: HttpRequest) -> tuple[str, object]:
+    """Where the address comes from (for messages) and what it holds, unvalidated."""
     meta_key = conf.IP_META_KEY
-    if meta_key:
-        if callable(meta_key):
-            raw = meta_key(request)
-        elif "." in meta_key:
-            raw = import_string(meta_key)(request)
-        else:
-            raw = request.META.get(meta_key)
-        source = f"RATELIMIT_IP_META_KEY ({meta_key!r})"
+    if not meta_key:
+        return "REMOTE_ADDR", request.META.get("REMOTE_ADDR")
+    if callable(meta_key):
+        raw = meta_key(request)
+    elif "." in meta_key:
+        raw = import_string(meta_key)(request)
     else:
-        raw = request.META.get("REMOTE_ADDR")
-        source = "REMOTE_ADDR"
-    text = raw if isinstance(raw, str) else ""
-    if parse_address(text) is None:
-        raise ImproperlyConfigured(_no_address(source, raw))
-    text = text.strip()
-    if meta_key or not conf.TRUSTED_PROXIES or not _trusted(text):
+        raw = request.META.get(meta_key)
+    return f"RATELIMIT_IP_META_KEY ({meta_key!r})", raw
+
+
+def _address(request: HttpRequest) -> str:
+    """The client's address, unvalidated (``''`` when there is none)."""
+    raw = _source(request)[1]
+    text = raw.strip() if isinstance(raw, str) else ""
+    if conf.IP_META_KEY or not conf.TRUSTED_PROXIES or not _trusted(text):
         return text
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     for hop in reversed(forwarded.split(",")[-32:]):
         if hop.strip() and not _trusted(hop):
             # A proxy appends the address it saw, which is always valid; garbage here
             # means a misconfigured proxy: count the proxy itself rather than no one.
-            return hop.strip() if parse_address(hop) else text
+            return hop.strip() if _parse_address(hop) else text
     return text
 
 
-def _no_address(source: str, raw: object) -> str:
+def _no_address(request: HttpRequest) -> str:
+    source, raw = _source(request)
     found = "nothing" if not raw else f"{str(raw)[:60]!r}, not an IP address"
     return (
         f"ratelimit: no client IP address: {source} gave {found}. A limit keyed on the IP "
@@ -213,7 +222,9 @@ def _clean(value: object, fold: bool = False) -> str | None:
     """The normal form of a key value; None only when nothing is left of it."""
     if value is None:
         return None
-    text = _as_text(value)
+    # Padding first: stripping is cheap, and everything NFKC turns into a space is white
+    # space to strip() already, so stripping again after normalising gives the same value.
+    text = _as_text(value).strip()
     if text.isascii() and text.isprintable():
         # The common case: printable ASCII is its own NFKC form and holds no control
         # character.
