@@ -13,7 +13,6 @@ around each of its tests:
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,15 +76,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         registry.clear()
         registry.update(views)
-
-
-@pytest.fixture(scope="session")
-def closed_port() -> int:
-    """A loopback port that was free a moment ago: connections to it are refused."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def _default_cache(request: pytest.FixtureRequest) -> dict[str, Any]:
