@@ -12,6 +12,7 @@ whatever was there: the real package, imported by the benchmarks and by
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -29,6 +30,7 @@ PEER = "django_ratelimit"
 PEER_TESTS = f"{PEER}.tests"
 
 
+@cache
 def peer_tests_path() -> Path:
     """The installed wheel's ``tests.py``, found without importing the package."""
     spec = importlib.util.find_spec(PEER)
@@ -52,6 +54,8 @@ def _get_ip(request: Any) -> str | None:
 
 def _module(name: str, attrs: dict[str, Any], package: bool = False) -> types.ModuleType:
     module = types.ModuleType(name)
+    # A spec, as an imported module has: importlib.util.find_spec() reads it.
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
     module.__dict__.update(attrs)
     if package:
         module.__path__ = []  # a package, so that "django_ratelimit.x" names resolve
