@@ -225,6 +225,31 @@ class TestContract:
         assert len(admitted) <= 20
         assert len(admitted) >= 1
 
+    def test_concurrent_hits_take_their_places_in_one_order(
+        self, backend: Any, group: str
+    ) -> None:
+        """Of many hits at once, exactly the limit's count is admitted: each hit is decided
+        by the hits before it, not by a read that may also see the ones after it."""
+
+        def worker(subject: tuple[str, str], barrier: Any, admitted: list[int]) -> None:
+            barrier.wait()
+            if not check(group, subject, parse("5/m;50/h"), True).limited:
+                admitted.append(1)
+
+        for round_ in range(8):
+            admitted: list[int] = []
+            barrier = threading.Barrier(24)
+            subject = ("ip", f"192.0.2.{60 + round_}")
+            threads = [
+                threading.Thread(target=worker, args=(subject, barrier, admitted))
+                for _ in range(24)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(admitted) == 5, f"round {round_}"
+
     def test_a_busy_subject_reads_every_bucket(self, backend: Any, group: str) -> None:
         """Every bucket a check reads holds a value: a reply of many kilobytes, read whole."""
         rates = parse("100000/m;100000/h;100000/d")
