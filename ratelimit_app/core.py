@@ -408,8 +408,6 @@ def limit_usage(
     if not rate_list:
         return None
     subject = keys.subject(limit.key, limit.group, request)
-    if subject is None:
-        return None
     try:
         result = check(
             limit.scope_for(rate_list),

@@ -143,8 +143,6 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         if not rate_list:
             continue
         subject = keys.subject(limit.key, limit.group, request)
-        if subject is None:  # no value and no client IP: logged, not limited
-            continue
         if (allow.emails or deny.emails) and keys.is_email_kind(subject[0]):
             # An email is a claim the request makes, not the client's identity: a denied one
             # is refused, an allowed one lifts the limits keyed on it, not the others.

@@ -92,8 +92,8 @@ class Named:
         if found is None:
             raise CommandError(
                 f"{subject!r} is not a subject {self} can count (key {self.key_kind}): "
-                f"nothing is left of it once control characters are removed, or it is longer "
-                f"than {keys.MAX_VALUE_LENGTH} characters."
+                "nothing is left of it once control characters and surrounding spaces are "
+                "removed."
             )
         return found
 
