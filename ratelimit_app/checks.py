@@ -39,6 +39,8 @@ MESSAGES: dict[str, str] = {
     "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
     "E017": "RATELIMIT_FAIL_CLOSED_STATUS must be an HTTP error status code (400-599).",
     "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be built as cls(alias, cache).",
+    "E019": "RATELIMIT_REFUSAL_MEMORY must be a number of seconds from 0 (off) to 3600, and "
+    "RATELIMIT_REFUSAL_MEMORY_SIZE a whole number of subjects from 0 (off).",
     "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
     "no rule applies.",
     "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: rules keyed on the user "
@@ -150,6 +152,12 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
         value = _setting(name)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             yield _error("E012", f"{name} = {value!r}.")
+    memory = _setting("RATELIMIT_REFUSAL_MEMORY")
+    if isinstance(memory, bool) or not isinstance(memory, int | float) or not 0 <= memory <= 3600:
+        yield _error("E019", f"RATELIMIT_REFUSAL_MEMORY = {memory!r}.")
+    size = _setting("RATELIMIT_REFUSAL_MEMORY_SIZE")
+    if type(size) is not int or size < 0:
+        yield _error("E019", f"RATELIMIT_REFUSAL_MEMORY_SIZE = {size!r}.")
 
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.RatelimitMiddleware"

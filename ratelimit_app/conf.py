@@ -55,6 +55,8 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_FAIL_CLOSED_STATUS": 503,
     "RATELIMIT_DB_RULES": True,
     "RATELIMIT_CONFIG_REFRESH": 1.0,
+    "RATELIMIT_REFUSAL_MEMORY": 5.0,
+    "RATELIMIT_REFUSAL_MEMORY_SIZE": 10_000,
 }
 
 
@@ -211,6 +213,14 @@ class Settings:
     @functools.cached_property
     def FAIL_CLOSED_STATUS(self) -> int:
         return int(_get("RATELIMIT_FAIL_CLOSED_STATUS"))
+
+    @functools.cached_property
+    def REFUSAL_MEMORY(self) -> float:
+        return float(_get("RATELIMIT_REFUSAL_MEMORY"))
+
+    @functools.cached_property
+    def REFUSAL_MEMORY_SIZE(self) -> int:
+        return int(_get("RATELIMIT_REFUSAL_MEMORY_SIZE"))
 
 
 def _current() -> Snapshot:

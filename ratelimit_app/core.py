@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, limits, rates, windows
+from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, limits, rates, refusals, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import MeterOp, MeterReply, Op
 from ratelimit_app.conf import conf
@@ -231,7 +233,8 @@ def check_many(
     # to know when each hit leaves. Read every fine bucket of the limited checks, in the
     # same round trip as the take-backs, to time the waits exactly; the counts stay as the
     # check saw them. (Hierarchical: waits stay conservative by up to one coarse bucket.)
-    exact = exact and not hierarchical and windows.coarse_factor(per_window) > 1
+    coarse = hierarchical or windows.coarse_factor(per_window) > 1
+    exact = exact and coarse and not hierarchical
     detail = {
         i: windows.plan(checks[i].rates, t, per_window, fine_only=True)
         for i in (limited.intersection(windowed) if exact else ())
@@ -240,7 +243,13 @@ def check_many(
     untake = sorted(undo.intersection(admitted))
     for i in undo:  # taken back here (or, if that fails, left counted): never again
         results[i].plan = results[i].reply = None
+    # The refusals whose waits are exact: a leaky bucket's, and a sliding window's read
+    # from fine buckets alone (a single-level layout now, the detail read below).
+    timed = limited.intersection(metered)
+    if not coarse:
+        timed |= limited.intersection(windowed)
     if not second and not untake:
+        _remember(checks, results, timed, t)
         return results
     ops = [
         Op(namespaces[i], detail.get(i, plans[i]), False, plans[i] if i in undo else None)
@@ -259,7 +268,60 @@ def check_many(
             results[i] = Result(
                 windows.refine(results[i].usages, detail[i], v, t), results[i].namespace
             )
+    _remember(checks, results, timed.union(detail), t)
     return results
+
+
+#: This process's refusals (:mod:`ratelimit_app.refusals`), shared by the middleware, the
+#: decorator, ``get_usage`` and the DRF throttles.
+REFUSALS: refusals.Memory[Result] = refusals.Memory()
+refusals.after_fork(REFUSALS)
+
+
+def refusal_key(c: Check) -> tuple[Any, ...]:
+    """What a refusal is remembered by: the limit's counters of one subject."""
+    return (c.scope, c.subject, c.algorithm, c.burst)
+
+
+def _remember(checks: Sequence[Check], results: list[Result], timed: set[int], t: float) -> None:
+    """Remember the refusals of counted checks whose waits are exact."""
+    cap = conf.REFUSAL_MEMORY
+    if cap <= 0:
+        return
+    REFUSALS.size = conf.REFUSAL_MEMORY_SIZE
+    for i in timed:
+        c, r = checks[i], results[i]
+        if c.increment and r.limited:
+            wait = r.binding().retry_after
+            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), r)
+
+
+def recall(c: Check, t: float) -> Result | None:
+    """The result of a check refused from memory (no round trip), with its waits counted
+    down; None when the subject is not remembered as refused."""
+    found = REFUSALS.recall(refusal_key(c), t)
+    if found is None:
+        return None
+    elapsed, r = found
+    usages = [
+        windows.Usage(
+            u.rate,
+            u.count,
+            0 if u.limited else u.remaining,
+            u.limited,
+            max(0.0, u.retry_after - elapsed),
+            max(0.0, u.reset - elapsed),
+        )
+        for u in r.usages
+    ]
+    return Result(usages, r.namespace, r.meter)
+
+
+@receiver(setting_changed)
+def _forget_refusals(*, setting: str, **kwargs: Any) -> None:
+    # Rules, backends and keys may mean something else now.
+    if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
+        REFUSALS.clear()
 
 
 def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
@@ -408,15 +470,11 @@ def limit_usage(
     if not rate_list:
         return None
     subject = keys.subject(limit.key, limit.group, request)
+    c = Check(
+        limit.scope_for(rate_list), subject, rate_list, increment, limit.algorithm, limit.burst
+    )
     try:
-        result = check(
-            limit.scope_for(rate_list),
-            subject,
-            rate_list,
-            increment,
-            limit.algorithm,
-            limit.burst,
-        )
+        result = (increment and recall(c, clock.now())) or check_many([c])[0]
     except BackendError as exc:
         report_failure(exc)
         if fail_open is None:
@@ -572,6 +630,10 @@ def reset(
     if not found.limit.metered:
         now = clock.now()
         suffixes += sorted(windows.stored_suffixes(found.rates, now, conf.BUCKETS_PER_WINDOW))
+    lim = found.limit
+    REFUSALS.forget(
+        (found.scope, subject, lim.algorithm, lim.burst) for subject in found.subjects()
+    )
     backend = get_backend()
     for kind, value in found.subjects():
         ns = namespace(found.scope, kind, value)

@@ -40,10 +40,19 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import keys, responses
+from ratelimit_app import clock, keys, responses
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.core import Check, Result, check_many, report_failure, take_back, usage_dict
+from ratelimit_app.core import (
+    REFUSALS,
+    Check,
+    Result,
+    check_many,
+    recall,
+    report_failure,
+    take_back,
+    usage_dict,
+)
 from ratelimit_app.exceptions import BackendError, Ratelimited
 from ratelimit_app.rules import Rule
 from ratelimit_app.signals import ratelimited
@@ -167,19 +176,30 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         used.append(rule)
     if not checks:
         return None
-    try:
-        results = check_many(checks, take_back=_take_back_all_if_blocked(used))
-    except BackendError as exc:
-        report_failure(exc)
-        closed = [rule for rule in used if rule.block and not rule.fail_open]
-        if closed:
-            return responses.unavailable(request, closed[0].name)
-        return _Pending([])
+    results: Sequence[Result | None] | None = None
+    if REFUSALS:
+        # A subject this process refused, whose wait has not ended: refused again from
+        # memory by a blocking rule, with no round trip (refusals.py says why that is safe).
+        t = clock.now()
+        remembered = [recall(c, t) if r.block else None for c, r in zip(checks, used, strict=True)]
+        if any(remembered):
+            results = remembered
+    if results is None:
+        try:
+            results = check_many(checks, take_back=_take_back_all_if_blocked(used))
+        except BackendError as exc:
+            report_failure(exc)
+            closed = [rule for rule in used if rule.block and not rule.fail_open]
+            if closed:
+                return responses.unavailable(request, closed[0].name)
+            return _Pending([])
     policies: list[tuple[str | None, dict[str, Any]]] = []
     blocking: list[tuple[Rule, dict[str, Any]]] = []
     request_usage = getattr(request, "ratelimit_usage", None) or {}
     limited = False
     for rule, result in zip(used, results, strict=True):
+        if result is None:  # not checked: another rule refused from memory
+            continue
         usage = usage_dict(result)
         request_usage[rule.name] = usage
         policies.append((rule.name, usage))
@@ -203,7 +223,7 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     provisional = [
         (c, r)
         for c, r, rule in zip(checks, results, used, strict=True)
-        if rule.failures_only and (r.plan is not None or r.reply is not None)
+        if r is not None and rule.failures_only and (r.plan is not None or r.reply is not None)
     ]
     return _Pending(policies if conf.HEADERS else [], provisional)
 

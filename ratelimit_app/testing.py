@@ -41,3 +41,16 @@ def frozen_clock(t: float) -> Iterator[FrozenClock]:
     fake = FrozenClock(t)
     with mock.patch.object(clock_module, "now", fake):
         yield fake
+
+
+def forget_refusals() -> None:
+    """Forget every refusal this process remembers (:mod:`ratelimit_app.refusals`).
+
+    A test suite that clears the counter cache between tests (``cache.clear()``) should call
+    this too: otherwise a subject refused by an earlier test may be refused from memory for
+    up to ``RATELIMIT_REFUSAL_MEMORY`` seconds. (Overriding any ``RATELIMIT_*`` setting, and
+    :func:`ratelimit_app.core.reset`, forget them already.)
+    """
+    from ratelimit_app.core import REFUSALS
+
+    REFUSALS.clear()

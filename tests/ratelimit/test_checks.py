@@ -83,6 +83,10 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
         ({"RATELIMIT_FAILURE_STATUSES": [401, "403"]}, "ratelimit_app.E016"),
         ({"RATELIMIT_FAILURE_STATUSES": 401}, "ratelimit_app.E016"),
         ({"RATELIMIT_FAIL_CLOSED_STATUS": 200}, "ratelimit_app.E017"),
+        ({"RATELIMIT_REFUSAL_MEMORY": -1}, "ratelimit_app.E019"),
+        ({"RATELIMIT_REFUSAL_MEMORY": "5"}, "ratelimit_app.E019"),
+        ({"RATELIMIT_REFUSAL_MEMORY": 86400}, "ratelimit_app.E019"),
+        ({"RATELIMIT_REFUSAL_MEMORY_SIZE": 1.5}, "ratelimit_app.E019"),
         ({"RATELIMIT_RULES": [RULE], "MIDDLEWARE": []}, "ratelimit_app.W003"),
         (
             {

@@ -1,0 +1,91 @@
+"""What a process remembers of its refusals, so a flood costs less than serving.
+
+When a check refuses a subject with an exact wait of R seconds, the window cannot admit it
+again before R has passed: later hits of other clients only add to its counts, and refused
+hits are not counted. So this process refuses the subject's later requests under the same
+limit **from memory**, with no round trip, until R has passed or
+``RATELIMIT_REFUSAL_MEMORY`` seconds have (whichever comes first). That keeps the limiter
+*never lenient*. The cap bounds what memory cannot see: a reset made in another process, or
+a rule changed in the admin, reaches this process within that many seconds; a reset made in
+this process (:func:`ratelimit_app.core.reset`) is seen at once.
+
+The memory is a bounded least-recently-used map (``RATELIMIT_REFUSAL_MEMORY_SIZE`` subjects),
+O(1) and thread-safe, and a forked child starts with its own lock (the parent's refusals
+stay true in the child). Times are the limiter's clock (:mod:`ratelimit_app.clock`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable
+from typing import Generic, TypeVar
+
+__all__ = ["Memory"]
+
+T = TypeVar("T")
+
+
+class Memory(Generic[T]):
+    """Refusals by key: each with the time it was made, the time it ends, and what it was
+    (the caller's result)."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, tuple[float, float, T]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def remember(self, key: Hashable, at: float, until: float, what: T) -> None:
+        """Refuse ``key`` from ``at`` until ``until``; the least recently used refusal is
+        forgotten when the memory is full."""
+        if until <= at or self.size <= 0:
+            return
+        with self._lock:
+            entries = self._entries
+            entries[key] = (at, until, what)
+            entries.move_to_end(key)
+            if len(entries) > self.size:
+                entries.popitem(last=False)
+
+    def recall(self, key: Hashable, now: float) -> tuple[float, T] | None:
+        """``(seconds since the refusal, what it was)`` while ``key`` is refused at ``now``;
+        None otherwise (an ended refusal is forgotten)."""
+        entries = self._entries
+        if not entries:  # the common case: no flood, no lock
+            return None
+        with self._lock:
+            entry = entries.get(key)
+            if entry is None:
+                return None
+            at, until, what = entry
+            if not at <= now < until:  # ended, or the clock went back: ask the backend
+                del entries[key]
+                return None
+            entries.move_to_end(key)
+        return now - at, what
+
+    def forget(self, keys: Iterable[Hashable]) -> None:
+        """Forget the refusals of ``keys`` (their counters were reset)."""
+        with self._lock:
+            for key in keys:
+                self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        """Forget every refusal (settings changed)."""
+        with self._lock:
+            self._entries.clear()
+
+    def _after_fork(self) -> None:
+        # Another thread may have held the lock when the process forked: a new one. The
+        # refusals themselves stay true in the child.
+        self._lock = threading.Lock()
+
+
+def after_fork(memory: Memory[T]) -> None:
+    """Give ``memory`` a fresh lock in every forked child (gunicorn ``--preload``)."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=memory._after_fork)

@@ -1,0 +1,278 @@
+"""Refusals remembered per process (ratelimit_app/refusals.py): a flood costs no round trip.
+
+A subject refused with an exact wait is refused again from memory until the wait ends or
+``RATELIMIT_REFUSAL_MEMORY`` seconds pass; the answer stays correct (``Retry-After`` and the
+``RateLimit`` headers count down, the signal is sent); a reset in this process is seen at
+once, one elsewhere within the cap.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client, RequestFactory, override_settings
+
+from ratelimit_app import core, refusals, signals
+from ratelimit_app.backends import get_backend
+from ratelimit_app.testing import frozen_clock
+
+T0 = 1_800_000_000.0
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "ratelimit_app.middleware.RatelimitMiddleware",
+]
+
+
+@pytest.fixture(autouse=True)
+def site() -> Iterator[None]:
+    core.REFUSALS.clear()
+    with override_settings(ROOT_URLCONF="tests.ratelimit.urls", MIDDLEWARE=MIDDLEWARE):
+        yield
+    core.REFUSALS.clear()
+
+
+def rules(*items: dict[str, Any], **settings: Any) -> Any:
+    return override_settings(RATELIMIT_RULES=list(items), **settings)
+
+
+def rule(name: str = "flood", **fields: Any) -> dict[str, Any]:
+    return {"name": name, "path": "/rules/named/", "key": "ip", "rate": "2/m", **fields}
+
+
+class RoundTrips:
+    """Counts the backend's round trips (``exchange`` calls) of the backend in force."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        backend = get_backend()
+        exchange = backend.exchange
+
+        def counting(*args: Any) -> Any:
+            self.count += 1
+            return exchange(*args)
+
+        monkeypatch.setattr(backend, "exchange", counting)
+
+
+def test_a_refused_subject_is_refused_from_memory_until_its_wait_ends(
+    backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with rules(rule(), RATELIMIT_REFUSAL_MEMORY=120), frozen_clock(T0) as clock:
+        trips = RoundTrips(monkeypatch)
+        assert [client.get("/rules/named/").status_code for _ in range(2)] == [200, 200]
+        clock.advance(10)
+        first = client.get("/rules/named/")
+        assert first.status_code == 429
+        wait = int(first["Retry-After"])
+        assert 45 <= wait <= 51
+        before = trips.count
+        later = []
+        for _ in range(5):
+            clock.advance(3)
+            later.append(client.get("/rules/named/"))
+        assert trips.count == before  # no round trip at all
+        assert [r.status_code for r in later] == [429] * 5
+        assert [int(r["Retry-After"]) for r in later] == [wait - 3 * k for k in range(1, 6)]
+        assert later[-1]["RateLimit"] == f'"flood:2/m";r=0;t={wait - 15}'
+        assert later[-1]["RateLimit-Policy"] == first["RateLimit-Policy"]
+        assert b"Please wait" in later[-1].content
+        clock.advance(wait - 15)  # the wait is over: asked again, and admitted
+        assert client.get("/rules/named/").status_code == 200
+        assert trips.count == before + 1
+
+
+def test_the_cap_bounds_what_memory_cannot_see(
+    backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reset made elsewhere (here: the counters deleted behind this process's back) is
+    seen within RATELIMIT_REFUSAL_MEMORY seconds."""
+    with rules(rule(), RATELIMIT_REFUSAL_MEMORY=2), frozen_clock(T0) as clock:
+        trips = RoundTrips(monkeypatch)
+        statuses = [client.get("/rules/named/").status_code for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        target = core.target("flood", "127.0.0.1")
+        assert target is not None
+        ns = core.namespace(target.scope, "ip", "127.0.0.1")
+        from ratelimit_app import windows
+
+        get_backend().delete(
+            ns, sorted(windows.stored_suffixes(target.rates, clock(), 60))
+        )  # another process's reset: this one is not told
+        before = trips.count
+        clock.advance(1.5)
+        assert client.get("/rules/named/").status_code == 429  # from memory
+        assert trips.count == before
+        clock.advance(0.5)
+        assert client.get("/rules/named/").status_code == 200  # the cap ran out: asked
+        assert trips.count == before + 1
+
+
+def test_a_reset_in_this_process_is_seen_at_once(backend_kind: str, client: Client) -> None:
+    with rules(rule()), frozen_clock(T0):
+        assert [client.get("/rules/named/").status_code for _ in range(3)] == [200, 200, 429]
+        assert core.reset("flood", "127.0.0.1")
+        assert client.get("/rules/named/").status_code == 200
+
+
+def test_the_signal_and_metrics_go_on_for_remembered_refusals(
+    backend_kind: str, client: Client
+) -> None:
+    seen: list[str] = []
+
+    def receiver(sender: Any, rule: str | None = None, **kwargs: Any) -> None:
+        seen.append(rule or "")
+
+    signals.ratelimited.connect(receiver)
+    try:
+        with rules(rule()), frozen_clock(T0):
+            codes = [client.get("/rules/named/").status_code for _ in range(6)]
+    finally:
+        signals.ratelimited.disconnect(receiver)
+    assert codes == [200, 200, 429, 429, 429, 429]
+    assert seen == ["flood"] * 4
+
+
+def test_a_botnet_costs_one_check_per_subject(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = Client()
+    addresses = [f"198.51.100.{i}" for i in range(1, 61)]  # locmem keeps 300 keys
+    with rules(rule(rate="1/m")), frozen_clock(T0):
+        trips = RoundTrips(monkeypatch)
+        for ip in addresses:
+            assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 200
+        admitted = trips.count
+        codes = [
+            client.get("/rules/named/", REMOTE_ADDR=ip).status_code
+            for _ in range(4)
+            for ip in addresses
+        ]
+    assert set(codes) == {429}
+    # Each subject's first refusal: the check, then the take-back with the exact read.
+    assert trips.count - admitted == 2 * len(addresses)
+
+
+def test_the_decorator_and_get_usage_share_the_memory(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.44")
+    with frozen_clock(T0) as clock:
+        trips = RoundTrips(monkeypatch)
+        usages = [
+            core.get_usage(request, "g", key="ip", rate="1/m", increment=True) for _ in range(4)
+        ]
+        assert trips.count == 1 + 2  # admitted; refused (check + exact read); then memory
+        assert [u and u["should_limit"] for u in usages] == [False, True, True, True]
+        clock.advance(3)
+        usage = core.get_usage(request, "g", key="ip", rate="1/m", increment=True)
+        assert usage is not None and usage["retry_after"] == usages[1]["retry_after"] - 3  # type: ignore[index]
+        look = core.get_usage(request, "g", key="ip", rate="1/m")  # a look asks the backend
+        assert trips.count == 3 + 2 and look is not None and look["should_limit"]
+    client = Client()
+    with override_settings(RATELIMIT_REFUSAL_MEMORY=60), frozen_clock(T0):
+        trips = RoundTrips(monkeypatch)
+        codes = [client.get("/blocking/").status_code for _ in range(8)]
+        assert codes == [200, 200, 200] + [429] * 5
+        assert trips.count == 3 + 2
+
+
+def test_a_conservative_wait_is_not_remembered(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hierarchical buckets time a wait up to one coarse bucket late: not exact, so each
+    refusal asks the backend."""
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.45")
+    with override_settings(RATELIMIT_HIERARCHICAL=True), frozen_clock(T0):
+        trips = RoundTrips(monkeypatch)
+        for _ in range(4):
+            core.get_usage(request, "h", key="ip", rate="1/m", increment=True)
+    assert trips.count == 1 + 2 * 3  # each refusal: the check, then the take-back
+    assert len(core.REFUSALS) == 0
+
+
+def test_zero_turns_the_memory_off(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.46")
+    with override_settings(RATELIMIT_REFUSAL_MEMORY=0), frozen_clock(T0):
+        trips = RoundTrips(monkeypatch)
+        for _ in range(4):
+            core.get_usage(request, "z", key="ip", rate="1/m", increment=True)
+    assert trips.count == 1 + 2 * 3
+
+
+# -- the memory itself -------------------------------------------------------------------
+
+
+def test_the_memory_is_bounded_least_recently_used() -> None:
+    memory: refusals.Memory[str] = refusals.Memory(size=2)
+    memory.remember("a", 0, 10, "A")
+    memory.remember("b", 0, 10, "B")
+    assert memory.recall("a", 1) == (1, "A")  # "a" used last: "b" is the oldest now
+    memory.remember("c", 0, 10, "C")
+    assert memory.recall("b", 1) is None
+    assert memory.recall("a", 2) == (2, "A") and memory.recall("c", 2) == (2, "C")
+    assert memory.recall("a", 10) is None  # ended
+    assert memory.recall("c", -1) is None  # the clock went back: not trusted
+    assert len(memory) == 0
+
+
+def test_threads_share_one_memory_safely() -> None:
+    memory: refusals.Memory[int] = refusals.Memory(size=100)
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for i in range(2000):
+                memory.remember((n, i % 150), 0, 10, i)
+                memory.recall((n, (i * 7) % 150), 1)
+                if i % 97 == 0:
+                    memory.forget([(n, i % 150)])
+        except BaseException as exc:  # pragma: no cover - the failure being tested for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(memory) <= 100
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_inherit_a_held_lock() -> None:
+    """gunicorn --preload forks while other threads may hold the lock."""
+    memory: refusals.Memory[str] = refusals.Memory()
+    refusals.after_fork(memory)
+    memory.remember("a", 0, 10, "A")
+    with memory._lock:  # another thread is inside the memory at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: must not deadlock
+            signal.alarm(5)
+            memory.remember("b", 0, 10, "B")
+            ok = memory.recall("a", 1) == (1, "A") and memory.recall("b", 1) == (1, "B")
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_test_suite_that_clears_the_cache_forgets_the_refusals_too(
+    backend_kind: str,
+) -> None:
+    from django.core.cache import caches
+
+    from ratelimit_app.testing import forget_refusals
+
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.47")
+    with frozen_clock(T0):
+        for _ in range(2):
+            core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
+        caches["rl"].clear()  # what a test's setUp does
+        forget_refusals()
+        usage = core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
+    assert usage is not None and not usage["should_limit"]
