@@ -22,8 +22,11 @@ import logging
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
@@ -110,11 +113,46 @@ def problem(
             json.dumps(body), status=status, content_type="application/problem+json"
         )
     try:
-        html = loader.render_to_string(template, body, request)
+        if _own(template):
+            # During a flood every refusal renders the same few pages: rendering costs more
+            # than the check, so the page of each distinct answer is kept.
+            html = _rendered(template, tuple(body.items()))
+        else:  # a project's own template may use the request and its context processors
+            html = loader.render_to_string(template, body, request)
     except Exception:  # a broken override must not turn a 429 into a 500
         logger.exception("ratelimit: cannot render %s; answering in plain text", template)
         return HttpResponse(f"{title}: {detail}\n", status=status, content_type="text/plain")
     return HttpResponse(html, status=status)
+
+
+#: This app's templates: a page rendered from them depends on its context alone.
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+
+
+@functools.lru_cache(maxsize=32)
+def _own(template: str) -> bool:
+    """True when ``template`` and the page it extends are this app's own (not overridden)."""
+    names = {template, "ratelimit_app/problem.html"}
+    try:
+        origins = [getattr(loader.get_template(name), "origin", None) for name in names]
+    except Exception:  # not found or broken: rendered the ordinary way, which reports it
+        return False
+    return all(
+        o is not None and Path(str(o.name)).resolve().is_relative_to(TEMPLATES_DIR)
+        for o in origins
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _rendered(template: str, context: tuple[tuple[str, Any], ...]) -> str:
+    return loader.render_to_string(template, dict(context))
+
+
+@receiver(setting_changed)
+def _templates_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("TEMPLATES", "INSTALLED_APPS"):
+        _own.cache_clear()
+        _rendered.cache_clear()
 
 
 def too_many_requests(
