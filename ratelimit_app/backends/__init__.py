@@ -117,8 +117,8 @@ def configured_class(value: object) -> type[Backend]:
     return cls
 
 
-#: The names of the arguments of the older construction of the memcached and Redis backends,
-#: ``cls(alias, cache, location, options)``.
+#: The names of the arguments of the older construction, ``cls(alias, cache, location,
+#: options)``, which the memcached backend still has (Redis is built as ``cls(alias, cache)``).
 _WITH_LOCATION = ("alias", "cache", "location", "options")
 
 
@@ -126,8 +126,8 @@ def _parameters(cls: type[Backend]) -> tuple[str, ...]:
     """The arguments :func:`build` passes to ``cls``, by name.
 
     The contract is ``cls(alias, cache)``; a backend that needs the cache's ``LOCATION`` and
-    ``OPTIONS`` reads them with :func:`~.base.cache_settings`. The memcached and Redis
-    backends still take them as arguments, so a class whose constructor asks for
+    ``OPTIONS`` reads them with :func:`~.base.cache_settings`, as the Redis backends do. The
+    memcached backend still takes them as arguments, so a class whose constructor asks for
     ``location`` and ``options`` gets them.
     """
     names = inspect.signature(cls).parameters

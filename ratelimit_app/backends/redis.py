@@ -14,97 +14,115 @@ algorithms sends both scripts in one pipelined round trip (each atomic on its ow
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
-from ratelimit_app import gcra
-from ratelimit_app.backends.base import Backend, Encoded, MeterOp, MeterReply, Op
+from ratelimit_app import gcra, windows
+from ratelimit_app.backends.base import (
+    Backend,
+    Encoded,
+    MeterOp,
+    MeterReply,
+    Op,
+    cache_settings,
+)
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
-#: One check of one or more subjects (the rules of a request), seven ARGV per subject, offset
+#: One check of one or more subjects (the rules of a request), nine ARGV per subject, offset
 #: ``o``; below, ARGV[n] stands for ARGV[o + n]. ARGV[1] is the subject's key base; its KEYS
 #: entry carries the subject's hash tag, so the call is routed to the right node, and every key
 #: built for the subject shares that tag (one Redis Cluster slot per subject).
-#: A uniform window's buckets are the fields of one hash per window (``base:W/G``): one key to
-#: read with HGETALL instead of 61 to look up, and stale fields are dropped on the way (a whole
-#: window after they left it, so a client whose clock runs ahead cannot drop what others
-#: still count). Hierarchical buckets are keys of their own (``base:hL:index``).
-#: ARGV[2] "level field ttl ..." hash increments, ARGV[3] "suffix ttl ..." key increments,
-#: ARGV[4] "level first last keep ..." hash fields to read (first..last; fields before
-#: first - keep are stale: keep is two windows, a whole window older than anything a check
-#: may still read, whatever the clock of the client that trims),
-#: ARGV[5] "suffix ..." keys to read,
-#: and first of all ARGV[6] "level field ..." / ARGV[7] "suffix ..." to take back (a refused
+#: A uniform window's buckets are the fields of one hash per window and level (``base:W/G``,
+#: ``base:W/GxC``); hierarchical buckets are keys of their own (``base:hL:index``).
+#: Every part is a string of space-separated words, few and short: parsing them is a good
+#: share of the script's time.
+#:
+#: First of all, ARGV[2] "level field ..." / ARGV[3] "suffix ..." to take back (a refused
 #: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
 #: decrement would otherwise recreate at -1 with no TTL.
-#: The reply, per subject: the new values of the increments, and "suffix count ..." for every
-#: bucket that holds a count, as one string (redis-py parses a reply element by element in
-#: Python).
+#: ARGV[4] "level field ttl ..." hash increments of each rate's coarsest level, ARGV[5] the
+#: other hash increments, ARGV[6] "suffix ttl ..." key increments. A bucket's TTL is set when
+#: its increment creates it (returns 1): its first hit is its oldest, so that TTL outlives
+#: every later check that reads it, and a hash lives as long as its newest field needs (the
+#: server's clock only moves forward: a later EXPIRE never shortens an earlier one's reach).
+#: ARGV[7] "level stale ...": when an increment creates a bucket of a coarsest level (once
+#: per coarse bucket: a sixth of a window with 60 buckets per window), every written hash
+#: of the subject is scanned (HKEYS) and its fields before ``stale`` dropped: two windows
+#: older than the oldest field a check at this time reads (:func:`_stale_before`), so a
+#: client whose clock runs up to two windows ahead cannot drop what others still count, and
+#: a hash holds at most about three windows of fields. Checks read only the fields they need.
+#: ARGV[8] "level first last ..." hash fields to read (HMGET first..last: the fields a check
+#: reads at one level are consecutive), ARGV[9] "suffix ..." keys to read (MGET).
+#: The reply is one string for the whole call, numbers separated by spaces: per subject, the
+#: new values of its increments (in the order above), then the value of every bucket read
+#: ("0" for none), in the order of the reads above. One string, because redis-py parses a
+#: reply element by element in Python.
 SCRIPT = """
-local reply = {}
-for o = 0, #ARGV - 1, 7 do
+local out = {}
+local function increment(base, writes)
+  local created = false
+  for level, field, ttl in string.gmatch(writes, "(%S+) (%S+) (%S+)") do
+    local key = base .. level
+    local v = redis.call('HINCRBY', key, field, 1)
+    if v == 1 then
+      redis.call('EXPIRE', key, ttl)
+      created = true
+    end
+    out[#out + 1] = v
+  end
+  return created
+end
+for o = 0, #ARGV - 1, 9 do
   local base = ARGV[o + 1]
-  for level, field in string.gmatch(ARGV[o + 6], "(%S+) (%d+)") do
+  for level, field in string.gmatch(ARGV[o + 2], "(%S+) (%S+)") do
     local key = base .. level
     if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
   end
-  for suffix in string.gmatch(ARGV[o + 7], "%S+") do
+  for suffix in string.gmatch(ARGV[o + 3], "%S+") do
     local key = base .. suffix
     if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
   end
-  local written = {}
-  for level, field, ttl in string.gmatch(ARGV[o + 2], "(%S+) (%d+) (%d+)") do
-    local key = base .. level
-    written[#written + 1] = redis.call('HINCRBY', key, field, 1)
-    redis.call('EXPIRE', key, ttl)
-  end
-  for suffix, ttl in string.gmatch(ARGV[o + 3], "(%S+) (%d+)") do
+  local trim = increment(base, ARGV[o + 4])
+  increment(base, ARGV[o + 5])
+  for suffix, ttl in string.gmatch(ARGV[o + 6], "(%S+) (%S+)") do
     local key = base .. suffix
     local v = redis.call('INCR', key)
     if v == 1 then redis.call('EXPIRE', key, ttl) end
-    written[#written + 1] = v
+    out[#out + 1] = v
   end
-  local out = {}
-  for level, first, last, keep in string.gmatch(ARGV[o + 4], "(%S+) (%d+) (%d+) (%d+)") do
-    local key = base .. level
-    local lo, hi = tonumber(first), tonumber(last)
-    local stale_before = lo - tonumber(keep)
-    local all = redis.call('HGETALL', key)
-    local stale = {}
-    for i = 1, #all, 2 do
-      local k = tonumber(all[i])
-      if k < stale_before then
-        stale[#stale + 1] = all[i]
-      elseif k >= lo and k <= hi then
-        out[#out + 1] = level .. ':' .. all[i]
-        out[#out + 1] = all[i + 1]
+  if trim then
+    for level, stale in string.gmatch(ARGV[o + 7], "(%S+) (%S+)") do
+      local key = base .. level
+      local before = tonumber(stale)
+      local dropped = {}
+      for _, field in ipairs(redis.call('HKEYS', key)) do
+        if tonumber(field) < before then dropped[#dropped + 1] = field end
       end
+      if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
     end
-    if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
   end
-  local suffixes = {}
-  for suffix in string.gmatch(ARGV[o + 5], "%S+") do suffixes[#suffixes + 1] = suffix end
-  if #suffixes > 0 then
-    local keys = {}
-    for i = 1, #suffixes do keys[i] = base .. suffixes[i] end
+  for level, first, last in string.gmatch(ARGV[o + 8], "(%S+) (%S+) (%S+)") do
+    local names = {}
+    for field = tonumber(first), tonumber(last) do names[#names + 1] = field end
+    local values = redis.call('HMGET', base .. level, unpack(names))
+    for i = 1, #names do out[#out + 1] = values[i] or '0' end
+  end
+  local keys = {}
+  for suffix in string.gmatch(ARGV[o + 9], "%S+") do keys[#keys + 1] = base .. suffix end
+  if #keys > 0 then
     local values = redis.call('MGET', unpack(keys))
-    for i = 1, #suffixes do
-      if values[i] then
-        out[#out + 1] = suffixes[i]
-        out[#out + 1] = values[i]
-      end
-    end
+    for i = 1, #keys do out[#out + 1] = values[i] or '0' end
   end
-  reply[#reply + 1] = written
-  reply[#reply + 1] = table.concat(out, ' ')
 end
-return reply
+return table.concat(out, ' ')
 """
 
 
@@ -182,82 +200,144 @@ def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
     return level, field
 
 
-def _window_length(level: bytes) -> int:
-    """Buckets of one window at a level: ``b":60/60"`` -> 60, ``b":60/60x10"`` -> 6.
+def _stale_before(level: bytes, field: int) -> int:
+    """The first field of ``level`` a trim at a write of ``field`` keeps (see :data:`SCRIPT`).
 
-    Fields more than this many buckets before the first one a check reads are stale, whatever
-    the reads of the moment (at the start of a coarse bucket a check may read a single fine
-    bucket, but later checks read older ones again at the old edge).
+    A check at the time of that write reads fields of this level from about one window
+    back: ``field - G`` fine buckets, less up to one coarse bucket (``C``) subtracted at the
+    old edge; coarse buckets from ``field - G/C - 1``. Two more windows are kept, so a
+    client whose clock runs ahead by up to two windows cannot drop fields that others still
+    count. ``b":60/60"``: 60 per window, coarse 10, so ``field - 190``; ``b":60/60x10"``:
+    6 per window, so ``field - 19``.
     """
     per_window, _, coarse = level.rpartition(b"/")[2].partition(b"x")
-    return int(per_window) // int(coarse or b"1")
+    g = int(per_window)
+    if coarse:
+        return field - 3 * (g // int(coarse)) - 1
+    return field - 3 * g - windows.coarse_factor(g)
+
+
+def _top(level: bytes) -> bool:
+    """True for the coarsest level of a rate: its coarse level, or its only one."""
+    per_window, _, coarse = level.rpartition(b"/")[2].partition(b"x")
+    return bool(coarse) or windows.coarse_factor(int(per_window)) == 1
 
 
 class RedisEncoded(Encoded):
-    """The plan as the script's arguments, and the order its increments come back in."""
+    """The plan as the script's arguments, and where its reply puts each value.
 
-    __slots__ = ("hash_writes", "key_reads", "key_writes", "runs", "undo_hash", "undo_keys")
+    Everything here is computed once per plan (plans are memoised objects shared by every
+    subject): a check only adds its subject's key base.
+    """
+
+    __slots__ = (
+        "hash_reads",
+        "hash_writes",
+        "key_reads",
+        "key_writes",
+        "replied",
+        "slots",
+        "top_writes",
+        "trims",
+        "undo_hash",
+        "undo_keys",
+    )
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
-        hash_writes, key_writes, undo_hash, undo_keys, order = [], [], [], [], []
+        top: list[tuple[int, bytes]] = []
+        other: list[tuple[int, bytes]] = []
+        keyed: list[tuple[int, bytes]] = []
+        undo_hash, undo_keys, trims = [], [], []
         for n, (suffix, ttl) in enumerate(self.writes):
             split = _split(suffix)
             if split is None:
-                key_writes.append(b"%s %d" % (suffix, ttl))
+                keyed.append((n, b"%s %d" % (suffix, ttl)))
                 undo_keys.append(suffix)
-            else:
-                hash_writes.append(b"%s %s %d" % (*split, ttl))
-                undo_hash.append(b"%s %s" % split)
-                order.append(n)
-        order += [n for n, (s, _) in enumerate(self.writes) if _split(s) is None]
-        # The script answers hash increments first: reorder write_index to match.
-        self.write_index = [self.write_index[n] for n in order]
+                continue
+            level, field = split
+            (top if _top(level) else other).append((n, b"%s %s %d" % (level, field, ttl)))
+            undo_hash.append(b"%s %s" % split)
+            trims.append(b"%s %d" % (level, _stale_before(level, int(field))))
+        # The script answers the increments in the order of its arguments: reorder
+        # write_index to match.
+        self.write_index = [self.write_index[n] for n, _ in top + other + keyed]
         self.refresh_proofs()
-        self.hash_writes = b" ".join(hash_writes)
-        self.key_writes = b" ".join(key_writes)
+        self.top_writes = b" ".join(w for _, w in top)
+        self.hash_writes = b" ".join(w for _, w in other)
+        self.key_writes = b" ".join(w for _, w in keyed)
         self.undo_hash = b" ".join(undo_hash)
         self.undo_keys = b" ".join(undo_keys)
-        runs: dict[bytes, list[int]] = {}
-        key_reads = []
-        for suffix in self.reads:
+        self.trims = b" ".join(trims)
+        # Reads: the range first..last of each hash (one HMGET each), then the keys (one
+        # MGET). The reply holds ``replied`` values in that order; slots[i] is where it
+        # holds the value of reads[i].
+        fields: dict[bytes, list[tuple[int, int]]] = {}
+        keys: list[tuple[int, bytes]] = []
+        for i, suffix in enumerate(self.reads):
             split = _split(suffix)
             if split is None:
-                key_reads.append(suffix)
+                keys.append((i, suffix))
             else:
-                runs.setdefault(split[0], []).append(int(split[1]))
-        self.runs = b" ".join(
-            b"%s %d %d %d" % (lv, min(ks), max(ks), 2 * _window_length(lv))
-            for lv, ks in runs.items()
-        )
-        self.key_reads = b" ".join(key_reads)
+                fields.setdefault(split[0], []).append((i, int(split[1])))
+        self.slots = [0] * len(self.reads)
+        ranges, at = [], 0
+        for level, found in fields.items():
+            first, last = min(f for _, f in found), max(f for _, f in found)
+            ranges.append(b"%s %d %d" % (level, first, last))
+            for i, index in found:
+                self.slots[i] = at + index - first
+            at += last - first + 1
+        for i, _ in keys:
+            self.slots[i] = at
+            at += 1
+        self.replied = at
+        self.hash_reads = b" ".join(ranges)
+        self.key_reads = b" ".join(suffix for _, suffix in keys)
 
 
 class RedisBackend(Backend):
     inline_ok = True
     encoding = RedisEncoded
 
-    def __init__(self, alias: str, cache: Any, location: Any, options: dict[str, Any]) -> None:
+    def __init__(self, alias: str, cache: Any) -> None:
+        """Built as every backend is, ``cls(alias, cache)``: the server (``LOCATION``; a
+        list, or several comma-separated: the first, the primary) and the client's options
+        come from ``CACHES[alias]`` (:func:`~.base.cache_settings`)."""
         super().__init__(alias, cache)
-        from django_redis.pool import get_connection_factory
-
-        # django-redis's own connection factory (the cache's OPTIONS: password, parser, pool
-        # class...), on a pool of our own: django-redis shares one pool per URL, whose
-        # timeouts whoever came first decided, and without a timeout a server that stops
-        # answering would hang every request. RATELIMIT_SOCKET_TIMEOUT applies unless the
-        # cache's OPTIONS set SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT.
-        options = dict(options)
+        location, options = cache_settings(alias)
+        url = location if isinstance(location, str) else next(iter(location), "")
+        self.url = str(url).split(",")[0].strip()
+        if not self.url:
+            raise BackendError(f"{alias}: no Redis server in LOCATION")
+        # Without a timeout a server that stops answering would hang every request:
+        # RATELIMIT_SOCKET_TIMEOUT applies unless the cache's OPTIONS set SOCKET_TIMEOUT /
+        # SOCKET_CONNECT_TIMEOUT.
         options.setdefault("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT)
         options.setdefault("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT)
-        url = location if isinstance(location, str) else next(iter(location))  # the primary
-        factory = get_connection_factory(options)
-        pool = factory.get_connection_pool(factory.make_connection_params(url.split(",")[0]))
+        self.options = options
+        self._start()
+
+    def _start(self) -> None:
+        """Build the client (redis-py connects on its first command).
+
+        django-redis's own connection factory (the cache's OPTIONS: password, parser, pool
+        class...), on a pool of our own: django-redis shares one pool per URL, whose
+        timeouts whoever came first decided.
+        """
+        from django_redis.pool import get_connection_factory
+
+        factory = get_connection_factory(self.options)
+        pool = factory.get_connection_pool(factory.make_connection_params(self.url))
         self.client = factory.redis_client_cls(
             connection_pool=pool,
             **factory.redis_client_cls_kwargs,
         )
         self.script = self.client.register_script(SCRIPT)
         self.meter_script = self.client.register_script(METER_SCRIPT)
+        #: Each thread's connection for :meth:`_call`, and all of them, for :meth:`close`.
+        self._local = threading.local()
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         return self._exchange(ops, (), 0)[0]
@@ -317,51 +397,96 @@ class RedisBackend(Backend):
         return [list(range(len(namespaces)))]
 
     def _evaluate(self, calls: list[tuple[Any, list[bytes], list[bytes]]]) -> list[Any]:
-        """Run the scripts: one alone through redis-py (which loads it if needed), several
+        """Run the scripts: one alone on this thread's connection (:meth:`_call`), several
         as EVALSHAs in one pipeline (a script the server lacks is then run again alone)."""
         if len(calls) == 1:
-            script, keys, args = calls[0]
-            return [script(keys=keys, args=args)]
+            return [self._run_script(*calls[0])]
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         replies = pipe.execute(raise_on_error=False)
         for n, reply in enumerate(replies):
             if isinstance(reply, NoScriptError):  # not run: safe to run again
-                script, keys, args = calls[n]
-                replies[n] = script(keys=keys, args=args)
+                replies[n] = self._run_script(*calls[n])
             elif isinstance(reply, Exception):
                 raise reply
         return replies
 
+    def _run_script(self, script: Any, keys: list[bytes], args: list[bytes]) -> Any:
+        """EVALSHA, or EVAL (which also loads the script) when the server lacks it (a
+        restart, SCRIPT FLUSH): NOSCRIPT means nothing ran, so running it is safe."""
+        try:
+            return self._call(b"EVALSHA", script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return self._call(b"EVAL", script.script, len(keys), *keys, *args)
+
+    def _call(self, *command: Any) -> Any:
+        """One command on this thread's own connection, and its reply.
+
+        The checks' scripts bypass redis-py's client and pool: on every command they take a
+        lock, poll the socket for stray data and record metrics, about a third of a check on
+        loopback. Each thread (and process: a forked child opens its own) keeps one
+        connection, built by the pool's connection class with the pool's options (timeouts,
+        password, parser); it connects on first use and again after a failure. No retries:
+        a check's script is not idempotent, and a failure fails open or closed at once.
+        """
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self.client.connection_pool
+            conn = pool.connection_class(**pool.connection_kwargs)
+            local.conn, local.pid = conn, os.getpid()
+            self._connections.add(conn)
+        try:
+            conn.send_command(*command)
+            return conn.read_response()
+        except ResponseError:
+            raise  # the server answered: the connection is in step
+        except BaseException:
+            # A reply may still be on its way: never read it as the next command's.
+            conn.disconnect()
+            raise
+
     def _window_args(self, ops: Sequence[Op]) -> tuple[list[bytes], list[bytes]]:
-        keys, args = [], []
+        keys: list[bytes] = []
+        args: list[bytes] = []
+        prefix = self.cache_prefix + self.rl_prefix
         for op in ops:
-            enc: Any = self.encoded(op.plan)
-            base = (self.cache_prefix + self.rl_prefix + op.namespace).encode()
+            enc = cast(RedisEncoded, self.encoded(op.plan))
+            base = (prefix + op.namespace).encode()
             keys.append(base + enc.reads[-1])
-            args += [base, b"", b"", enc.runs, enc.key_reads, b"", b""]
+            if op.undo is None:
+                undo_hash = undo_keys = b""
+            else:
+                taken = cast(RedisEncoded, self.encoded(op.undo))
+                undo_hash, undo_keys = taken.undo_hash, taken.undo_keys
             if op.increment:
-                args[-6:-4] = [enc.hash_writes, enc.key_writes]
-            if op.undo is not None:
-                taken: Any = self.encoded(op.undo)
-                args[-2:] = [taken.undo_hash, taken.undo_keys]
+                args += (base, undo_hash, undo_keys, enc.top_writes, enc.hash_writes)
+                args += (enc.key_writes, enc.trims, enc.hash_reads, enc.key_reads)
+            else:
+                args += (base, undo_hash, undo_keys, b"", b"", b"", b"")
+                args += (enc.hash_reads, enc.key_reads)
         return keys, args
 
-    def _window_values(self, ops: Sequence[Op], reply: Any) -> list[list[int]]:
+    def _window_values(self, ops: Sequence[Op], reply: bytes) -> list[list[int]]:
+        """Each op's values (in the order of its plan's reads) from the script's reply, the
+        written buckets' taken from their increments (:meth:`Encoded.merge`)."""
+        tokens = reply.split()
         results = []
-        for n, op in enumerate(ops):
-            written, found = reply[2 * n], reply[2 * n + 1]
-            enc = self.encoded(op.plan)
-            values = [0] * len(enc.reads)
-            tokens = found.split()
-            for k in range(0, len(tokens), 2):
-                values[enc.index[tokens[k]]] = int(tokens[k + 1])
-            if len(written) != (len(enc.writes) if op.increment else 0):
-                raise BackendError("lost counter writes")
+        at = 0
+        for op in ops:
+            enc = cast(RedisEncoded, self.encoded(op.plan))
+            if op.increment:
+                written = tokens[at : at + len(enc.writes)]
+                at += len(written)
+            found = tokens[at : at + enc.replied]
+            at += enc.replied
+            values = [int(found[slot]) for slot in enc.slots]  # IndexError if short
             if op.increment:
                 enc.merge(values, written)
             results.append(values)
+        if at != len(tokens):
+            raise BackendError(f"{len(tokens)} values in the reply, {at} expected")
         return results
 
     def _meter_args(self, ops: Sequence[MeterOp], now_us: int) -> tuple[list[bytes], list[bytes]]:
@@ -388,6 +513,8 @@ class RedisBackend(Backend):
         ]
 
     def close(self) -> None:
+        for conn in list(self._connections):
+            conn.disconnect()
         self.client.connection_pool.disconnect()
 
     def physical_key(self, namespace: str, suffix: str) -> tuple[str, str | None]:
@@ -439,22 +566,12 @@ class RedisClusterBackend(RedisBackend):
 
     inline_ok = False
 
-    def __init__(self, alias: str, cache: Any) -> None:
-        """Built as ``RATELIMIT_BACKEND`` classes are, ``cls(alias, cache)``: the node and
-        the timeouts come from ``CACHES[alias]``."""
-        Backend.__init__(self, alias, cache)
-        from django.conf import settings
-
-        config = settings.CACHES[alias]
-        location = config.get("LOCATION", "")
-        options = cast(dict[str, Any], config.get("OPTIONS") or {})
-        url = location if isinstance(location, str) else next(iter(location), "")
-        self.url = str(url).split(",")[0].strip()
-        if not self.url:
-            raise BackendError(f"{alias}: no Redis Cluster node in LOCATION")
+    def _start(self) -> None:
+        """Nothing to build yet: the cluster client reads the slot map from a node when it
+        is built, so :meth:`_connect` builds it on first use."""
         self.timeouts = {
-            "socket_timeout": options.get("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT),
-            "socket_connect_timeout": options.get("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT),
+            "socket_timeout": self.options["SOCKET_TIMEOUT"],
+            "socket_connect_timeout": self.options["SOCKET_CONNECT_TIMEOUT"],
         }
         self.connected = False
         self._connect_lock = threading.Lock()
