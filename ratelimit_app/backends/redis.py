@@ -192,6 +192,15 @@ def _meter_args(m: gcra.Meter) -> list[bytes]:
     return [b"%d" % m.rate.count, b"%d" % q, b"%d" % rem, b"%d" % tau_a, b"%d" % tau_r]
 
 
+def _pack(command: list[bytes]) -> bytes:
+    """A command in the Redis protocol (RESP): every part is bytes already, so this does
+    less than redis-py's packers, which check and encode each part."""
+    return b"*%d\r\n%s" % (
+        len(command),
+        b"".join([b"$%d\r\n%s\r\n" % (len(part), part) for part in command]),
+    )
+
+
 def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
     """``b":60/60:123"`` -> ``(b":60/60", b"123")`` for uniform buckets, else None."""
     if suffix.startswith(b":h") or suffix == gcra.SUFFIX.encode():
@@ -415,12 +424,13 @@ class RedisBackend(Backend):
     def _run_script(self, script: Any, keys: list[bytes], args: list[bytes]) -> Any:
         """EVALSHA, or EVAL (which also loads the script) when the server lacks it (a
         restart, SCRIPT FLUSH): NOSCRIPT means nothing ran, so running it is safe."""
+        count = b"%d" % len(keys)
         try:
-            return self._call(b"EVALSHA", script.sha, len(keys), *keys, *args)
+            return self._call([b"EVALSHA", script.sha.encode(), count, *keys, *args])
         except NoScriptError:
-            return self._call(b"EVAL", script.script, len(keys), *keys, *args)
+            return self._call([b"EVAL", script.script.encode(), count, *keys, *args])
 
-    def _call(self, *command: Any) -> Any:
+    def _call(self, command: list[bytes]) -> Any:
         """One command on this thread's own connection, and its reply.
 
         The checks' scripts bypass redis-py's client and pool: on every command they take a
@@ -438,7 +448,7 @@ class RedisBackend(Backend):
             local.conn, local.pid = conn, os.getpid()
             self._connections.add(conn)
         try:
-            conn.send_command(*command)
+            conn.send_packed_command([_pack(command)])
             return conn.read_response()
         except ResponseError:
             raise  # the server answered: the connection is in step
