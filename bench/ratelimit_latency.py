@@ -1,9 +1,26 @@
-"""Per-check latency: ratelimit_app vs django-ratelimit 4.1 on the same memcached and Redis.
+"""Per-check latency: ratelimit_app vs its Django peers on the same memcached and Redis.
 
-Both contenders run in one process against the same throwaway servers. The machine is
+Every contender runs in one process against the same throwaway servers. The machine is
 expected to be noisy, so contenders are interleaved: every round times ``calls`` checks of
 each contender in turn (the order alternates between rounds), and the statistics pool the
-per-call timings of all rounds. Cases:
+per-call timings of all rounds.
+
+The peers, each called the fastest correct way its users can call it:
+
+* **django-ratelimit 4.1**: ``django_ratelimit.core.get_usage`` (what its decorator calls);
+  a fixed window per rate, ``add`` then ``incr`` on the Django cache (one round trip for
+  a new subject, two after).
+* **django-smart-ratelimit 4.12**: its backend's ``check_batch`` (what its
+  ``ratelimit_batch`` decorator calls, keys made by its ``generate_key``), one pipelined
+  round trip for all the rates; its ``@rate_limit`` decorator reads the key's TTL in a
+  second round trip, slower. Its own backends, not Django's caches: on Redis a sliding log
+  (a sorted set of every hit, refused ones included), on memcached a fixed window.
+* **django-fast-ratelimit 9.1**: ``get_ratelimit(..., action=Action.INCREASE)`` (what its
+  ``decorate`` calls; one call per rate, as stacked decorators) on the Django cache: a fixed
+  window, three round trips for a busy subject (``get`` of the window's end, ``add``,
+  ``incr``), four for a new one.
+
+Cases, against django-ratelimit (its rows and targets as before), on a **busy** subject:
 
 * one rate ``1000000/m`` (never limited, so every check does its full work);
 * three rates on one key, ``1000000/m;1000000/h;1000000/d``, against django-ratelimit called
@@ -12,10 +29,15 @@ per-call timings of all rounds. Cases:
 * one rate ``1/h`` that every timed check exceeds (what a flood of refused requests costs:
   ours takes a refused hit back, django-ratelimit just counts it). No target.
 
-Before timing, every bucket our checks read is filled (by checks at earlier times, through
-the real API with the clock moved back), as for a subject that has been busy for a day: the
-cost of a check depends on how many of its buckets hold a value. A check that fails (the
-backend raised; ``limit`` 0 in the usage) is counted in the ``failed`` column.
+Against the fastest peer (all three timed in the same run), one rate and three rates, each
+on a busy and on a **quiet** subject (every timed check is the first of its subject: a new
+client). Target on Redis: our median at most :data:`PEER_TARGETS` times the fastest peer's.
+
+Busy: before timing, every bucket our checks read is filled (by checks at earlier times,
+through the real API with the clock moved back), as for a subject that has been busy for a
+day: the cost of a check depends on how many of its buckets hold a value; the peers' keys
+are made to exist. A check that fails (the backend raised; ``limit`` 0 in the usage) is
+counted in the ``failed`` column.
 
 Run: ``python -m bench.ratelimit_latency [--rounds 20 --calls 300]``.
 """
@@ -32,6 +54,7 @@ from typing import Any
 from bench.common import (
     Servers,
     configure_django,
+    machine,
     quantile,
     table,
     throwaway_servers,
@@ -48,6 +71,18 @@ TARGETS: dict[str, float | None] = {
     "3 rates, hierarchical": 0.5,
     "1 rate, over the limit": None,
 }
+#: Targets: our median check / the fastest peer's, per backend. On memcached ours leads
+#: (below 1.0x: the row shows a regression); on Redis the target is 0.8x.
+PEER_TARGETS = {"memcached": 1.0, "redis": 0.8}
+#: The peers of the fastest-peer rows, by the label their columns carry.
+PEERS = ("django-ratelimit", "smart-ratelimit", "fast-ratelimit")
+#: The fastest-peer rows: (case, contender key, subject).
+PEER_CASES = (
+    ("1 rate", "1", "busy"),
+    ("1 rate", "1", "quiet"),
+    ("3 rates", "3", "busy"),
+    ("3 rates", "3", "quiet"),
+)
 WARMUP = 5
 
 Check = Callable[[Any], Any]
@@ -60,6 +95,7 @@ class Contender:
     hierarchical: bool = False
     limited: bool = False  # every timed check is over the limit
     windows: tuple[int, ...] = ()  # fill every bucket of these windows before timing
+    quiet: bool = False  # every timed check is a new subject's first
     samples: list[float] = field(default_factory=list)  # microseconds per check
     failures: int = 0
 
@@ -92,6 +128,46 @@ class Row:
         return self.ratio <= self.target and not self.ours_failed
 
 
+@dataclass
+class PeerRow:
+    """One case against every peer: each contender's median (microseconds), by label."""
+
+    backend: str
+    case: str
+    subject: str  # "busy" or "quiet"
+    ours_median: float
+    peer_medians: dict[str, float]
+    samples: int
+    ours_failed: int = 0
+    peers_failed: int = 0
+
+    @property
+    def fastest(self) -> str:
+        return min(self.peer_medians, key=self.peer_medians.__getitem__)
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_median / self.peer_medians[self.fastest]
+
+    @property
+    def target(self) -> float:
+        return PEER_TARGETS[self.backend]
+
+    @property
+    def met(self) -> bool:
+        """A run with failed checks of ours never meets it."""
+        return self.ratio <= self.target and not self.ours_failed
+
+
+@dataclass
+class Report:
+    """What :func:`run` measured: the rows against django-ratelimit and the fastest-peer
+    rows."""
+
+    rows: list[Row]
+    peer_rows: list[PeerRow]
+
+
 def caches_for(servers: Servers) -> dict[str, dict[str, Any]]:
     """One cache alias per server, configured as a project would."""
     return {
@@ -104,57 +180,171 @@ def caches_for(servers: Servers) -> dict[str, dict[str, Any]]:
     }
 
 
-def requests(n: int) -> list[Any]:
-    """``n`` GET requests from distinct client IPs."""
+def requests(n: int, net: int = 10) -> list[Any]:
+    """``n`` GET requests from distinct client IPs (``net.*.*.*``)."""
     from django.test import RequestFactory
 
     factory = RequestFactory()
     return [
-        factory.get("/bench/", REMOTE_ADDR=f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
+        factory.get("/bench/", REMOTE_ADDR=f"{net}.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
         for i in range(1, n + 1)
     ]
 
 
+def _usage(limit: int, count: int) -> dict[str, Any]:
+    """A peer's outcome in django-ratelimit's shape (what :func:`_failed` and
+    :func:`_validate` read): a failed check counts nothing."""
+    return {"limit": limit if count > 0 else 0, "should_limit": count > limit, "count": count}
+
+
+#: django-smart-ratelimit's backends built by :func:`smart_backend`, closed when
+#: :func:`smart_settings` exits (they hold sockets of their own).
+_smart_opened: list[Any] = []
+
+
+def smart_backend(backend: str) -> Any:
+    """django-smart-ratelimit's own backend for the server of cache ``backend``, as its
+    settings would build it (``RATELIMIT_BACKEND`` "redis" or "memcached"). Call inside
+    :func:`smart_settings`."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    location = settings.CACHES[backend]["LOCATION"]
+    built: Any
+    if backend == "redis":
+        from django_smart_ratelimit.backends.redis_backend import RedisBackend
+
+        built = RedisBackend()
+    else:
+        from django_smart_ratelimit.backends.memcached import MemcachedBackend
+
+        host, _, port = location.rpartition(":")
+        # Its memcached backend reads RATELIMIT_MEMCACHED from Django's settings when built.
+        with override_settings(RATELIMIT_MEMCACHED={"HOST": host, "PORT": int(port)}):
+            built = MemcachedBackend()
+    _smart_opened.append(built)
+    return built
+
+
+@contextmanager
+def smart_settings(servers: Servers) -> Iterator[None]:
+    """django-smart-ratelimit's settings (its Redis URL), through its own test hook: its
+    setting names overlap ours (``RATELIMIT_BACKEND``, ``RATELIMIT_FAIL_OPEN``...), so they
+    are not written into Django's settings. Restored, and its backends closed, on exit."""
+    from django_smart_ratelimit import config
+
+    config.configure(config.RateLimitSettings(redis_config={"url": servers.redis}))
+    try:
+        yield
+    finally:
+        config.reset_settings()
+        while _smart_opened:
+            built = _smart_opened.pop()
+            if hasattr(built, "_pool"):  # Redis: a connection pool (shared by its class)
+                built._pool.disconnect()
+            else:  # memcached: one pymemcache client
+                built._client.close()
+
+
 def contenders(backend: str) -> list[Contender]:
+    from django_fast_ratelimit import Action, get_ratelimit
     from django_ratelimit.core import get_usage as peer_usage
+    from django_smart_ratelimit.key_functions import generate_key
 
     from ratelimit_app.core import get_usage as our_usage
+    from ratelimit_app.rates import parse
 
     three = ";".join(THREE_RATES)
     g = f"bench-{backend}"
+    smart = smart_backend(backend)
+    limits = {r: (p.count, p.seconds) for r in THREE_RATES for p in parse(r)}
 
-    def ours_one(request: Any) -> Any:
-        return [our_usage(request, group=g + "-o1", key="ip", rate=ONE_RATE, increment=True)]
+    def ours(group: str, rate: str) -> Check:
+        def check(request: Any) -> Any:
+            return [our_usage(request, group=group, key="ip", rate=rate, increment=True)]
 
-    def peer_one(request: Any) -> Any:
-        return [peer_usage(request, group=g + "-p1", key="ip", rate=ONE_RATE, increment=True)]
+        return check
 
-    def ours_three(request: Any) -> Any:
-        return [our_usage(request, group=g + "-o3", key="ip", rate=three, increment=True)]
+    def peer(group: str, rates: tuple[str, ...]) -> Check:
+        def check(request: Any) -> Any:
+            return [
+                peer_usage(request, group=group, key="ip", rate=rate, increment=True)
+                for rate in rates
+            ]
 
-    def ours_hier(request: Any) -> Any:
-        return [our_usage(request, group=g + "-oh", key="ip", rate=three, increment=True)]
+        return check
 
-    def ours_over(request: Any) -> Any:
-        return [our_usage(request, group=g + "-ox", key="ip", rate=OVER_RATE, increment=True)]
+    def smart_ratelimit(group: str, rates: tuple[str, ...]) -> Check:
+        # ratelimit_batch's core: the key of each rate ("group:ip"), one check_batch.
+        def check(request: Any) -> Any:
+            subject = generate_key("ip", request)
+            batch: list[dict[str, Any]] = [
+                {"key": f"{group}-{n}:{subject}", "limit": limits[r][0], "period": limits[r][1]}
+                for n, r in enumerate(rates)
+            ]
+            return [
+                _usage(c["limit"], meta["count"])
+                for c, (_, meta) in zip(batch, smart.check_batch(batch), strict=True)
+            ]
 
-    def peer_over(request: Any) -> Any:
-        return [peer_usage(request, group=g + "-px", key="ip", rate=OVER_RATE, increment=True)]
+        return check
 
-    def peer_three(request: Any) -> Any:
-        return [
-            peer_usage(request, group=g + "-p3", key="ip", rate=rate, increment=True)
-            for rate in THREE_RATES
+    def fast_ratelimit(group: str, rates: tuple[str, ...]) -> Check:
+        def check(request: Any) -> Any:
+            found = [
+                get_ratelimit(
+                    group=f"{group}-{n}",
+                    key="ip",
+                    rate=rate,
+                    request=request,
+                    action=Action.INCREASE,
+                    cache=backend,
+                )
+                for n, rate in enumerate(rates)
+            ]
+            return [_usage(r.limit, r.count) for r in found]
+
+        return check
+
+    one, all_three = (ONE_RATE,), THREE_RATES
+    peers = []
+    for subject in ("busy", "quiet"):
+        quiet = subject == "quiet"
+        s = "q" if quiet else ""
+        peers += [
+            Contender(f"ours 1 {subject}", ours(g + "-o1" + s, ONE_RATE), quiet=quiet),
+            Contender(f"django-ratelimit 1 {subject}", peer(g + "-p1" + s, one), quiet=quiet),
+            Contender(
+                f"smart-ratelimit 1 {subject}", smart_ratelimit(g + "-s1" + s, one), quiet=quiet
+            ),
+            Contender(
+                f"fast-ratelimit 1 {subject}", fast_ratelimit(g + "-f1" + s, one), quiet=quiet
+            ),
+            Contender(f"ours 3 {subject}", ours(g + "-o3" + s, three), quiet=quiet),
+            Contender(
+                f"django-ratelimit 3 {subject}", peer(g + "-p3" + s, all_three), quiet=quiet
+            ),
+            Contender(
+                f"smart-ratelimit 3 {subject}",
+                smart_ratelimit(g + "-s3" + s, all_three),
+                quiet=quiet,
+            ),
+            Contender(
+                f"fast-ratelimit 3 {subject}",
+                fast_ratelimit(g + "-f3" + s, all_three),
+                quiet=quiet,
+            ),
         ]
-
+    by_name = {c.name: c for c in peers}
+    # The busy rows against django-ratelimit are the same contenders as the fastest-peer
+    # rows (timed once); ours are filled first.
+    by_name["ours 1 busy"].windows = (60,)
+    by_name["ours 3 busy"].windows = (60, 3600, 86400)
     return [
-        Contender("ours 1", ours_one, windows=(60,)),
-        Contender("peer 1", peer_one),
-        Contender("ours 3", ours_three, windows=(60, 3600, 86400)),
-        Contender("peer 3", peer_three),
-        Contender("ours 3h", ours_hier, hierarchical=True, windows=(60, 3600, 86400)),
-        Contender("ours over", ours_over, limited=True),
-        Contender("peer over", peer_over, limited=True),
+        *peers,
+        Contender("ours 3h", ours(g + "-oh", three), hierarchical=True, windows=(60, 3600, 86400)),
+        Contender("ours over", ours(g + "-ox", OVER_RATE), limited=True),
+        Contender("django-ratelimit over", peer(g + "-px", (OVER_RATE,)), limited=True),
     ]
 
 
@@ -209,14 +399,17 @@ def time_backend(
     returns them with their samples."""
     runners = contenders(backend) if runners is None else runners
     clock = time.perf_counter_ns
-    # Failed checks are counted in the table; a log line for each would drown it.
-    log = logging.getLogger("ratelimit_app")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
+    # Failed checks are counted in the table; a log line for each would drown it (and
+    # django-smart-ratelimit logs every check).
+    logs = [logging.getLogger(name) for name in ("ratelimit_app", "django_smart_ratelimit")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
     try:
         _rounds(backend, runners, rounds, calls, pool, clock)
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
     return runners
 
 
@@ -230,6 +423,9 @@ def _rounds(
 ) -> None:
     from django.test import override_settings
 
+    # Quiet contenders: each timed check is a new subject's first (one new client a call;
+    # contenders count in groups of their own, so they share these requests).
+    new = requests(rounds * calls, net=11) if any(c.quiet for c in runners) else []
     with override_settings(RATELIMIT_USE_CACHE=backend):
         for r in range(rounds):
             order = runners if r % 2 == 0 else runners[::-1]
@@ -238,6 +434,9 @@ def _rounds(
                     # Settings changes rebuild our backend: connect before timing.
                     if r == 0 and c.windows:
                         _fill(c, pool)
+                    elif r == 0 and not c.quiet:  # the peers' keys exist
+                        for request in pool:
+                            c.check(request)
                     if c.limited:  # put every subject over the limit (again, should
                         # django-ratelimit's fixed window have rolled over meanwhile)
                         for request in pool:
@@ -249,7 +448,7 @@ def _rounds(
                     offset = r * calls
                     failures = 0
                     for i in range(calls):
-                        request = pool[(offset + i) % len(pool)]
+                        request = new[offset + i] if c.quiet else pool[(offset + i) % len(pool)]
                         start = clock()
                         results = check(request)
                         samples.append((clock() - start) / 1000)
@@ -273,7 +472,7 @@ def time_backends(
     from django.test import override_settings
 
     pool = requests(ips)
-    with override_settings(CACHES=caches_for(servers)):
+    with override_settings(CACHES=caches_for(servers)), smart_settings(servers):
         return {
             backend: {c.name: c for c in time_backend(backend, rounds, calls, pool, make(backend))}
             for backend in ("memcached", "redis")
@@ -282,18 +481,18 @@ def time_backends(
 
 def run(
     rounds: int = 20, calls: int = 300, ips: int = 100, servers: Servers | None = None
-) -> list[Row]:
+) -> Report:
     """Time every case on memcached and Redis; start throwaway servers unless given."""
-    rows = []
+    report = Report([], [])
     for backend, by_name in time_backends(rounds, calls, ips, servers, contenders).items():
         for case, ours, peer in (
-            ("1 rate", "ours 1", "peer 1"),
-            ("3 rates", "ours 3", "peer 3"),
-            ("3 rates, hierarchical", "ours 3h", "peer 3"),
-            ("1 rate, over the limit", "ours over", "peer over"),
+            ("1 rate", "ours 1 busy", "django-ratelimit 1 busy"),
+            ("3 rates", "ours 3 busy", "django-ratelimit 3 busy"),
+            ("3 rates, hierarchical", "ours 3h", "django-ratelimit 3 busy"),
+            ("1 rate, over the limit", "ours over", "django-ratelimit over"),
         ):
             o, p = by_name[ours].samples, by_name[peer].samples
-            rows.append(
+            report.rows.append(
                 Row(
                     backend=backend,
                     case=case,
@@ -306,10 +505,33 @@ def run(
                     peer_failed=by_name[peer].failures,
                 )
             )
-    return rows
+        for case, key, subject in PEER_CASES:
+            ours_c = by_name[f"ours {key} {subject}"]
+            peers = [by_name[f"{name} {key} {subject}"] for name in PEERS]
+            report.peer_rows.append(
+                PeerRow(
+                    backend=backend,
+                    case=case,
+                    subject=subject,
+                    ours_median=quantile(ours_c.samples, 0.5),
+                    peer_medians={
+                        name: quantile(c.samples, 0.5)
+                        for name, c in zip(PEERS, peers, strict=True)
+                    },
+                    samples=len(ours_c.samples),
+                    ours_failed=ours_c.failures,
+                    peers_failed=sum(c.failures for c in peers),
+                )
+            )
+    return report
 
 
-def render(rows: list[Row], rounds: int, calls: int) -> str:
+def _failed_cell(ours: int, peers: int, samples: int) -> str:
+    return f"{ours}/{samples} ours, {peers} peer" if ours or peers else "0"
+
+
+def render(report: Report, rounds: int, calls: int) -> str:
+    """Both tables: against django-ratelimit, and against the fastest peer."""
     headers = [
         "backend",
         "case",
@@ -333,24 +555,58 @@ def render(rows: list[Row], rounds: int, calls: int) -> str:
             f"{r.ratio:.2f}x",
             "-" if r.target is None else f"<= {r.target}x",
             {None: "-", True: "yes", False: "NO"}[r.met],
-            f"{r.ours_failed}/{r.samples} ours, {r.peer_failed} peer"
-            if r.ours_failed or r.peer_failed
-            else "0",
+            _failed_cell(r.ours_failed, r.peer_failed, r.samples),
         ]
-        for r in rows
+        for r in report.rows
     ]
     title = (
         f"Per-check latency vs django-ratelimit 4.1 ({rounds} interleaved rounds x {calls} "
         "checks; 3 rates = 3 stacked django-ratelimit checks)"
     )
-    return table(title, headers, body)
+    peer_headers = [
+        "backend",
+        "case",
+        "subject",
+        "ours med us",
+        *(f"{name} med us" for name in PEERS),
+        "fastest peer",
+        "ours/fastest",
+        "target",
+        "met",
+        "failed",
+    ]
+    peer_body = [
+        [
+            r.backend,
+            r.case,
+            r.subject,
+            r.ours_median,
+            *(r.peer_medians[name] for name in PEERS),
+            r.fastest,
+            f"{r.ratio:.2f}x",
+            f"<= {r.target}x",
+            "yes" if r.met else "NO",
+            _failed_cell(r.ours_failed, r.peers_failed, r.samples),
+        ]
+        for r in report.peer_rows
+    ]
+    peer_title = (
+        f"Per-check latency vs the fastest peer, same run (django-ratelimit 4.1, "
+        f"django-smart-ratelimit 4.12, django-fast-ratelimit 9.1; {rounds} x {calls} checks)"
+    )
+    return table(title, headers, body) + "\n\n" + table(peer_title, peer_headers, peer_body)
 
 
-def main(argv: list[str] | None = None) -> list[Row]:
+def main(argv: list[str] | None = None) -> Report:
     args = timing_parser(__doc__).parse_args(argv)
-    rows = run(args.rounds, args.calls, args.ips)
-    print(render(rows, args.rounds, args.calls))
-    return rows
+    info = machine()
+    print(
+        f"machine: {info['cores']} cores, {info['cpu']}; Python {info['python']}; "
+        f"{info['memcached']}; {info['redis']}\n"
+    )
+    report = run(args.rounds, args.calls, args.ips)
+    print(render(report, args.rounds, args.calls))
+    return report
 
 
 if __name__ == "__main__":

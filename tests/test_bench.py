@@ -33,7 +33,8 @@ def test_quantile_and_table() -> None:
 
 def test_latency_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
     servers = common.Servers(memcached=memcached_server, redis=redis_server)
-    rows = ratelimit_latency.run(rounds=2, calls=5, ips=3, servers=servers)
+    report = ratelimit_latency.run(rounds=2, calls=5, ips=3, servers=servers)
+    rows = report.rows
     assert [(r.backend, r.case) for r in rows] == [
         (backend, case) for backend in ("memcached", "redis") for case in ratelimit_latency.TARGETS
     ]
@@ -42,10 +43,49 @@ def test_latency_bench_on_real_servers(memcached_server: str, redis_server: str)
         assert 0 < row.ours_median <= row.ours_p90
         assert 0 < row.peer_median <= row.peer_p90
         assert row.ratio == pytest.approx(row.ours_median / row.peer_median)
-    text = ratelimit_latency.render(rows, 2, 5)
-    assert "ours/peer" in text
+    peer_rows = report.peer_rows
+    assert [(r.backend, r.case, r.subject) for r in peer_rows] == [
+        (backend, case, subject)
+        for backend in ("memcached", "redis")
+        for case, _, subject in ratelimit_latency.PEER_CASES
+    ]
+    for row in peer_rows:
+        assert row.samples == 2 * 5
+        # Every peer really counted on the server (a failed check is no timing).
+        assert (row.ours_failed, row.peers_failed) == (0, 0)
+        assert set(row.peer_medians) == set(ratelimit_latency.PEERS)
+        fastest = min(row.peer_medians.values())
+        assert row.peer_medians[row.fastest] == fastest
+        assert row.ratio == pytest.approx(row.ours_median / fastest)
+        assert row.met == (row.ratio <= ratelimit_latency.PEER_TARGETS[row.backend])
+    text = ratelimit_latency.render(report, 2, 5)
+    assert "ours/peer" in text and "ours/fastest" in text
     assert "<= 0.8x" in text
     assert "<= 0.5x" in text
+    for name in ratelimit_latency.PEERS:
+        assert f"{name} med us" in text
+
+
+def test_latency_bench_quiet_subjects_are_new(memcached_server: str, redis_server: str) -> None:
+    """A quiet contender's every timed check is its subject's first: each counts 1."""
+    from django.test import override_settings
+
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    common.configure_django()
+    counts: list[int] = []
+
+    def check(request: object) -> object:
+        from ratelimit_app.core import get_usage
+
+        usage = get_usage(request, group="quiet-probe", key="ip", rate="9/m", increment=True)
+        counts.append(usage["count"])
+        return [usage]
+
+    probe = ratelimit_latency.Contender("probe", check, quiet=True)
+    with override_settings(CACHES=ratelimit_latency.caches_for(servers)):
+        ratelimit_latency.time_backend("redis", 2, 4, ratelimit_latency.requests(3), [probe])
+    timed = counts[-4:] + counts[-9 - 4 : -9]  # each round: 5 warm-up checks, 4 timed
+    assert len(probe.samples) == 8 and timed == [1] * 8
 
 
 def test_leaky_bucket_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
@@ -227,8 +267,9 @@ def test_load_bench_through_gunicorn(
     """A tiny run of bench/load.py: real gunicorn, real wrk, real servers, an SQLite file."""
     parsed = load.parse_wrk(WRK_OUTPUT)
     assert parsed == load.WrkResult(
-        rps=1230.55, p50_ms=0.85, p99_ms=1200.0, requests=1234, errors=7
+        rps=1230.55, p50_ms=0.85, p99_ms=1200.0, requests=1234, non_2xx=4, socket_errors=3
     )
+    assert parsed.errors == 7
     _need_wrk()
     servers = common.Servers(memcached=memcached_server, redis=redis_server)
     report = load.run(
@@ -247,6 +288,10 @@ def test_load_bench_through_gunicorn(
         # in flight when a wrk run ended).
         assert answered <= stored <= answered + report.slack[name], name
     assert set(report.visits) == {"bench:visits", "shorturl:bench"}
+    # The floods were refused (their errors count answers that were not: none above).
+    for name in ("flood", "botnet", "django-ratelimit-flood"):
+        assert report.row(name).case.refused
+    assert {what for what, *_ in report.targets()} >= {"flood: 429s / plain view rps"}
     for row in report.rows:
         parts = row.runs[0].cpu_parts
         assert set(parts) == set(load.CPU_PARTS)
@@ -258,7 +303,8 @@ def test_load_bench_through_gunicorn(
     # The floor's round trips reach memcached too.
     assert report.row("floor").cpu_part("memcached") > report.row("plain").cpu_part("memcached")
     text = load.render(report)
-    assert "< 25%" in text and "SQLite" in text and "added: site" in text
+    assert "Targets" in text and "SQLite" in text and "added: site" in text
+    assert "our 429s / django-ratelimit's 403s" in text
     assert "the floor (one round trip" in text and "for scale: the demo's log-in page" in text
     assert ("yes" if report.met else "NO") in text
 
