@@ -48,17 +48,20 @@ from ratelimit_app.windows import Plan
 #: First of all, ARGV[2] "level field ..." / ARGV[3] "suffix ..." to take back (a refused
 #: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
 #: decrement would otherwise recreate at -1 with no TTL.
-#: ARGV[4] "level field ttl ..." hash increments of each rate's coarsest level, ARGV[5] the
-#: other hash increments, ARGV[6] "suffix ttl ..." key increments. A bucket's TTL is set when
-#: its increment creates it (returns 1): its first hit is its oldest, so that TTL outlives
-#: every later check that reads it, and a hash lives as long as its newest field needs (the
-#: server's clock only moves forward: a later EXPIRE never shortens an earlier one's reach).
+#: ARGV[4] "level field ttl most ..." hash increments of each rate's coarsest level, ARGV[5]
+#: "level field ttl ..." the other hash increments, ARGV[6] "suffix ttl ..." key increments.
+#: A bucket's TTL is set when its increment creates it (returns 1): its first hit is its
+#: oldest, so that TTL outlives every later check that reads it, and a hash lives as long as
+#: its newest field needs (the server's clock only moves forward: a later EXPIRE never
+#: shortens an earlier one's reach).
 #: ARGV[7] "level stale ...": when an increment creates a bucket of a coarsest level (once
-#: per coarse bucket: a sixth of a window with 60 buckets per window), every written hash
-#: of the subject is scanned (HKEYS) and its fields before ``stale`` dropped: two windows
-#: older than the oldest field a check at this time reads (:func:`_stale_before`), so a
-#: client whose clock runs up to two windows ahead cannot drop what others still count, and
-#: a hash holds at most about three windows of fields. Checks read only the fields they need.
+#: per coarse bucket: a sixth of a window with 60 buckets per window) and its hash then
+#: holds more than ``most`` fields (so some are stale; never for a new subject), every
+#: written hash of the subject is scanned (HKEYS) and its fields before ``stale`` dropped:
+#: two windows older than the oldest field a check at this time reads
+#: (:func:`_stale_before`), so a client whose clock runs up to two windows ahead cannot drop
+#: what others still count, and a hash holds at most about three windows of fields (its
+#: TTL drops it whole when the subject goes quiet). Checks read only the fields they need.
 #: ARGV[8] "level first last ..." hash fields to read (HMGET first..last: the fields a check
 #: reads at one level are consecutive), ARGV[9] "suffix ..." keys to read (MGET).
 #: The reply is one string for the whole call, numbers separated by spaces: per subject, the
@@ -67,18 +70,11 @@ from ratelimit_app.windows import Plan
 #: reply element by element in Python.
 SCRIPT = """
 local out = {}
-local function increment(base, writes)
-  local created = false
-  for level, field, ttl in string.gmatch(writes, "(%S+) (%S+) (%S+)") do
-    local key = base .. level
-    local v = redis.call('HINCRBY', key, field, 1)
-    if v == 1 then
-      redis.call('EXPIRE', key, ttl)
-      created = true
-    end
-    out[#out + 1] = v
-  end
-  return created
+local function increment(key, field, ttl)
+  local v = redis.call('HINCRBY', key, field, 1)
+  if v == 1 then redis.call('EXPIRE', key, ttl) end
+  out[#out + 1] = v
+  return v
 end
 for o = 0, #ARGV - 1, 9 do
   local base = ARGV[o + 1]
@@ -90,8 +86,16 @@ for o = 0, #ARGV - 1, 9 do
     local key = base .. suffix
     if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
   end
-  local trim = increment(base, ARGV[o + 4])
-  increment(base, ARGV[o + 5])
+  local trim = false
+  for level, field, ttl, most in string.gmatch(ARGV[o + 4], "(%S+) (%S+) (%S+) (%S+)") do
+    local key = base .. level
+    if increment(key, field, ttl) == 1 and redis.call('HLEN', key) > tonumber(most) then
+      trim = true
+    end
+  end
+  for level, field, ttl in string.gmatch(ARGV[o + 5], "(%S+) (%S+) (%S+)") do
+    increment(base .. level, field, ttl)
+  end
   for suffix, ttl in string.gmatch(ARGV[o + 6], "(%S+) (%S+)") do
     local key = base .. suffix
     local v = redis.call('INCR', key)
@@ -265,9 +269,13 @@ class RedisEncoded(Encoded):
                 undo_keys.append(suffix)
                 continue
             level, field = split
-            (top if _top(level) else other).append((n, b"%s %s %d" % (level, field, ttl)))
+            stale = _stale_before(level, int(field))
+            if _top(level):  # at most the fields from stale to this one when none is stale
+                top.append((n, b"%s %s %d %d" % (level, field, ttl, int(field) - stale + 1)))
+            else:
+                other.append((n, b"%s %s %d" % (level, field, ttl)))
             undo_hash.append(b"%s %s" % split)
-            trims.append(b"%s %d" % (level, _stale_before(level, int(field))))
+            trims.append(b"%s %d" % (level, stale))
         # The script answers the increments in the order of its arguments: reorder
         # write_index to match.
         self.write_index = [self.write_index[n] for n, _ in top + other + keyed]

@@ -1,0 +1,166 @@
+"""The Redis backend on a real server: what the shared contract (test_backends) cannot see.
+
+How it is built (``cls(alias, cache)``), what a check asks of the server (only the fields it
+reads; hashes that stay small), and the connections it keeps (one per thread and process).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.cache import caches
+from django.test import override_settings
+
+from ratelimit_app import windows
+from ratelimit_app.backends import _parameters, get_backend, reset_backends
+from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
+from ratelimit_app.core import namespace
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.rates import parse
+
+T0 = 1_800_000_000.5
+
+
+@pytest.fixture
+def redis_cache(redis_server: str) -> Iterator[str]:
+    """Alias "rl" on the session's Redis, with a socket timeout of its own."""
+    config = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": redis_server,
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.7},
+    }
+    with override_settings(
+        CACHES={
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "rl": config,
+        },
+        RATELIMIT_USE_CACHE="rl",
+    ):
+        reset_backends()
+        yield redis_server
+        reset_backends()
+
+
+def server(backend: Any) -> Any:
+    """A redis-py client of the backend's server, for looking at what a check left."""
+    return caches["rl"].client.get_client()  # type: ignore[attr-defined]
+
+
+def test_built_from_alias_and_cache(redis_cache: str, group: str) -> None:
+    # The contract of every backend: cls(alias, cache); LOCATION and OPTIONS are read from
+    # CACHES (the Redis backends took location and options as arguments before).
+    assert _parameters(RedisBackend) == _parameters(RedisClusterBackend) == ("alias", "cache")
+    backend = RedisBackend("rl", caches["rl"])
+    assert backend.url == redis_cache
+    assert backend.options["SOCKET_TIMEOUT"] == 0.7
+    plan = windows.plan(parse("5/m"), T0)
+    assert sum(backend.run(namespace(group, "ip", "192.0.2.1"), plan, True)) >= 1
+    backend.close()
+    cluster = RedisClusterBackend("rl", caches["rl"])  # its parent's constructor; no I/O yet
+    assert (cluster.url, cluster.connected) == (redis_cache, False)
+    assert cluster.timeouts["socket_timeout"] == 0.7
+
+
+def test_no_server_in_location(redis_server: str) -> None:
+    config = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": []}
+    with (
+        override_settings(CACHES={"default": config, "rl": config}),
+        pytest.raises(BackendError, match="no Redis server"),
+    ):
+        RedisBackend("rl", caches["rl"])
+
+
+def test_a_check_reads_only_the_fields_it_needs(redis_cache: str, group: str) -> None:
+    backend = get_backend()
+    rates = parse("1000/m;1000/h;1000/d")
+    ns = namespace(group, "ip", "192.0.2.2")
+    for t in range(0, 86400, 600):  # busy all day: every hash holds many fields
+        backend.run(ns, windows.plan(rates, T0 - 86400 + t), True)
+    plan = windows.plan(rates, T0)
+    backend.run(ns, plan, True)  # creates the current buckets (and may trim)
+    client = server(backend)
+    client.config_resetstat()
+    values = backend.run(ns, plan, True)
+    stats = client.info("commandstats")
+    # HMGET of the fields read, never the whole hash (HGETALL read up to ~190 fields a
+    # window to use at most 13).
+    assert "cmdstat_hgetall" not in stats and "cmdstat_hkeys" not in stats
+    assert stats["cmdstat_hmget"]["calls"] == len({s.rpartition(":")[0] for s in plan.reads})
+    assert sum(values) > 0
+
+
+def test_hashes_stay_small_for_a_busy_subject(redis_cache: str, group: str) -> None:
+    # Stale fields are dropped when a coarse bucket is created: a subject checked every
+    # second for ten minutes keeps at most about three windows of fine buckets.
+    backend = get_backend()
+    rates = parse("1000/m")
+    ns = namespace(group, "ip", "192.0.2.3")
+    for t in range(600):
+        backend.run(ns, windows.plan(rates, T0 + t), True)
+    fine, _ = backend.physical_key(ns, windows.plan(rates, T0).writes[0][0])
+    coarse, _ = backend.physical_key(ns, windows.plan(rates, T0).writes[1][0])
+    client = server(backend)
+    assert 3 * 60 <= client.hlen(fine) <= 3 * 60 + 2 * 10
+    assert client.hlen(coarse) <= 3 * 6 + 2
+    # ...and a check still counts the whole window (one hit a second: 60, never fewer).
+    values = backend.run(ns, windows.plan(rates, T0 + 600), False)
+    usage = windows.evaluate(windows.plan(rates, T0 + 600), values, T0 + 600, counted=False)
+    assert usage[0].count >= 60
+
+
+def _client_id(backend: Any) -> int:
+    return int(backend._call([b"CLIENT", b"ID"]))
+
+
+def test_each_thread_keeps_its_own_connection(redis_cache: str) -> None:
+    backend = get_backend()
+    mine = _client_id(backend)
+    assert _client_id(backend) == mine  # the same connection, command after command
+    others: list[int] = []
+    thread = threading.Thread(target=lambda: others.append(_client_id(backend)))
+    thread.start()
+    thread.join()
+    assert others and others[0] != mine
+    backend.close()  # every thread's connection: the next command connects again
+    assert _client_id(backend) != mine
+
+
+def test_a_killed_connection_fails_one_check_then_reconnects(redis_cache: str, group: str) -> None:
+    with override_settings(RATELIMIT_DEAD_RETRY=0):  # (a settings change rebuilds backends)
+        backend = get_backend()
+        plan = windows.plan(parse("5/m"), T0)
+        ns = namespace(group, "ip", "192.0.2.4")
+        backend.run(ns, plan, True)
+        server(backend).client_kill_filter(_id=_client_id(backend))
+        time.sleep(0.05)  # the server closes the socket
+        with pytest.raises(BackendError, match="closed"):
+            backend.run(ns, plan, True)
+        # The next check connects again; the failed one counted at most once.
+        assert sum(backend.run(ns, plan, False)) in (1, 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_opens_its_own_connection(redis_cache: str) -> None:
+    backend = get_backend()
+    parent = _client_id(backend)
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: report its connection's id, never touch the parent's socket
+        try:
+            os.write(write, b"%d" % _client_id(backend))
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 64))
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child != parent
+    assert _client_id(backend) == parent  # the parent's connection still works
