@@ -32,4 +32,12 @@ RATELIMIT_RULES = [
     {"name": "bench-ip-m", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/m"},
     {"name": "bench-email-h", "path": RULES_PATH, "key": "email", "rate": f"{HUGE}/h"},
     {"name": "bench-ip-d", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/d"},
+    # Floods: every client over its limit after its first request, so nearly every request
+    # of a timed run is refused (429). The botnet's clients come through X-Forwarded-For.
+    {"name": "bench-flood", "path": "/bench/flood/", "key": "ip", "rate": "1/h"},
+    {"name": "bench-botnet", "path": "/bench/botnet/", "key": "ip", "rate": "1/h"},
 ]
+
+# wrk (the botnet case) names its clients in X-Forwarded-For; every other case sends none,
+# so its client is the connection's address, as before.
+RATELIMIT_TRUSTED_PROXIES = ["127.0.0.1"]

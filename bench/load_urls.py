@@ -35,6 +35,10 @@ decorated = plain
 for key, period in (("ip", "d"), ("post:email", "h"), ("ip", "m")):
     decorated = ratelimit(key=key, rate=f"{HUGE}/{period}", block=True)(decorated)
 
+# The same flood against django-ratelimit: one decorator, a limit the client is over after
+# its first request; its refusal raises Ratelimited, a PermissionDenied: Django's 403.
+flooded = ratelimit(key="ip", rate="1/h", block=True)(plain)
+
 urlpatterns: list[URLPattern | URLResolver] = [
     path("bench/plain/", csrf_exempt(plain)),
     path("bench/counted/", csrf_exempt(counted)),
@@ -42,6 +46,10 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("bench/rules/", csrf_exempt(plain)),
     path("bench/rules/counted/", csrf_exempt(counted)),
     path("bench/django-ratelimit/", csrf_exempt(decorated)),
+    # Behind the bench's flood rules (429 from the second request of each client on).
+    path("bench/flood/", csrf_exempt(plain)),
+    path("bench/botnet/", csrf_exempt(plain)),
+    path("bench/django-ratelimit/flood/", csrf_exempt(flooded)),
     # bench.load_floor.RoundTripFloor makes one round trip for these (no rule covers them).
     path("bench/floor/counted/", csrf_exempt(counted)),
     path("", include("demo_site.urls")),

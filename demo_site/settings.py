@@ -96,6 +96,9 @@ SILENCED_SYSTEM_CHECKS = env.silenced_checks(CACHES)
 # -- Rate limits (docs/rules.rst): the seeds' scenarios, as rules the middleware applies. ----
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
+# The demo's 429 page shows nothing of the request (templates/ratelimit_app/429.html): render
+# it once per answer, so a flood of refusals costs less than serving.
+RATELIMIT_CACHE_PAGES = True
 # A 404 is a failure too: the "shorturl-scan" rule counts the keys a client guesses wrong.
 RATELIMIT_FAILURE_STATUSES = [400, 401, 403, 404]
 RATELIMIT_RULES = [

@@ -57,6 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_CONFIG_REFRESH": 1.0,
     "RATELIMIT_REFUSAL_MEMORY": 5.0,
     "RATELIMIT_REFUSAL_MEMORY_SIZE": 10_000,
+    "RATELIMIT_CACHE_PAGES": False,
 }
 
 
@@ -221,6 +222,10 @@ class Settings:
     @functools.cached_property
     def REFUSAL_MEMORY_SIZE(self) -> int:
         return int(_get("RATELIMIT_REFUSAL_MEMORY_SIZE"))
+
+    @functools.cached_property
+    def CACHE_PAGES(self) -> bool:
+        return bool(_get("RATELIMIT_CACHE_PAGES"))
 
 
 def _current() -> Snapshot:

@@ -177,6 +177,7 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     if not checks:
         return None
     results: Sequence[Result | None] | None = None
+    remembered: list[Result | None] = []
     if REFUSALS:
         # A subject this process refused, whose wait has not ended: refused again from
         # memory by a blocking rule, with no round trip (refusals.py says why that is safe).
@@ -219,7 +220,14 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
     request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
     if blocking:
         rule, usage = max(blocking, key=lambda b: b[1]["retry_after"])
-        return responses.too_many_requests(request, _exception(usage, rule.name), usage, rule.name)
+        response = responses.too_many_requests(
+            request, _exception(usage, rule.name), usage, rule.name
+        )
+        if remembered is results:
+            # A flood's repeats are counted (the signal, the rule's metrics series), not
+            # logged one by one: django.request logged the refusal that started it.
+            response._has_been_logged = True  # type: ignore[attr-defined]
+        return response
     provisional = [
         (c, r)
         for c, r, rule in zip(checks, results, used, strict=True)

@@ -113,7 +113,7 @@ def problem(
             json.dumps(body), status=status, content_type="application/problem+json"
         )
     try:
-        if _own(template):
+        if conf.CACHE_PAGES or _own(template):
             # During a flood every refusal renders the same few pages: rendering costs more
             # than the check, so the page of each distinct answer is kept.
             html = _rendered(template, tuple(body.items()))

@@ -327,3 +327,43 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
             RequestFactory().get("/where/"), Ratelimited(), usage, "flood"
         )
     assert page.content.decode().startswith("/where/: This request exceeds")
+
+
+def test_a_projects_page_is_kept_when_it_says_it_shows_nothing_of_the_request(
+    tmp_path: Any,
+) -> None:
+    from ratelimit_app import responses
+    from ratelimit_app.exceptions import Ratelimited
+
+    (tmp_path / "ratelimit_app").mkdir()
+    (tmp_path / "ratelimit_app" / "429.html").write_text(
+        "[{{ request.path }}] wait {{ retry_after }}s"
+    )
+    templates = [
+        {
+            "BACKEND": "django.template.backends.django.DjangoTemplates",
+            "DIRS": [str(tmp_path)],
+            "OPTIONS": {"context_processors": ["django.template.context_processors.request"]},
+        }
+    ]
+    usage = {"rate": "2/m", "retry_after": 7, "should_limit": True, "remaining": 0, "rates": []}
+    with override_settings(TEMPLATES=templates):
+        page = responses.too_many_requests(RequestFactory().get("/a/"), Ratelimited(), usage)
+        assert page.content == b"[/a/] wait 7s"  # rendered with the request, every time
+    with override_settings(TEMPLATES=templates, RATELIMIT_CACHE_PAGES=True):
+        pages = {
+            responses.too_many_requests(RequestFactory().get(p), Ratelimited(), usage).content
+            for p in ("/a/", "/b/")
+        }
+        assert pages == {b"[] wait 7s"}  # from its context alone, once
+        assert responses._rendered.cache_info().hits >= 1
+
+
+def test_a_flood_is_counted_not_logged_request_by_request(
+    backend_kind: str, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with rules(rule()), frozen_clock(T0), caplog.at_level("WARNING", "django.request"):
+        codes = [client.get("/rules/named/").status_code for _ in range(8)]
+    assert codes == [200, 200] + [429] * 6
+    logged = [r for r in caplog.records if r.name == "django.request"]
+    assert len(logged) == 1  # the refusal that was checked; the repeats came from memory
