@@ -15,7 +15,7 @@ EXTRAS  := memcached,redis,celery,dev
 export CI
 
 .DEFAULT_GOAL := help
-.PHONY: help venv servers lint test docs bench demo clean distclean
+.PHONY: help venv servers lint test docs bench demo clean distclean fuzz
 
 help:
 	@echo "make demo       run the demo site on http://127.0.0.1:8000/ (PORT=8001 make demo to change)"
@@ -25,6 +25,7 @@ help:
 	@echo "make lint       ruff check, ruff format --check, mypy"
 	@echo "make docs       sphinx-build -W into docs/_build/html"
 	@echo "make bench      python -m bench"
+	@echo "make fuzz       every counter backend against the model, long run (BUCKETRY_FUZZ=1)"
 	@echo "make clean      remove build, cache and demo files (distclean: also .venv)"
 
 venv: $(STAMP)
@@ -87,6 +88,12 @@ docs: venv
 
 bench: venv servers
 	$(PY) -m bench
+
+# The long run of the state machine in tests/ratelimit/test_model.py: fresh random examples
+# (the normal suite runs a short derandomized one), with hypothesis's example database so a
+# failure found is tried first next time. BUCKETRY_FUZZ_EXAMPLES=N: examples per backend.
+fuzz: venv servers
+	BUCKETRY_FUZZ=1 $(BIN)/pytest tests/ratelimit/test_model.py
 
 # Migrate, seed and create the superuser when needed, then run the web server and a Celery
 # worker with beat until Ctrl-C (demo_site/run.py; DATABASE_URL, MEMCACHED_SERVERS, REDIS_URL

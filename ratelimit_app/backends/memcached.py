@@ -130,10 +130,15 @@ def _cas(head: bytes) -> int | None:
     return int(found[1]) if found else None
 
 
-# A hit of the multi-get as (key, count): the key as sent, prefixes included.
-_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+)\r\n")
+# A hit of the multi-get as (key, count): the key as sent, prefixes included. A count may
+# end in spaces: memcached keeps a value's length when a decrement drops a digit, so "10"
+# taken back is stored as "9 " and "100" as "99 " (an increment that needs the digit again
+# stores "10"). Only the ``ma`` reply carries the bare number; ``get`` returns the padding.
+_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+) *\r\n")
 #: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
-_QUIET_MISSES = frozenset((b"NF",))
+_QUIET_MISS = b"NF"
+#: The bytes a count's data line may hold: digits and the padding of a decrement.
+_COUNT_BYTES = b"0123456789 "
 
 
 class _Encoded(Encoded):
@@ -240,17 +245,20 @@ class MemcachedBackend(Backend):
 
         The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
         the new value for each increment, in the order sent, then ``VALUE <key> <flags>
-        <length>`` and the count of each bucket found, and ``END``. A busy subject's reply
+        <length>`` and the count of each bucket found (with trailing spaces after a
+        decrement that dropped a digit: ``9 ``), and ``END``. A busy subject's reply
         holds hundreds of buckets: they are mapped onto the plans in C, no Python loop.
         """
         start = reply.find(b"VALUE ")
         if start < 0:
             start = len(reply) - 5  # END
         lines = reply[:start].split(b"\r\n")
-        skip = 0
-        while lines[skip] in _QUIET_MISSES:
-            skip += 1
-        heads, written = lines[skip:-1:2], lines[skip + 1 : -1 : 2]
+        if _QUIET_MISS in lines:
+            # A miss answers a take-back where it stands among the replies (after an
+            # earlier op's increments when one round trip holds both); a value line is a
+            # number, never "NF".
+            lines = [line for line in lines if line != _QUIET_MISS]
+        heads, written = lines[0:-1:2], lines[1:-1:2]
         counted: list[int] = []  # increments per op
         sizes: list[int] = []  # buckets read per op
         for op, enc in zip(ops, encs, strict=True):
@@ -269,8 +277,14 @@ class MemcachedBackend(Backend):
         if len(parts) == 2 * sum(sizes) + 1 and all(
             map(bytes.startswith, parts[0:-1:2], repeat(b"VALUE "))
         ):
+            data = parts[1::2]
+            # int() takes the padding of a decrement ("9 "; it strips whitespace), and also
+            # a sign or an underscore: a value with anything but digits and spaces is no
+            # count, here as in the sparse path below (one pass in C, not a loop).
             try:
-                flat = list(map(int, parts[1::2]))
+                if b"".join(data).translate(None, _COUNT_BYTES):
+                    raise ValueError
+                flat = list(map(int, data))
             except ValueError:
                 raise self._failed(BackendError(f"corrupt counter: {reply[:200]!r}")) from None
             hits: list[tuple[bytes, bytes]] = []

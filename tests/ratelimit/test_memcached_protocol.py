@@ -1,0 +1,251 @@
+"""memcached at the protocol level: what the limiter leaves on the server, read back raw.
+
+memcached keeps a value's length when a decrement drops a digit: ``10`` decremented is
+stored as ``"9 "``, ``100`` as ``"99 "`` (``decr`` and meta arithmetic ``ma ... MD`` alike;
+the ``ma`` reply itself carries the bare number). The limiter takes a refused hit back with a
+quiet decrement, so a bucket that stood at 10 when a hit was refused holds ``"9 "`` from
+then on, and every later check reads that value through a multi-get.
+
+The multi-get reply is parsed two ways (:meth:`MemcachedBackend._parse
+<ratelimit_app.backends.memcached.MemcachedBackend._parse>`): **flat** when every bucket
+the request reads is there (the counts are the data lines in order), **sparse** when some
+are missing (each ``VALUE`` line is matched to its bucket by key). Both are driven here
+through ``check_many`` on a real memcached, with the raw ``get`` reply shown to hold the
+padding, and the limiter's counts, limits and admissions checked after it. Before the fix the
+sparse parser took ``"9 "`` for a corrupt counter: every check of the subject raised until the
+bucket expired, so its rule failed open (switched off by the client's own refused hit) or
+closed (429s nobody earned). The flat parser read it by the accident of ``int()``.
+
+Also here: the ``NF`` of a take-back whose bucket is gone, wherever it stands in a round
+trip's replies, and a leaky bucket's TAT, which is never padded (it is stored whole, with
+``ms``, never changed by arithmetic).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import RequestFactory, override_settings
+
+from ratelimit_app import ALL, gcra, windows
+from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.core import Check, Result, check_many, get_usage, namespace, scope
+from ratelimit_app.gcra import LEAKY_BUCKET
+from ratelimit_app.rates import parse
+from ratelimit_app.testing import frozen_clock
+
+#: A minute boundary: with 60 fine buckets a window, fine buckets are seconds and coarse
+#: buckets ten seconds.
+T0 = 1_800_000_000.0
+#: The last checks: three seconds into a coarse bucket, so the window's old edge is a coarse
+#: bucket minus the fine buckets before the window (buckets read only to be subtracted).
+T_FINAL = T0 + 3.5
+LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+
+
+@pytest.fixture
+def on_memcached(memcached_server: str) -> Iterator[str]:
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": memcached_server,
+    }
+    with override_settings(CACHES={"default": LOCMEM, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        try:
+            yield memcached_server
+        finally:
+            reset_backends()
+
+
+def raw_get(address: str, keys: list[str]) -> dict[str, bytes]:
+    """``get`` of ``keys`` on a socket of our own: each key found and its value, as stored."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"get " + " ".join(keys).encode() + b"\r\n")
+        reply = b""
+        while not reply.endswith(b"END\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, f"memcached closed the connection: {reply!r}"
+            reply += chunk
+    found = {}
+    lines = reply.split(b"\r\n")
+    i = 0
+    while lines[i] != b"END":
+        _, key, _, length = lines[i].split(b" ")
+        assert len(lines[i + 1]) == int(length)
+        found[key.decode()] = lines[i + 1]
+        i += 2
+    return found
+
+
+def server_key(ns: str, suffix: str) -> str:
+    backend = get_backend()
+    return backend.cache_prefix + backend.rl_prefix + ns + suffix
+
+
+def one_hit_in_every_bucket_read(final: windows.Plan, now: float) -> list[float]:
+    """Times of earlier hits, one in each bucket that ``final`` reads and that ``now`` is not
+    in, so that a check with ``final`` finds every bucket it reads (the flat parser)."""
+    c = windows.coarse_factor(60)
+    times = []
+    for suffix in final.reads:
+        level, _, index = suffix.rpartition(":")
+        size = c if level.endswith(f"x{c}") else 1  # in seconds: a minute's 60 buckets
+        start = int(index) * size
+        if start <= now < start + size:
+            continue  # the current bucket: the last checks write it
+        # The newest second of the bucket: inside the window even for the coarse bucket at
+        # its old edge.
+        times.append(start + size - 0.5)
+    return sorted(times)
+
+
+@pytest.mark.parametrize("parser", ["sparse", "flat"])
+def test_a_hit_taken_back_across_a_digit_is_read_as_a_count(
+    on_memcached: str, parser: str
+) -> None:
+    """Two rules of one request, a strict one (subject A) and a loose one (subject B). At
+    ``T_FINAL`` nine requests are admitted, the tenth is refused by the strict rule and taken
+    back from both (the middleware's blocking rules do so): both current buckets go from 10
+    to 9 and are stored as ``"9 "``. Then the strict rule still limits (it does not fail
+    open) and the loose one still admits (it does not fail closed)."""
+    probe = windows.plan(parse("1/m"), T_FINAL)  # every rate of a minute reads these buckets
+    earlier = one_hit_in_every_bucket_read(probe, T_FINAL) if parser == "flat" else []
+    # Earlier hits inside the window of the last checks (the rest are read to be subtracted).
+    in_window = sum(1 for t in earlier if math.floor(t) >= math.floor(T_FINAL) - 60)
+    strict = parse(f"{in_window + 9}/m")  # the 10th hit at T_FINAL is one too many
+    loose = parse(f"{in_window + 20}/m")
+    a = Check(scope("padded-a", ALL, strict), ("ip", "192.0.2.1"), strict, True)
+    b = Check(scope("padded-b", ALL, loose), ("ip", "192.0.2.2"), loose, True)
+
+    def request(*checks: Check) -> list[Result]:
+        return check_many(checks, take_back=everything)
+
+    with frozen_clock(T0) as clock:
+        for t in earlier:
+            clock.set(t)
+            assert [r.limited for r in request(a, b)] == [False, False]
+        clock.set(T_FINAL)
+        for _ in range(9):
+            assert [r.limited for r in request(a, b)] == [False, False]
+        refused = request(a, b)
+        assert [r.limited for r in refused] == [True, False]
+        assert refused[0].usages[0].count == in_window + 10
+
+        plan = windows.plan(strict, T_FINAL)
+        (fine, _), (coarse, _) = plan.writes
+        assert plan.reads == probe.reads
+        # A check reads the current coarse bucket whole (no earlier hit is in it), the fine
+        # one only in the detail read of a refusal.
+        assert coarse in plan.reads and fine not in plan.reads
+        ns_a, ns_b = (namespace(c.scope, *c.subject) for c in (a, b))
+        stored = raw_get(on_memcached, [server_key(ns, fine) for ns in (ns_a, ns_b)])
+        # What memcached stores after taking 10 back to 9: the padding the parser must read.
+        assert list(stored.values()) == [b"9 ", b"9 "]
+        found = raw_get(on_memcached, [server_key(ns_a, s) for s in plan.reads])
+        if parser == "flat":
+            assert len(found) == len(plan.reads)  # every bucket there: the flat parser
+        else:
+            assert len(found) < len(plan.reads)  # misses: the sparse parser
+        assert server_key(ns_a, coarse) in found
+
+        # The strict rule reads its padded buckets: full, so limited (not an error, which
+        # would fail open), and the reads hold 9 where the take-back left "9 ".
+        assert raw_get(on_memcached, [server_key(ns_a, coarse)]) == {
+            server_key(ns_a, coarse): b"9 "
+        }
+        values = get_backend().run(ns_a, plan, False)
+        assert values[plan.reads.index(coarse)] == 9
+        (look,) = check_many([a._replace(increment=False)])
+        usage = look.usages[0]
+        assert (usage.count, usage.remaining, usage.limited) == (in_window + 9, 0, True)
+        assert usage.retry_after > 0
+        (again,) = request(a)
+        assert again.limited and again.usages[0].count == in_window + 10
+        assert raw_get(on_memcached, [server_key(ns_a, fine)]) == {server_key(ns_a, fine): b"9 "}
+
+        # The loose rule reads its padded bucket and admits (not an error, which would
+        # fail closed: a 429 nobody earned), and the increment of "9 " is 10.
+        (admitted,) = request(b)
+        usage = admitted.usages[0]
+        assert (usage.count, usage.remaining, usage.limited) == (in_window + 10, 10, False)
+        assert raw_get(on_memcached, [server_key(ns_b, fine)]) == {server_key(ns_b, fine): b"10"}
+
+
+@pytest.mark.parametrize("fail_open", [True, False], ids=["fail-open", "fail-closed"])
+def test_get_usage_reads_a_padded_count_whichever_way_it_fails(
+    on_memcached: str, fail_open: bool
+) -> None:
+    """The symptom as a view sees it: after a refused hit taken back across a digit, the
+    next ``get_usage`` reports the count, not the failure (``None`` when failing open, the
+    failure dict, ``limit`` 0, when failing closed)."""
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.3")
+    group = f"padded-usage-{fail_open}"
+
+    def usage(increment: bool) -> Any:
+        return get_usage(
+            request, group=group, key="ip", rate="9/m", increment=increment, fail_open=fail_open
+        )
+
+    with frozen_clock(T_FINAL):
+        assert [usage(True)["should_limit"] for _ in range(10)] == [False] * 9 + [True]
+        ns = namespace(scope(group, ALL, parse("9/m")), "ip", "192.0.2.3")
+        fine = windows.plan(parse("9/m"), T_FINAL).writes[0][0]
+        assert raw_get(on_memcached, [server_key(ns, fine)]) == {server_key(ns, fine): b"9 "}
+        looked = usage(False)
+        assert looked is not None
+        assert (looked["count"], looked["limit"], looked["should_limit"]) == (9, 9, True)
+        counted = usage(True)
+        assert (counted["count"], counted["limit"], counted["should_limit"]) == (10, 9, True)
+
+
+def test_a_take_back_that_misses_after_a_counting_subject(on_memcached: str) -> None:
+    """A take-back whose bucket is gone (memcached answers ``NF``) sent after another
+    subject's increments in one round trip: the ``NF`` sits among the ``VA`` replies, and
+    the increments are still read as written (not as lost writes)."""
+    from ratelimit_app.backends.base import Op
+
+    backend = get_backend()
+    plan = windows.plan(parse("5/m"), T_FINAL)
+    counting, gone = namespace("nf-a", "ip", "192.0.2.4"), namespace("nf-b", "ip", "192.0.2.5")
+    values = backend.run_many([Op(counting, plan, True), Op(gone, plan, False, undo=plan)])
+    counts = [windows.evaluate(plan, v, T_FINAL)[0].count for v in values]
+    assert counts == [1, 0]
+    assert windows.evaluate(plan, backend.run(counting, plan, False), T_FINAL)[0].count == 1
+
+
+def test_a_leaky_bucket_tat_is_never_padded(on_memcached: str) -> None:
+    """A TAT is stored whole (``ms``), when admitted and when taken back, never changed by
+    arithmetic, so :func:`ratelimit_app.gcra.decode` (digits only) needs no change.
+
+    At 11 a minute a TAT's remainder in ticks goes 5, 10, ...: the take-back of a second
+    request (refused by another rule) stores ``...:5`` over ``...:10``, a shorter value, with
+    no padding."""
+    bucket, never = parse("11/m"), parse("0/m")
+    meter = Check(scope("tat-meter", ALL, bucket), ("ip", "192.0.2.6"), bucket, True, LEAKY_BUCKET)
+    other = Check(scope("tat-never", ALL, never), ("ip", "192.0.2.6"), never, True)
+    m = gcra.meter(bucket)
+    now_ticks = m.ticks(gcra.micros(T_FINAL))
+    key = server_key(namespace(meter.scope, *meter.subject), gcra.SUFFIX)
+    with frozen_clock(T_FINAL):
+        assert not check_many([meter])[0].limited
+        stored = raw_get(on_memcached, [key])[key]
+        assert stored == gcra.encode(m, now_ticks + m.interval) and stored.endswith(b":5")
+        both = check_many([meter, other], take_back=everything)
+        assert [r.limited for r in both] == [False, True]
+        assert both[0].meter is not None
+        assert gcra.encode(m, both[0].meter.tat or 0).endswith(b":10")  # then taken back
+        assert raw_get(on_memcached, [key])[key] == stored
+        assert re.fullmatch(rb"\d+:\d+", stored)
+        (look,) = check_many([meter._replace(increment=False)])
+        assert look.usages[0].count == 1
+
+
+def everything(checks: Any, results: Any) -> set[int]:
+    """Take back every hit of a request one of its rules refused (blocking rules)."""
+    return set(range(len(checks))) if any(r.limited for r in results) else set()

@@ -1,0 +1,633 @@
+"""Every backend against the model: a hypothesis state machine on real servers.
+
+The reference is pure: :mod:`ratelimit_app.windows` (which buckets a check writes and reads,
+how the values read make a usage) and :mod:`ratelimit_app.gcra` (the leaky bucket). The
+**model** is a plain dict of bucket counters and leaky-bucket TATs that carries those plans
+itself: it applies a plan's writes, take-backs and reads to the dict and evaluates with the
+same pure functions, following what :func:`~ratelimit_app.core.check_many` does around the
+backend (a second round trip that takes refused hits back and reads the fine buckets of the
+limited checks). :class:`LimiterMachine` sends the same random requests to
+``check_many`` on a backend and to the model, and every result must be equal: counts,
+``limited``, ``remaining``, ``retry_after`` and ``reset`` of every rate (exactly: both sides
+feed the same integers to the same functions), and a leaky bucket's state.
+
+An example has one to three limits (each a group of its own, so examples never share
+counters: a sliding window of one to three rates, or a leaky bucket with or without a
+burst; counts up to 12, windows from 10 s to an hour, a day in the long run) and three
+subjects, and runs on one bucket layout (uniform with 60, 6 or 1 buckets a window, or
+hierarchical). Its steps are requests (one to three limits, each for one subject, counted or
+a look, repeated up to 12 times), with each take-back policy of ``check_many`` (the refused
+hits; everything when one is refused, as blocking middleware rules do; nothing, as failure
+counting does) and with or without exact waits; up to two resets (:func:`core.reset
+<ratelimit_app.core.reset>`, which calls ``Backend.delete``; the model forgets the subject
+whole, so a bucket the reset missed is a mismatch); and clock moves on the
+limiter's frozen clock: inside a bucket, onto (and a millisecond either side of) the edges
+of fine and coarse buckets, of the hierarchical levels and of whole windows, by the last
+``retry_after`` or ``reset`` (the moments a hit leaves a window), and far past every TTL.
+A backend error, even one ``check_many`` swallows (a failed take-back), fails the run.
+
+**Time and TTLs.** The limiter's clock is frozen and moves by the steps; a server's TTLs run
+in real seconds. The two are reconciled as follows.
+
+* A TTL is relative (every TTL here is under memcached's 30 days), so where the frozen clock
+  stands (the examples start in 2027) does not matter to the servers: within an example a
+  key lives at least its TTL less one second (memcached's clock ticks in whole seconds) of
+  real time. Every example uses fresh groups, so keys of earlier examples are never read.
+* "Past the TTL" is modelled, not waited for: the model drops an entry once the limiter's
+  clock reaches its creation time plus its TTL less one second (the earliest moment a
+  server could have dropped it, had it lived on that clock; counters take their TTL when
+  created and keep it, as memcached's ``ma N<ttl>`` and the generic ``add`` do). The
+  server still holds it, because little real time has passed. So whenever the clock has
+  moved past a TTL, the model reads 0 where the server may still hold a count: the two
+  agree only if no plan ever reads a bucket after its TTL (nor a leaky bucket's TAT that
+  still matters). That is the property expiry relies on in production, and it is checked,
+  not assumed, by every far move of the clock. The reverse, a key a server dropped in real
+  time that the model still holds, cannot happen while an example takes less real time
+  than the shortest TTL it wrote (at least ``W + 1`` s for a window of ``W`` s, the shortest
+  being 10 s; 2 s for a TAT): the model notes when each entry was written in real time, and
+  an example that outlived one of its entries' real TTLs is discarded (``assume``), never
+  reported as a mismatch. An example takes well under a second.
+
+Backends: local memory and Django's own ``RedisCache`` (both through the generic
+:class:`~ratelimit_app.backends.cache.CacheBackend`; the latter on a real Redis), memcached
+with one node and with three, Redis through django-redis, and Redis Cluster (three nodes,
+:class:`~ratelimit_app.backends.redis.RedisClusterBackend`; the cluster of
+``tests/reliability/test_cluster_slots.py``, imported from there).
+
+The normal suite runs a short, derandomized run without an example database, so CI is
+deterministic. ``BUCKETRY_FUZZ=1`` (``make fuzz``) runs a long one with fresh random
+examples (and hypothesis's example database, so a failure found is replayed first the next
+time); ``BUCKETRY_FUZZ_EXAMPLES`` sets its number of examples per backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from hypothesis import HealthCheck, assume, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from ratelimit_app import ALL, gcra, windows
+from ratelimit_app.backends import reset_backends
+from ratelimit_app.core import Check, Result, check_many, namespace, reset, scope
+from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.rates import Rate, parse
+from ratelimit_app.testing import FrozenClock, frozen_clock
+from tests.conftest import start_or_skip
+
+FUZZ = os.environ.get("BUCKETRY_FUZZ", "").strip().lower() in {"1", "true", "yes"}
+if FUZZ:
+    SETTINGS = settings(
+        max_examples=int(os.environ.get("BUCKETRY_FUZZ_EXAMPLES", "500")),
+        stateful_step_count=60,
+        deadline=None,
+        report_multiple_bugs=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+else:
+    # Deterministic: the same examples on every run and every backend, no example database
+    # (a failure found by someone's earlier run cannot make CI fail, or pass, differently).
+    SETTINGS = settings(
+        max_examples=50,
+        stateful_step_count=30,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        report_multiple_bugs=False,  # shrink one failure, not each symptom of it
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+T0 = 1_800_000_000.0
+SUBJECTS = ("192.0.2.1", "192.0.2.2", "192.0.2.3")
+#: Windows from 10 s (the shortest: its keys outlive any example in real time) to an hour,
+#: and a day in the long run only: a reset deletes every second bucket a day's window may
+#: hold (about 88,000, :func:`windows.stored_suffixes`), a second or more on Redis.
+WINDOWS = (10, 30, 60, 90, 600, 3600, *((86400,) if FUZZ else ()))
+#: (hierarchical, buckets per window).
+LAYOUTS = ((False, 60), (False, 6), (False, 1), (True, 60))
+#: Resets an example may make: each deletes every bucket a subject's windows may hold (a
+#: person's operation, not a request's), thousands for a long window.
+MAX_RESETS = 2
+#: Real seconds a key may expire before its TTL (memcached's clock ticks in whole seconds),
+#: plus a margin for the time a check takes.
+WALL_SLACK = 1.5
+LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+#: Numbers the examples of a session (their servers are the session's own).
+_examples = itertools.count()
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """A counter (``value``: its count) or a leaky bucket's TAT (``value``: ticks)."""
+
+    value: int
+    #: Limiter time from which a server on that clock could have dropped it.
+    expires: float
+    #: ``time.monotonic()`` from which the real server may have dropped it.
+    wall_deadline: float
+
+
+@dataclass
+class ModelResult:
+    namespace: str
+    usages: list[windows.Usage]
+    meter: gcra.State | None = None
+
+    @property
+    def limited(self) -> bool:
+        return any(u.limited for u in self.usages)
+
+
+Policy = Callable[[Sequence[Check], Sequence[Any]], set[int]]
+
+
+def refused_counted(checks: Sequence[Check], results: Sequence[Any]) -> set[int]:
+    """``check_many``'s default: the refused hits."""
+    return {i for i, r in enumerate(results) if r.limited and checks[i].increment}
+
+
+def everything_if_refused(checks: Sequence[Check], results: Sequence[Any]) -> set[int]:
+    """As the middleware's blocking rules: a refused request counts nowhere."""
+    return set(range(len(checks))) if any(r.limited for r in results) else set()
+
+
+def nothing(checks: Sequence[Check], results: Sequence[Any]) -> set[int]:
+    """As failure counting: every hit stays counted."""
+    return set()
+
+
+#: Policy name -> (what the model applies, what check_many is given: None for its default).
+POLICIES: dict[str, tuple[Policy, Policy | None]] = {
+    "refused": (refused_counted, None),
+    "everything": (everything_if_refused, everything_if_refused),
+    "nothing": (nothing, nothing),
+}
+
+
+class Model:
+    """The counters and TATs of an example, driven by the pure plans."""
+
+    def __init__(self, per_window: int, hierarchical: bool) -> None:
+        self.per_window = per_window
+        self.hierarchical = hierarchical
+        self.entries: dict[tuple[str, str], Entry] = {}
+        #: Take-backs that dropped a digit (10 to 9, 100 to 99...).
+        self.digits_dropped = 0
+
+    def get(self, ns: str, suffix: str, t: float) -> Entry | None:
+        entry = self.entries.get((ns, suffix))
+        if entry is not None and t >= entry.expires:
+            del self.entries[ns, suffix]
+            return None
+        return entry
+
+    def put(self, ns: str, suffix: str, value: int, t: float, ttl: int) -> Entry:
+        entry = Entry(value, t + ttl - 1, time.monotonic() + ttl - WALL_SLACK)
+        self.entries[ns, suffix] = entry
+        return entry
+
+    def value(self, ns: str, suffix: str, t: float) -> int:
+        entry = self.get(ns, suffix, t)
+        return 0 if entry is None else entry.value
+
+    def forget(self, ns: str) -> None:
+        """A reset: the subject has no counters and no TAT left (what a reset promises,
+        whichever buckets the backend had to delete to keep it)."""
+        for key in [k for k in self.entries if k[0] == ns]:
+            del self.entries[key]
+
+    def outlived(self, t: float) -> bool:
+        """True when an entry a check may still read has outlived its real TTL."""
+        now = time.monotonic()
+        return any(e.wall_deadline <= now and t < e.expires for e in self.entries.values())
+
+    def check_many(
+        self, checks: Sequence[Check], policy: Policy, exact: bool, t: float
+    ) -> list[ModelResult]:
+        """What ``check_many`` returns, on the dict."""
+        now_us = gcra.micros(t)
+        results: list[ModelResult] = []
+        plans: dict[int, windows.Plan] = {}
+        meters: dict[int, gcra.Meter] = {}
+        admitted: dict[int, int] = {}
+        for i, c in enumerate(checks):
+            ns = namespace(c.scope, *c.subject)
+            if c.algorithm == LEAKY_BUCKET:
+                m = meters[i] = gcra.meter(c.rates, c.burst)
+                stored = self.get(ns, gcra.SUFFIX, t)
+                read = None if stored is None else stored.value
+                written = None
+                if c.increment and gcra.fits(m, read, now_us):
+                    written = admitted[i] = gcra.advance(m, read, now_us)
+                    self.put(ns, gcra.SUFFIX, written, t, gcra.ttl_seconds(m, written, now_us))
+                state = gcra.outcome(m, read, written, now_us, c.increment)
+                # Its one usage: the level rounded up, and "reset" when the bucket is empty.
+                usage = windows.Usage(
+                    rate=m.rate,
+                    count=state.count,
+                    remaining=state.remaining,
+                    limited=state.limited,
+                    retry_after=state.retry_after,
+                    reset=state.empty_in,
+                )
+                results.append(ModelResult(ns, [usage], state))
+                continue
+            p = plans[i] = windows.plan(c.rates, t, self.per_window, self.hierarchical)
+            if c.increment:
+                for suffix, ttl in p.writes:
+                    entry = self.get(ns, suffix, t) or self.put(ns, suffix, 0, t, ttl)
+                    entry.value += 1
+            values = [self.value(ns, s, t) for s in p.reads]
+            results.append(ModelResult(ns, windows.evaluate(p, values, t, counted=c.increment)))
+        limited = {i for i, r in enumerate(results) if r.limited}
+        if not limited:
+            return results
+        undo = {i for i in policy(checks, results) if checks[i].increment}
+        exact = exact and not self.hierarchical and windows.coarse_factor(self.per_window) > 1
+        detail = {
+            i: windows.plan(checks[i].rates, t, self.per_window, fine_only=True)
+            for i in limited.intersection(plans)
+            if exact
+        }
+        for i in sorted(undo.intersection(plans) | set(detail)):
+            ns = results[i].namespace
+            if i in undo:  # a decrement; a bucket that is gone stays gone
+                for suffix, _ in plans[i].writes:
+                    taken = self.get(ns, suffix, t)
+                    if taken is not None and taken.value > 0:
+                        if len(str(taken.value - 1)) < len(str(taken.value)):
+                            self.digits_dropped += 1  # memcached pads it: "10" -> "9 "
+                        taken.value -= 1
+            if i in detail:
+                values = [self.value(ns, s, t) for s in detail[i].reads]
+                results[i].usages = windows.refine(results[i].usages, detail[i], values, t)
+        for i in sorted(undo.intersection(admitted)):
+            m, ns = meters[i], results[i].namespace
+            stored = self.get(ns, gcra.SUFFIX, t)
+            if stored is not None and stored.value == admitted[i]:
+                restored = gcra.take_back(m, admitted[i])
+                if restored > m.ticks(now_us):
+                    self.put(ns, gcra.SUFFIX, restored, t, gcra.ttl_seconds(m, restored, now_us))
+                else:  # the bucket is empty again
+                    del self.entries[ns, gcra.SUFFIX]
+        return results
+
+
+def observed(result: Result | ModelResult) -> tuple[Any, ...]:
+    """Everything a check reports that the model predicts.
+
+    A leaky bucket's state is compared without its ``tat``: a TAT in the past is an empty
+    bucket, which the model may have dropped (past its TTL) while the server still holds it.
+    """
+    usages = [
+        (u.rate, u.count, u.remaining, u.limited, u.retry_after, u.reset) for u in result.usages
+    ]
+    state = result.meter
+    meter: tuple[Any, ...] | None = None
+    if state is not None:
+        meter = (state.admitted, state.limited, state.level, state.remaining)
+        meter += (state.retry_after, state.empty_in)
+    return (result.namespace, result.limited, usages, meter)
+
+
+# -- the machine --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One limit of an example: a group of its own, its rates, its algorithm."""
+
+    group: str
+    text: str
+    algorithm: str
+    burst: int | None
+
+    @property
+    def rates(self) -> tuple[Rate, ...]:
+        return parse(self.text)
+
+    def check(self, ip: str, increment: bool) -> Check:
+        return Check(
+            scope(self.group, ALL, self.rates),
+            ("ip", ip),
+            self.rates,
+            increment,
+            self.algorithm,
+            self.burst,
+        )
+
+
+#: Small counts (refusals, windows that empty), and counts around 10. Nine is a boundary of
+#: its own: a burst's tenth hit is refused and taken back from a bucket at 10, which
+#: memcached then stores as "9 " (a decrement keeps the value's length).
+counts = st.integers(0, 3) | st.just(9) | st.integers(10, 12)
+#: Requests repeated a few times, or enough to fill a limit around 10 in one bucket.
+repeats = st.integers(1, 3) | st.integers(10, 13)
+rate = st.builds(Rate, counts, st.sampled_from(WINDOWS))
+sliding = st.tuples(
+    st.lists(rate, min_size=1, max_size=3, unique=True), st.just(SLIDING_WINDOW), st.none()
+)
+leaky = st.tuples(rate.map(lambda r: [r]), st.just(LEAKY_BUCKET), st.none() | counts.filter(bool))
+limit_specs = st.lists(st.one_of(sliding, leaky), min_size=1, max_size=3)
+#: (limit index, subject, counted): the checks of one request.
+picks = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(SUBJECTS), st.sampled_from([True, True, False])),
+    min_size=1,
+    max_size=3,
+)
+MOVES = (
+    "inside",
+    "fine edge",
+    "coarse edge",
+    "level edge",
+    "window",
+    "retry_after",
+    "reset",
+    "past every TTL",
+)
+
+
+class LimiterMachine(RuleBasedStateMachine):
+    """Requests, resets and clock moves on the configured backend and on the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = contextlib.ExitStack()
+        self.limits: list[Limit] = []
+        self.model = Model(60, False)
+        self.clock: FrozenClock | None = None
+        self.last: list[ModelResult] = []
+        self.resets = 0
+        self.failures: list[logging.LogRecord] = []
+
+    @initialize(
+        specs=limit_specs,
+        layout=st.sampled_from(LAYOUTS),
+        start=st.integers(0, 86_400_000),
+    )
+    def start(
+        self,
+        specs: list[tuple[list[Rate], str, int | None]],
+        layout: tuple[bool, int],
+        start: int,
+    ) -> None:
+        hierarchical, per_window = layout
+        run = next(_examples)  # fresh groups: no counter of another example is read
+        self.limits = [
+            Limit(f"model-{run}-{n}", ";".join(r.text for r in rates), algorithm, burst)
+            for n, (rates, algorithm, burst) in enumerate(specs)
+        ]
+        self.model = Model(per_window, hierarchical)
+        if (hierarchical, per_window) != (False, 60):  # the defaults: no rebuild
+            self.stack.enter_context(
+                override_settings(
+                    RATELIMIT_HIERARCHICAL=hierarchical, RATELIMIT_BUCKETS_PER_WINDOW=per_window
+                )
+            )
+        self.clock = self.stack.enter_context(frozen_clock(T0 + start / 1000))
+        handler = _Collect(self.failures)
+        log = logging.getLogger("ratelimit_app")
+        log.addHandler(handler)
+        self.stack.callback(log.removeHandler, handler)
+
+    def teardown(self) -> None:
+        self.stack.close()
+
+    @property
+    def now(self) -> float:
+        assert self.clock is not None
+        return self.clock.t
+
+    @invariant()
+    def no_backend_failure(self) -> None:
+        """Not even one that ``check_many`` swallows (a take-back that failed)."""
+        assert not self.failures, [r.getMessage() for r in self.failures]
+
+    def _discard_if_outlived(self) -> None:
+        # A key may have expired on the real server: the example says nothing either way.
+        assume(not self.model.outlived(self.now))
+
+    @rule(
+        chosen=picks,
+        policy=st.sampled_from(sorted(POLICIES)),
+        exact=st.booleans(),
+        times=repeats,
+    )
+    def request(
+        self, chosen: list[tuple[int, str, bool]], policy: str, exact: bool, times: int
+    ) -> None:
+        """``times`` identical requests, each checking its limits in one ``check_many``."""
+        checks, used = [], set()
+        for index, ip, increment in chosen:
+            n = index % len(self.limits)
+            if n not in used:  # a request checks each of its limits once
+                used.add(n)
+                checks.append(self.limits[n].check(ip, increment))
+        model_policy, given = POLICIES[policy]
+        event(f"a request, {'repeated' if times > 3 else 'once to three times'}")
+        for attempt in range(times):
+            self._discard_if_outlived()
+            expected = self.model.check_many(checks, model_policy, exact, self.now)
+            if given is None:
+                got = check_many(checks, exact=exact)
+            else:
+                got = check_many(checks, take_back=given, exact=exact)
+            self.no_backend_failure()  # first: a swallowed failure also changes the results
+            assert [observed(r) for r in got] == [observed(r) for r in expected], (
+                f"request {attempt + 1} of {times} at t={self.now!r}"
+            )
+            self.last = expected
+            for c, r in zip(checks, expected, strict=True):
+                kind = "counted" if c.increment else "look"
+                event(f"{c.algorithm} {kind}: {'limited' if r.limited else 'admitted'}")
+            if any(r.limited for r in expected):
+                event(f"a refusal, take-back policy {policy!r}")
+            if any(e.value >= 10 for e in self.model.entries.values()):
+                event("a counter at 10 or more")
+
+    @precondition(lambda self: self.resets < MAX_RESETS)
+    @rule(index=st.integers(0, 2), ip=st.sampled_from(SUBJECTS))
+    def reset_subject(self, index: int, ip: str) -> None:
+        limit = self.limits[index % len(self.limits)]
+        self._discard_if_outlived()
+        self.resets += 1
+        assert reset(
+            limit.group,
+            ip,
+            key="ip",
+            rate=limit.text,
+            algorithm=limit.algorithm,
+            burst=limit.burst,
+        )
+        self.model.forget(namespace(scope(limit.group, ALL, limit.rates), "ip", ip))
+
+    @rule(
+        move=st.sampled_from(MOVES),
+        index=st.integers(0, 8),
+        fraction=st.floats(0, 1, exclude_max=True),
+        nudge=st.sampled_from([0.0, -0.001, 0.001]),
+    )
+    def move_clock(self, move: str, index: int, fraction: float, nudge: float) -> None:
+        """Forward only: a clock that goes back is another property (never lenient), and
+        Redis drops the fields of a hash that a forward clock never reads again."""
+        t = self.now
+        every = [r for limit in self.limits for r in limit.rates]
+        r = every[index % len(every)]
+        g = self.model.per_window
+        width = r.seconds / g
+        if move == "inside":
+            target = t + fraction * width
+        elif move in ("fine edge", "coarse edge", "level edge"):
+            if move == "fine edge":
+                size = width
+            elif move == "coarse edge":
+                size = width * windows.coarse_factor(g)
+            else:
+                size = float(windows.LEVELS[index % len(windows.LEVELS)])
+            target = (math.floor(t / size) + 1) * size + nudge
+        elif move == "window":
+            target = t + r.seconds + nudge
+        elif move in ("retry_after", "reset"):
+            waits = [
+                u.retry_after if move == "retry_after" else u.reset
+                for result in self.last
+                for u in result.usages
+            ]
+            waits = [w for w in waits if w > 0] or [width]
+            target = t + waits[index % len(waits)] + nudge
+        else:  # past every TTL: nothing written so far is read again
+            target = t + 2 * max(WINDOWS) + 3600 + fraction * 86400
+        if target > t:
+            assert self.clock is not None
+            self.clock.set(target)
+            event(f"clock move: {move}")
+
+
+class _Collect(logging.Handler):
+    """Collects what the limiter logs at INFO and above: a backend failure, or a take-back
+    that failed (which ``check_many`` only logs)."""
+
+    def __init__(self, into: list[logging.LogRecord]) -> None:
+        super().__init__(logging.INFO)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.into.append(record)
+
+
+# -- the backends -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def more_memcached() -> Iterator[list[str]]:
+    """Two memcached servers beside the session's, for a three-node backend."""
+    from tests.servers import start_memcached
+
+    servers = [start_or_skip(start_memcached) for _ in range(2)]
+    yield [s.address for s in servers]
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[Any]:
+    """Three Redis nodes in cluster mode (the cluster of the cluster tests)."""
+    from tests.reliability.test_cluster_slots import Cluster
+
+    cluster: Any = start_or_skip(Cluster)  # type: ignore[arg-type]
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def backend_settings(kind: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """``override_settings`` keyword arguments that count on ``kind`` (alias "rl")."""
+    memcached = "django.core.cache.backends.memcached.PyMemcacheCache"
+    if kind == "locmem":
+        config: dict[str, Any] = {**LOCMEM, "LOCATION": "model"}
+    elif kind == "django-redis-cache":
+        location = request.getfixturevalue("redis_server")
+        config = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": location}
+    elif kind == "memcached":
+        config = {"BACKEND": memcached, "LOCATION": request.getfixturevalue("memcached_server")}
+    elif kind == "memcached-3-nodes":
+        nodes = [request.getfixturevalue("memcached_server")]
+        nodes += request.getfixturevalue("more_memcached")
+        config = {"BACKEND": memcached, "LOCATION": nodes}
+    elif kind == "redis":
+        config = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": request.getfixturevalue("redis_server"),
+        }
+    else:
+        cluster = request.getfixturevalue("redis_cluster")
+        config = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{cluster.ports[0]}/0",
+        }
+        return {
+            "CACHES": {"default": LOCMEM, "rl": config},
+            "RATELIMIT_USE_CACHE": "rl",
+            "RATELIMIT_BACKEND": "ratelimit_app.backends.redis.RedisClusterBackend",
+        }
+    return {"CACHES": {"default": LOCMEM, "rl": config}, "RATELIMIT_USE_CACHE": "rl"}
+
+
+BACKEND_KINDS = (
+    "locmem",
+    "django-redis-cache",
+    "memcached",
+    "memcached-3-nodes",
+    "redis",
+    "redis-cluster",
+)
+
+
+@pytest.mark.parametrize("kind", BACKEND_KINDS)
+def test_backend_agrees_with_the_model(kind: str, request: pytest.FixtureRequest) -> None:
+    with override_settings(**backend_settings(kind, request)):
+        reset_backends()
+        try:
+            run_state_machine_as_test(LimiterMachine, settings=SETTINGS)
+        finally:
+            reset_backends()
+
+
+def test_the_model_expires_what_no_plan_reads_again() -> None:
+    """The model alone: counters and TATs a check wrote are gone from the dict once the
+    clock is past their TTLs, and a reset forgets a subject whole."""
+    model = Model(60, False)
+    limit = Limit("model-alone", "2/m;5/h", SLIDING_WINDOW, None)
+    meter = Limit("model-alone-meter", "2/m", LEAKY_BUCKET, None)
+    checks = [limit.check(SUBJECTS[0], True), meter.check(SUBJECTS[0], True)]
+    for _ in range(3):
+        results = model.check_many(checks, refused_counted, True, T0)
+    assert [r.limited for r in results] == [True, True]
+    assert [u.count for u in results[0].usages] == [3, 3]
+    assert len(model.entries) == 5  # fine and coarse of two windows, and a TAT
+    later = T0 + 2 * 3600 + 600
+    assert model.check_many(checks, refused_counted, True, later)[0].usages[1].count == 1
+    model.forget(namespace(checks[0].scope, *checks[0].subject))
+    assert [k[1] for k in model.entries] == [gcra.SUFFIX]
