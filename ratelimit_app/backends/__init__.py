@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any
 
 from django.conf import settings
 from django.core.cache import InvalidCacheBackendError, caches
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ratelimit_app.backends.base import Backend, cache_settings
+from ratelimit_app.backends.base import Backend
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 
@@ -109,7 +108,7 @@ def configured_class(value: object) -> type[Backend]:
             "contract in docs/backends)."
         )
     try:
-        inspect.signature(cls).bind(*_parameters(cls))
+        inspect.signature(cls).bind("alias", "cache")
     except TypeError as exc:
         raise ImproperlyConfigured(
             f"RATELIMIT_BACKEND = {value!r} cannot be built as cls(alias, cache): {exc}."
@@ -117,38 +116,17 @@ def configured_class(value: object) -> type[Backend]:
     return cls
 
 
-#: The names of the arguments of the older construction, ``cls(alias, cache, location,
-#: options)``, which the memcached backend still has (Redis is built as ``cls(alias, cache)``).
-_WITH_LOCATION = ("alias", "cache", "location", "options")
-
-
-def _parameters(cls: type[Backend]) -> tuple[str, ...]:
-    """The arguments :func:`build` passes to ``cls``, by name.
-
-    The contract is ``cls(alias, cache)``; a backend that needs the cache's ``LOCATION`` and
-    ``OPTIONS`` reads them with :func:`~.base.cache_settings`, as the Redis backends do. The
-    memcached backend still takes them as arguments, so a class whose constructor asks for
-    ``location`` and ``options`` gets them.
-    """
-    names = inspect.signature(cls).parameters
-    if "location" in names and "options" in names:
-        return _WITH_LOCATION
-    return _WITH_LOCATION[:2]
-
-
 def build(cls: type[Backend], alias: str) -> Backend:
-    """A backend of class ``cls`` for the cache ``alias`` (in ``CACHES``).
+    """A backend of class ``cls`` for the cache ``alias`` (in ``CACHES``): ``cls(alias,
+    cache)``, every backend's one construction (one that needs the cache's ``LOCATION`` and
+    ``OPTIONS`` reads them with :func:`~.base.cache_settings`).
 
     A failure of the constructor is a :class:`~ratelimit_app.exceptions.BackendError` (a
     server address that cannot be used is a failure like any other: it fails open or
     closed), except ``ImproperlyConfigured``, which is raised as it is.
     """
-    values: dict[str, Any] = {"alias": alias, "cache": caches[alias]}
-    names = _parameters(cls)
-    if names == _WITH_LOCATION:
-        values["location"], values["options"] = cache_settings(alias)
     try:
-        return cls(*(values[name] for name in names))
+        return cls(alias, caches[alias])
     except ImproperlyConfigured:
         raise
     except Exception as exc:

@@ -39,6 +39,7 @@ from ratelimit_app.backends.base import (
     MeterOp,
     MeterReply,
     Op,
+    cache_settings,
 )
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
@@ -167,8 +168,9 @@ class MemcachedBackend(Backend):
     inline_ok = True
     encoding = _Encoded
 
-    def __init__(self, alias: str, cache: Any, location: Any, options: dict[str, Any]) -> None:
+    def __init__(self, alias: str, cache: Any) -> None:
         super().__init__(alias, cache)
+        location, options = cache_settings(alias)
         timeout = conf.SOCKET_TIMEOUT
         client_options = {
             "connect_timeout": timeout,
