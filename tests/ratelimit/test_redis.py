@@ -6,6 +6,7 @@ reads; hashes that stay small), and the connections it keeps (one per thread and
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import time
@@ -18,7 +19,7 @@ from django.core.cache import caches
 from django.test import override_settings
 
 from ratelimit_app import windows
-from ratelimit_app.backends import _parameters, get_backend, reset_backends
+from ratelimit_app.backends import build, get_backend, reset_backends
 from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
 from ratelimit_app.core import namespace
 from ratelimit_app.exceptions import BackendError
@@ -55,12 +56,14 @@ def server(backend: Any) -> Any:
 def test_built_from_alias_and_cache(redis_cache: str, group: str) -> None:
     # The contract of every backend: cls(alias, cache); LOCATION and OPTIONS are read from
     # CACHES (the Redis backends took location and options as arguments before).
-    assert _parameters(RedisBackend) == _parameters(RedisClusterBackend) == ("alias", "cache")
-    backend = RedisBackend("rl", caches["rl"])
+    for cls in (RedisBackend, RedisClusterBackend):
+        assert list(inspect.signature(cls).parameters) == ["alias", "cache"]
+    backend = build(RedisBackend, "rl")
     assert backend.url == redis_cache
     assert backend.options["SOCKET_TIMEOUT"] == 0.7
     plan = windows.plan(parse("5/m"), T0)
     assert sum(backend.run(namespace(group, "ip", "192.0.2.1"), plan, True)) >= 1
+    assert isinstance(backend, RedisBackend)
     backend.close()
     cluster = RedisClusterBackend("rl", caches["rl"])  # its parent's constructor; no I/O yet
     assert (cluster.url, cluster.connected) == (redis_cache, False)
