@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ipaddress
 import json
 import urllib.parse
 
@@ -459,3 +460,22 @@ def test_typed_padded_subjects_find_the_counters_requests_fill(
     field = spec.partition(":")[2] or "email"
     request = rf.post("/", {field: sent}, REMOTE_ADDR="198.51.100.1")
     assert keys.normalize_value(spec, typed) == keys.subject(spec, "g", request)[1]
+
+
+@given(
+    st.one_of(
+        st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address),
+        st.integers(0, 2**128 - 1).map(ipaddress.IPv6Address),
+    ),
+    st.integers(0, 32),
+    st.integers(0, 128),
+)
+def test_masking_is_the_network_address_of_the_mask(
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address, v4_mask: int, v6_mask: int
+) -> None:
+    """The integer masking a new client's first request takes gives what ip_network does."""
+    addr = keys.parse_address(str(address))
+    assert addr is not None
+    mask = v4_mask if addr.version == 4 else v6_mask
+    expected = ipaddress.ip_network(f"{addr}/{mask}", strict=False).network_address
+    assert keys._masked(str(address), v4_mask, v6_mask) == str(expected)
