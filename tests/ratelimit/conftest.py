@@ -82,3 +82,26 @@ def two_memcached(memcached_server: str) -> Iterator[list[Any]]:
     second = start_memcached()
     yield [memcached_server, second]
     second.stop()
+
+
+#: The middleware of the tests that go through RatelimitMiddleware (a session, a user).
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "ratelimit_app.middleware.RatelimitMiddleware",
+]
+
+
+@pytest.fixture
+def rules_site() -> Iterator[None]:
+    """The test views (tests/ratelimit/urls.py) behind :data:`MIDDLEWARE`, with no
+    configuration snapshot and no remembered refusal from an earlier test."""
+    from ratelimit_app import store
+    from ratelimit_app.testing import forget_refusals
+
+    store.forget()
+    forget_refusals()
+    with override_settings(ROOT_URLCONF="tests.ratelimit.urls", MIDDLEWARE=MIDDLEWARE):
+        yield
+    store.forget()
+    forget_refusals()

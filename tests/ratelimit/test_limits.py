@@ -27,19 +27,9 @@ from ratelimit_app.testing import frozen_clock
 from tests.ratelimit import canary, views
 
 T0 = 1_800_000_000.0
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "ratelimit_app.middleware.RatelimitMiddleware",
-]
 
 
-@pytest.fixture(autouse=True)
-def site() -> Iterator[None]:
-    with override_settings(ROOT_URLCONF="tests.ratelimit.urls", MIDDLEWARE=MIDDLEWARE):
-        store.forget()
-        yield
-    store.forget()
+pytestmark = pytest.mark.usefixtures("rules_site")
 
 
 # -- the value ---------------------------------------------------------------------------

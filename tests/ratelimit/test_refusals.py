@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,19 +21,9 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.testing import frozen_clock
 
 T0 = 1_800_000_000.0
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "ratelimit_app.middleware.RatelimitMiddleware",
-]
 
 
-@pytest.fixture(autouse=True)
-def site() -> Iterator[None]:
-    core.REFUSALS.clear()
-    with override_settings(ROOT_URLCONF="tests.ratelimit.urls", MIDDLEWARE=MIDDLEWARE):
-        yield
-    core.REFUSALS.clear()
+pytestmark = pytest.mark.usefixtures("rules_site")
 
 
 def rules(*items: dict[str, Any], **settings: Any) -> Any:
