@@ -158,8 +158,14 @@ def test_concurrent_failures_never_pass_the_limit(backend_kind: str, algorithm: 
     views.slow_status.reached = 0
     with failures_rule(algorithm=algorithm), frozen_clock(T0):
         codes = concurrently("/rules/slow/401/", 15)
-    assert sorted(codes) == [401] * 5 + [429] * 10
-    assert views.slow_status.reached == 5
+    # Never more than 5 reach the password check. Where the round trip is not atomic
+    # (memcached, a Django cache), a guess may be refused where it would have fit: its read
+    # saw later guesses. Redis runs the check as one script: exactly 5.
+    assert set(codes) <= {401, 429}
+    assert codes.count(401) == views.slow_status.reached
+    assert 1 <= views.slow_status.reached <= 5
+    if backend_kind == "redis":
+        assert views.slow_status.reached == 5
 
 
 def test_only_requests_that_did_not_fail_pay_a_second_round_trip(
