@@ -9,7 +9,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PY      := $(BIN)/python
 STAMP   := $(VENV)/.installed
-EXTRAS  := memcached,redis,celery,dev
+EXTRAS  := memcached,redis,celery,dev,drf
 
 # CI=true turns "server binary missing" from a skip into a failure (tests/conftest.py).
 export CI
