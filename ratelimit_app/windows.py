@@ -16,8 +16,12 @@ A rate of N per W seconds is a sliding window over bucket counters, in one of tw
   covers ``[T - W, T]`` (whole seconds) the same way. A one-day window is exact to one
   second in at most 84 reads (the seeds count 142 for their scheme).
 
-Both read the current coarse bucket whole: what lies after "now" has not happened (a client
-whose clock runs ahead can only make counts higher, the safe direction).
+Both also read a little past "now" (:func:`lookahead`): the rest of the current coarse
+bucket and the next one (the next minute, hierarchical). A check reads the clock before its
+round trip, so a hit with a later clock can reach the server first; reading ahead, of any two
+hits less than the lookahead apart at least one sees the other, in whichever order the server
+runs them. What lies after "now" has not happened by this clock, so counting it can only
+refuse (a client whose clock runs ahead makes counts higher, the safe direction).
 
 Bucket keys are suffixes; the backend prefixes them with the subject's namespace. Plans depend
 only on the rates and the clock, so they are memoised and shared by every subject.
@@ -40,6 +44,17 @@ HIERARCHICAL_MAX = 86400
 #: Seconds a counter outlives the last check that reads it (memcached's clock ticks in
 #: whole seconds).
 TTL_FUDGE = 2
+#: The most whole seconds past the current one that a hierarchical check also reads
+#: (:func:`lookahead`).
+HIERARCHICAL_LOOKAHEAD = 60
+
+
+def _seconds_ahead(window: int) -> int:
+    """Whole seconds past the current one that a hierarchical check of ``window`` reads:
+    a sixth of the window as in the uniform layout, at least one second and at most a minute
+    (reading ahead into the current minute is what costs reads; one more minute is one)."""
+    return max(1, min(HIERARCHICAL_LOOKAHEAD, window // 6))
+
 
 Term = tuple[int, int]  # (index into Plan.reads, +1 or -1)
 
@@ -119,6 +134,26 @@ def plan(
     return _uniform_plan(rates, indexes, per_window, fine_only)
 
 
+def lookahead(rates: tuple[Rate, ...], per_window: int = 60, hierarchical: bool = False) -> float:
+    """Seconds past its own clock reading that a check of ``rates`` also reads.
+
+    A check reads the clock, then makes its round trip, so two concurrent hits can reach the
+    server in the other order than their clocks: Y (later clock) writes and reads, then X
+    (earlier clock) writes and reads. Y's read could not see X's write, so X's read must see
+    Y's: every check also reads the buckets just after "now". Of two hits whose clocks are
+    less than this apart, at least one sees the other, whatever order the server sees them
+    in. (In the uniform layout that is one coarse bucket, ``W / 6`` for the default 60
+    buckets per window; in the hierarchical layout, a minute.)
+    """
+    c = coarse_factor(per_window)
+    return min(
+        float(_seconds_ahead(r.seconds))
+        if hierarchical and r.seconds <= HIERARCHICAL_MAX
+        else c * r.seconds / per_window
+        for r in rates
+    )
+
+
 def coarse_factor(per_window: int) -> int:
     """Fine buckets per coarse bucket in the uniform layout (1: a single level)."""
     return max(
@@ -135,17 +170,28 @@ class _Builder:
         self.rates: list[RatePlan] = []
 
     def segments(
-        self, raw: list[RawSegment], token: Callable[[int, int], str], to_seconds: float, w: int
+        self,
+        raw: list[RawSegment],
+        token: Callable[[int, int], str],
+        to_seconds: float,
+        w: int,
+        now: int,
     ) -> tuple[Segment, ...]:
+        """``raw`` as segments whose reads are numbered in this plan.
+
+        ``now`` is the end of the current bucket: the hits of a segment that spans it have
+        happened by then, so they leave the window by ``now + w`` (a segment wholly after it,
+        the lookahead's, keeps its own end).
+        """
         return tuple(
             Segment(
-                end * to_seconds + w,
+                (end if start >= now else min(end, now)) * to_seconds + w,
                 tuple(
                     (self.reads.setdefault(token(size, k), len(self.reads)), sign)
                     for size, k, sign in terms
                 ),
             )
-            for _, end, terms in raw
+            for start, end, terms in raw
         )
 
     def uniform(self, rate: Rate, k: int, g: int, fine_only: bool = False) -> None:
@@ -155,9 +201,11 @@ class _Builder:
         def token(size: int, index: int) -> str:
             return f":{w}/{g}:{index}" if size == 1 else f":{w}/{g}x{size}:{index}"
 
-        levels = (c, 1) if c > 1 and not fine_only else (1,)
-        raw = _cover(k - g, k + 1, levels, k + 1)
-        self.rates.append(RatePlan(rate, self.segments(raw, token, width, w)))
+        if fine_only:  # times a refusal's wait: what has happened, fine bucket by fine bucket
+            raw = _cover(k - g, k + 1, (1,), k + 1)
+        else:  # the window, and the next ``c`` fine buckets (see :func:`lookahead`)
+            raw = _cover(k - g, k + 1 + c, (c, 1) if c > 1 else (1,), k + 1 + c)
+        self.rates.append(RatePlan(rate, self.segments(raw, token, width, w, k + 1)))
         # A fine bucket is read (subtracted) up to one coarse bucket past the window.
         self.writes[token(1, k)] = math.ceil(w + (c + 1) * width) + TTL_FUDGE
         if c > 1:
@@ -248,8 +296,10 @@ def _hierarchical_plan(rates: tuple[Rate, ...], now: int, per_window: int) -> Pl
             builder.uniform(rate, int(now * per_window // rate.seconds), per_window)
             continue
         longest = max(longest, rate.seconds)
-        raw = _cover(now - rate.seconds, now + 1, LEVELS, now + 1)
-        builder.rates.append(RatePlan(rate, builder.segments(raw, token, 1, rate.seconds)))
+        ahead = now + 1 + _seconds_ahead(rate.seconds)
+        raw = _cover(now - rate.seconds, ahead, LEVELS, ahead)
+        segments = builder.segments(raw, token, 1, rate.seconds, now + 1)
+        builder.rates.append(RatePlan(rate, segments))
     if longest:
         # A fine bucket is read (subtracted) up to one coarser bucket past the window.
         coarser = {3600: 0, 60: 3600, 1: 60}

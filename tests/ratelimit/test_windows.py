@@ -52,7 +52,7 @@ def admitted(sim: Simulated, times: list[float]) -> list[float]:
 
 def test_uniform_plan_reads_few_buckets_and_writes_a_fine_and_a_coarse_one() -> None:
     assert windows.coarse_factor(60) == 10
-    assert windows.coarse_factor(7) == 1  # a prime: one level, G + 1 reads
+    assert windows.coarse_factor(7) == 1  # a prime: one level, G + 1 reads and one ahead
     worst = max(len(windows.plan(parse("5/m"), T0 + s * 0.37, 60).reads) for s in range(3000))
     assert worst <= 13
     p = windows.plan(parse("5/m"), T0 + 0.5, 60)
@@ -62,7 +62,7 @@ def test_uniform_plan_reads_few_buckets_and_writes_a_fine_and_a_coarse_one() -> 
     # Each bucket lives until the last check that may read it: W + one coarse bucket.
     assert fine[1] >= 60 + 10 + 1
     assert coarse[1] >= 60 + 10
-    assert len(windows.plan(parse("5/m"), T0, 7).reads) == 8
+    assert len(windows.plan(parse("5/m"), T0, 7).reads) == 9
 
 
 def test_rates_with_the_same_window_share_buckets() -> None:
