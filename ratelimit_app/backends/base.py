@@ -104,10 +104,11 @@ class Encoded:
         read that found more (hits of other clients that came in between, on a server that
         does not run the round trip atomically) is kept: under concurrency a hit may then be
         refused where it would have fit, never admitted where it would not. (Deciding on the
-        reply alone was tried; a CI run then saw 13 admitted of a limit of 10 across four
-        gunicorn workers on memcached. It did not recur in seven runs since, with either
-        rule, so this one, the stricter, stays.) ``written`` holds one reply per write, in
-        the order of :attr:`writes`.
+        reply alone was tried while a CI run saw 13 admitted of a limit of 10 across four
+        gunicorn workers on memcached; the cause found since is the clock-order race at
+        bucket boundaries that :func:`ratelimit_app.windows.lookahead` closes. This rule,
+        the stricter, stays.) ``written`` holds one reply per write, in the order of
+        :attr:`writes`.
         """
         if len(written) != len(self.writes):
             raise ValueError(f"{len(written)} write replies for {len(self.writes)} writes")
