@@ -105,7 +105,7 @@ class Encoded:
         does not run the round trip atomically) is kept: under concurrency a hit may then be
         refused where it would have fit, never admitted where it would not. (Deciding on the
         reply alone was tried while a CI run saw 13 admitted of a limit of 10 across four
-        gunicorn workers on memcached; the cause found since is the clock-order race at
+        gunicorn workers on memcached; a race found since explains it: the clock-order race at
         bucket boundaries that :func:`ratelimit_app.windows.lookahead` closes. This rule,
         the stricter, stays.) ``written`` holds one reply per write, in the order of
         :attr:`writes`.
