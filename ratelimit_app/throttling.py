@@ -1,0 +1,610 @@
+"""Django REST framework's throttles, counted on our sliding windows (or a leaky bucket).
+
+``rest_framework.throttling`` keeps a list of timestamps per client in the cache, read and
+written back without a lock: concurrent requests lose each other's updates, and every
+request pickles the whole list. The classes here have DRF's names and hooks, so switching is
+a change of module path::
+
+    REST_FRAMEWORK = {
+        "DEFAULT_THROTTLE_CLASSES": [
+            "ratelimit_app.throttling.AnonRateThrottle",
+            "ratelimit_app.throttling.UserRateThrottle",
+        ],
+        "DEFAULT_THROTTLE_RATES": {"anon": "100/d", "user": "10/m;1000/d"},
+    }
+
+What a view's throttles of this module do, per request:
+
+* the first one that DRF asks checks **all** of them, in one backend round trip
+  (:func:`ratelimit_app.core.check_many`), and leaves the results on the request for the
+  others;
+* each counts the request where the counts are kept atomically (never more than N in any
+  window of W seconds, whatever the concurrency); when one refuses, none of them counts
+  it (a client retrying too fast gets in as soon as the window has room);
+* a refusal is remembered by the process until its wait ends (the refusal memory of
+  :mod:`ratelimit_app.refusals`, shared with the middleware and ``@ratelimit``);
+* the answer carries the ``RateLimit-Policy`` and ``RateLimit`` headers (through the view's
+  ``headers``, which DRF adds to every response it finalises); a refused one, DRF's 429
+  with ``Retry-After`` from :meth:`SimpleRateThrottle.wait`;
+* a refusal is sent as :data:`ratelimit_app.signals.ratelimited` with ``rule="drf:<scope>"``
+  (so ``metrics_app`` counts it in the series ``ratelimit:drf:<scope>``);
+* when the backend fails, the throttle fails open or closed (``fail_open``, default
+  ``RATELIMIT_FAIL_OPEN``); closed answers ``RATELIMIT_FAIL_CLOSED_STATUS`` (503).
+
+See ``docs/drf.rst`` for the differences from DRF's classes and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+try:
+    from rest_framework import exceptions as drf_exceptions
+    from rest_framework import throttling as drf_throttling
+    from rest_framework.settings import api_settings
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "ratelimit_app.throttling needs Django REST framework: pip install 'django-bucketry[drf]'"
+    ) from exc
+
+from ratelimit_app import ALL, clock, core, keys, limits, rates, responses
+from ratelimit_app.conf import conf
+from ratelimit_app.core import REFUSALS, Check, Result, check_many, recall, usage_dict
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.gcra import SLIDING_WINDOW
+from ratelimit_app.limits import Limit
+from ratelimit_app.signals import ratelimited
+
+__all__ = [
+    "AnonRateThrottle",
+    "BaseThrottle",
+    "ScopedRateThrottle",
+    "SimpleRateThrottle",
+    "ThrottleUnavailable",
+    "UserRateThrottle",
+    "lookup",
+    "reset",
+    "scope_limits",
+    "throttle_limit",
+]
+
+#: A throttle's limits are named ``drf:<scope>``: their group, the rule of their metrics
+#: series and of the ``ratelimited`` signal, the label of their ``RateLimit`` headers.
+PREFIX = "drf:"
+#: The kind every throttle's subject is filed under: its ident (a user's primary key or a
+#: masked IP address) or, for a ``get_cache_key`` of another shape, the whole key. With this
+#: kind, :func:`ratelimit_app.core.lookup` finds a subject from what a person types.
+SUBJECT_KIND = "user_or_ip"
+#: Where the throttles of one request leave what they share (:class:`_Dispatch`).
+STASH = "_ratelimit_throttling"
+
+
+class ThrottleUnavailable(drf_exceptions.APIException):
+    """A fail-closed throttle could not reach its counters: answered with
+    ``RATELIMIT_FAIL_CLOSED_STATUS`` (503) and ``Retry-After: RATELIMIT_DEAD_RETRY``."""
+
+    default_code = "throttle_unavailable"
+
+    def __init__(self, name: str) -> None:
+        self.status_code = conf.FAIL_CLOSED_STATUS
+        #: DRF's exception handler turns ``wait`` into ``Retry-After``.
+        self.wait = max(1, math.ceil(conf.DEAD_RETRY))
+        super().__init__(
+            f"The rate limit {name!r} cannot be checked right now. "
+            f"Try again in {self.wait} seconds."
+        )
+
+
+class _Failed:
+    """The backend failed: what each throttle of the batch then does is its own choice."""
+
+
+FAILED = _Failed()
+Outcome = Result | _Failed | None
+
+
+class BaseThrottle(drf_throttling.BaseThrottle):
+    """DRF's ``BaseThrottle`` with our client address (:meth:`get_ident`)."""
+
+    def get_ident(self, request: Any) -> str | None:
+        """The client's address, as DRF finds it, made safe to count by.
+
+        ``REST_FRAMEWORK["NUM_PROXIES"]`` is honoured as DRF does: ``0`` means
+        ``REMOTE_ADDR``; ``n`` the n-th address from the right of ``X-Forwarded-For`` (the
+        one the outermost of your n proxies saw). Unset (``None``, the default), DRF would
+        take the whole ``X-Forwarded-For``, which any client can write: here it means our
+        own rule instead (``REMOTE_ADDR``, and ``X-Forwarded-For`` only from
+        ``RATELIMIT_TRUSTED_PROXIES``, read right to left, as every ``ip`` key counts).
+
+        Beyond DRF: when ``RATELIMIT_TRUSTED_PROXIES`` is set, a peer that is not one of
+        them reached Django directly, and its own address counts, whatever
+        ``X-Forwarded-For`` it sent; a hop that is no IP address counts the proxy that sent
+        it; an IPv4-mapped address counts as its IPv4 address; and the address is masked
+        by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK`` (a client holds a whole IPv6
+        /64). None when the request has no usable address (DRF's ``REMOTE_ADDR`` of None).
+        """
+        self._no_ident = False
+        num_proxies = api_settings.NUM_PROXIES
+        if num_proxies is None:
+            try:
+                return keys.client_ip(request)
+            except ImproperlyConfigured:  # no address: allow_request says what to do
+                self._no_ident = True
+                return None
+        masked = keys.mask_ip(_forwarded(request.META, num_proxies))
+        self._no_ident = masked is None
+        return masked
+
+
+def _forwarded(meta: Any, num_proxies: int) -> str:
+    """DRF's ``NUM_PROXIES`` rule, with the checks :meth:`BaseThrottle.get_ident` lists."""
+    if type(num_proxies) is not int or num_proxies < 0:
+        raise ImproperlyConfigured(
+            f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number of proxies, 0 or "
+            f"more; got {num_proxies!r}."
+        )
+    remote = meta.get("REMOTE_ADDR") or ""
+    xff = meta.get("HTTP_X_FORWARDED_FOR")
+    if num_proxies == 0 or xff is None:
+        return remote
+    if conf.TRUSTED_PROXIES and keys.parse_address(remote) and not keys._trusted(remote):
+        return remote
+    hops = xff.split(",")
+    hop = hops[-min(num_proxies, len(hops))]
+    return hop if keys.parse_address(hop) else remote
+
+
+class _SettingsRates:
+    """``THROTTLE_RATES`` read when used: ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` as DRF's
+    ``api_settings`` has it now (reloaded when the setting changes: DRF's own class reads
+    it once, at import). A subclass may set a dict of its own instead."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> dict[str, Any]:
+        found: dict[str, Any] = api_settings.DEFAULT_THROTTLE_RATES
+        return found
+
+
+class _Dispatch:
+    """What the throttles of one request share: the results of the view's one check,
+    waiting for the throttle each belongs to, and the policies shown in the headers."""
+
+    __slots__ = ("policies", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: dict[Check, list[Outcome]] = {}
+        self.policies: list[tuple[str | None, dict[str, Any]]] = []
+
+
+class SimpleRateThrottle(BaseThrottle):
+    """DRF's ``SimpleRateThrottle`` on sliding windows: override :meth:`get_cache_key`.
+
+    ``rate`` (or ``THROTTLE_RATES[scope]``) may hold several rates, every one enforced:
+    ``"10/m;1000/d"``. ``algorithm = "leaky_bucket"`` meters a leaky bucket instead (the
+    rate is its leak rate; ``burst`` its capacity, default the rate's count). ``fail_open``
+    (None: ``RATELIMIT_FAIL_OPEN``) decides when the counters cannot be reached.
+
+    A view's throttles of this module are checked together, at the time of the first one's
+    :meth:`timer`. Two throttles count apart unless they have the same scope, rates,
+    algorithm and ident (DRF shares one history between classes of the same scope).
+    """
+
+    cache_format = "throttle_%(scope)s_%(ident)s"
+    scope: str | None = None
+    rate: Any = None
+    THROTTLE_RATES: Any = _SettingsRates()
+    algorithm: str = SLIDING_WINDOW
+    burst: int | None = None
+    fail_open: bool | None = None
+
+    #: Set by :meth:`allow_request`: the cache key, the time, and the outcome.
+    key: str | None = None
+    now: float | None = None
+    result: Result | None = None
+    usage: dict[str, Any] | None = None
+    _no_ident = False
+
+    def __init__(self) -> None:
+        if not getattr(self, "rate", None):
+            self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+
+    def timer(self) -> float:
+        """The time the windows are read at: :func:`ratelimit_app.clock.now`. Override it
+        (as DRF's tests do) to move one throttle's clock."""
+        return clock.now()
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        """A key unique to the client (and scope), or None not to throttle the request.
+        Must be overridden."""
+        raise NotImplementedError(".get_cache_key() must be overridden")
+
+    def get_rate(self) -> Any:
+        """The rate of :attr:`scope` in :attr:`THROTTLE_RATES`."""
+        if not getattr(self, "scope", None):
+            raise ImproperlyConfigured(
+                f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle"
+            )
+        try:
+            return self.THROTTLE_RATES[self.scope]
+        except KeyError:
+            raise ImproperlyConfigured(
+                f"No default throttle rate set for '{self.scope}' scope"
+            ) from None
+
+    def parse_rate(self, rate: Any) -> tuple[int | None, int | None]:
+        """``(requests, seconds)`` of the rate (the one with the shortest window when there
+        are several); ``(None, None)`` for no rate. Raises ``ImproperlyConfigured`` naming
+        the string (``'10/M'``, ``'3/1.5m'``, ``'10 / m'``) for a bad one."""
+        if rate is None:
+            return (None, None)
+        try:
+            first = rates.normalize(rate)[0]
+        except ImproperlyConfigured as exc:
+            raise self._misconfigured(exc) from None
+        return (first.count, first.seconds)
+
+    @property
+    def name(self) -> str:
+        """``drf:<scope>``: the name of this throttle's limit (see :data:`PREFIX`)."""
+        scope = self.scope or f"{type(self).__module__}.{type(self).__qualname__}"
+        return PREFIX + str(scope)
+
+    def limit(self) -> Limit:
+        """The validated limit this throttle counts with (its rates, algorithm and burst)."""
+        spec = self.rate
+        if type(self).parse_rate is not SimpleRateThrottle.parse_rate:
+            # A parse_rate of the project's own (a DRF idiom for rates such as "5/15m"):
+            # its answer is the rate.
+            spec = (self.num_requests, self.duration)
+        try:
+            return limits.build(self.name, SUBJECT_KIND, spec, ALL, self.algorithm, self.burst)
+        except ImproperlyConfigured as exc:
+            raise self._misconfigured(exc) from None
+
+    def _misconfigured(self, exc: Exception) -> ImproperlyConfigured:
+        return ImproperlyConfigured(f"{type(self).__name__} (scope {self.scope!r}): {exc}")
+
+    def plan(self, request: Any, view: Any) -> Check | None:
+        """What this throttle counts for the request, or None when it does not apply (no
+        rate, no cache key, ``RATELIMIT_ENABLE`` off). Sets :attr:`key`."""
+        if self.rate is None or not conf.ENABLE:
+            return None
+        self._no_ident = False
+        key = self.key = self.get_cache_key(request, view)
+        if key is None:
+            return None
+        if self._no_ident:
+            raise ImproperlyConfigured(
+                f"ratelimit: {type(self).__name__}: the request has no client IP address "
+                f"(REMOTE_ADDR, or the X-Forwarded-For hop NUM_PROXIES names): counting it "
+                f"would put every such client in one bucket. Serve Django over TCP so that "
+                f"the server fills REMOTE_ADDR, or set RATELIMIT_IP_META_KEY, and list your "
+                f"proxies in RATELIMIT_TRUSTED_PROXIES (see docs/drf.rst)."
+            )
+        lim = self.limit()
+        found = lim.static_rates
+        assert found is not None  # a throttle's rate is literal: parse_rate took it
+        subject = (SUBJECT_KIND, _subject(str(key), self.cache_format, self.scope))
+        return Check(lim.scope_for(found), subject, found, True, lim.algorithm, lim.burst)
+
+    def allow_request(self, request: Any, view: Any) -> bool:
+        """Count the request; False when it is over the limit (then :meth:`wait` says how
+        long). Calls :meth:`throttle_success` or :meth:`throttle_failure`, as DRF does."""
+        self.result = self.usage = None
+        check = self.plan(request, view)
+        if check is None:
+            return True
+        self.now = t = self.timer()
+        outcome = _outcome(self, check, request, view, t)
+        if isinstance(outcome, _Failed):
+            fail_open = conf.FAIL_OPEN if self.fail_open is None else self.fail_open
+            if fail_open:
+                return True
+            raise ThrottleUnavailable(self.name)
+        if outcome is None:  # not checked: another throttle of the view refused from memory
+            return True
+        self.result = outcome
+        self.usage = usage = usage_dict(outcome)
+        _show(request, view, self.name, usage)
+        if outcome.limited:
+            ratelimited.send(
+                sender=type(self),
+                group=self.name,
+                rule=self.name,
+                subject=outcome.namespace,
+                usage=usage,
+                request=getattr(request, "_request", request),
+            )
+            return bool(self.throttle_failure())
+        return bool(self.throttle_success())
+
+    def throttle_success(self) -> bool:
+        """Called when the request is admitted (already counted): True."""
+        return True
+
+    def throttle_failure(self) -> bool:
+        """Called when the request is refused (not counted): False."""
+        return False
+
+    def wait(self) -> float | None:
+        """Seconds to wait: when refused, until the window admits one more request (whole
+        seconds, at least 1, exact: it comes from the buckets, not from an estimate).
+
+        Otherwise DRF's pacing hint: the seconds until the window frees up, spread over
+        the requests it still admits (before any check, over an empty window:
+        ``duration / (num_requests + 1)``).
+        """
+        usage = self.usage
+        if usage is not None:
+            if usage["should_limit"]:
+                return float(usage["retry_after"])
+            return usage["reset"] / float(usage["remaining"] + 1)
+        num_requests = getattr(self, "num_requests", None)
+        duration = getattr(self, "duration", None)
+        if num_requests is None or duration is None:
+            return None
+        return duration / float(num_requests + 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _ident_prefix(cache_format: str, scope: str | None) -> str | None:
+    """What a key of ``cache_format`` holds before its ident (None: the ident is not last,
+    or the format is not DRF's kind)."""
+    if not cache_format.endswith("%(ident)s"):
+        return None
+    try:
+        return cache_format % {"scope": scope, "ident": ""}
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _subject(key: str, cache_format: str, scope: str | None) -> str:
+    """The value a throttle's counters are filed under: the ident of a key in the
+    throttle's own format (so a person finds it by a user id or an IP), else the key."""
+    prefix = _ident_prefix(cache_format, scope)
+    if prefix is not None and key.startswith(prefix):
+        key = key[len(prefix) :]
+    return keys.normalize_value(SUBJECT_KIND, key) or key
+
+
+class AnonRateThrottle(SimpleRateThrottle):
+    """Anonymous requests, by client address (:meth:`get_ident`); scope ``anon``."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        if request.user and request.user.is_authenticated:
+            return None  # only anonymous requests are throttled
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+def _user_key(throttle: SimpleRateThrottle, request: Any) -> str:
+    """DRF's key by user: the signed-in user's primary key, else the client address."""
+    user = request.user
+    ident = user.pk if user and user.is_authenticated else throttle.get_ident(request)
+    return throttle.cache_format % {"scope": throttle.scope, "ident": ident}
+
+
+class UserRateThrottle(SimpleRateThrottle):
+    """Requests by user (anonymous ones by client address); scope ``user``."""
+
+    scope = "user"
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        return _user_key(self, request)
+
+
+class ScopedRateThrottle(SimpleRateThrottle):
+    """Views with a ``throttle_scope``, each scope at its rate of ``THROTTLE_RATES``, by
+    user (anonymous requests by client address); views without one are not throttled."""
+
+    scope_attr = "throttle_scope"
+
+    def __init__(self) -> None:
+        # The rate depends on the view: known when the view calls allow_request.
+        pass
+
+    def plan(self, request: Any, view: Any) -> Check | None:
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return None
+        self.rate = self.get_rate()
+        self.num_requests, self.duration = self.parse_rate(self.rate)
+        return super().plan(request, view)
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        return _user_key(self, request)
+
+
+# -- one check for all of a view's throttles -------------------------------------------------
+
+
+def _outcome(
+    throttle: SimpleRateThrottle, check: Check, request: Any, view: Any, t: float
+) -> Outcome:
+    """This throttle's result: left by the first throttle of the request, which checked
+    the view's throttles of ours together, or checked now."""
+    dispatch = getattr(request, STASH, None)
+    if dispatch is not None:
+        waiting = dispatch.waiting.get(check)
+        if waiting:
+            return waiting.pop(0)
+        batch = [check]  # the view's check has run: this one is extra, checked alone
+    else:
+        batch = _view_checks(throttle, check, request, view)
+        dispatch = _Dispatch()
+        with contextlib.suppress(AttributeError):  # a request that takes no attribute
+            setattr(request, STASH, dispatch)
+    outcomes = _run(batch, t, _own_timer(throttle))
+    for c, outcome in zip(batch, outcomes, strict=True):
+        dispatch.waiting.setdefault(c, []).append(outcome)
+    return dispatch.waiting[check].pop(0)
+
+
+def _view_checks(leader: SimpleRateThrottle, check: Check, request: Any, view: Any) -> list[Check]:
+    """What every throttle of ours on ``view`` counts for the request (``leader``'s
+    ``check`` among them), as the view's ``get_throttles()`` makes them."""
+    if not _several_throttles(view):
+        return [check]
+    found = []
+    for other in view.get_throttles():
+        if isinstance(other, SimpleRateThrottle):
+            planned = other.plan(request, view)
+            if planned is not None:
+                found.append(planned)
+    if check not in found:  # called by hand, not through the view's list
+        found.insert(0, check)
+    return found
+
+
+def _several_throttles(view: Any) -> bool:
+    """True unless the view surely has one throttle at most (the default ``get_throttles``
+    over one class): then there is nobody to check with."""
+    get = getattr(view, "get_throttles", None)
+    if get is None:
+        return False
+    if getattr(type(view).get_throttles, "__qualname__", "") == "APIView.get_throttles":
+        return len(getattr(view, "throttle_classes", ())) > 1
+    return True
+
+
+def _take_back_all(checks: Sequence[Check], results: list[Result]) -> set[int]:
+    # A request refused by one throttle counts in none of them.
+    return set(range(len(checks)))
+
+
+def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
+    """Check ``checks`` in one round trip, or refuse from memory."""
+    if REFUSALS:
+        remembered: list[Outcome] = [recall(c, t) for c in checks]
+        if any(remembered):
+            return remembered
+    try:
+        if own_timer:
+            return list(check_many(checks, take_back=_take_back_all))
+        with _timers.at(t):
+            return list(check_many(checks, take_back=_take_back_all))
+    except BackendError as exc:
+        core.report_failure(exc)
+        return [FAILED] * len(checks)
+
+
+def _own_timer(throttle: SimpleRateThrottle) -> bool:
+    """True when ``throttle`` reads the limiter's clock (its ``timer`` is not overridden)."""
+    return type(throttle).timer is SimpleRateThrottle.timer and "timer" not in vars(throttle)
+
+
+def _show(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
+    """Add the throttle's policy to the ``RateLimit`` headers of the view's response (DRF
+    adds ``view.headers`` to every response it finalises, a 429 included)."""
+    if not conf.HEADERS:
+        return
+    headers = getattr(view, "headers", None)
+    dispatch = getattr(request, STASH, None)
+    if not isinstance(headers, dict) or dispatch is None:
+        return
+    dispatch.policies.append((name, usage))
+    headers.update(responses.ratelimit_headers(dispatch.policies))
+
+
+class _Timers:
+    """Runs checks at a throttle's own :meth:`~SimpleRateThrottle.timer`.
+
+    The limiter reads the time from :func:`ratelimit_app.clock.now` (which
+    :func:`ratelimit_app.testing.frozen_clock` moves for every check). While a throttle with
+    an overridden ``timer`` checks, ``clock.now`` answers that time in this thread (a
+    context variable) and the real time elsewhere; the last one out puts ``clock.now``
+    back. A throttle that keeps the default ``timer`` never goes through here.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved: Callable[[], float] = clock.now
+        self._at: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+            "ratelimit_throttle_time", default=None
+        )
+
+    def _now(self) -> float:
+        at = self._at.get()
+        return self._saved() if at is None else at
+
+    @contextlib.contextmanager
+    def at(self, t: float) -> Iterator[None]:
+        token = self._at.set(t)
+        with self._lock:
+            if self._users == 0:
+                self._saved = clock.now
+                clock.now = self._now
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    clock.now = self._saved
+            self._at.reset(token)
+
+
+_timers = _Timers()
+
+
+# -- the admin's and the commands' view of throttles -------------------------------------------
+
+
+def throttle_limit(throttle: type[SimpleRateThrottle] | str, scope: str | None = None) -> Limit:
+    """The limit a throttle counts with, for :func:`ratelimit_app.core.lookup` and
+    :func:`ratelimit_app.core.reset`: a class of ours (a ``ScopedRateThrottle`` with the
+    view's ``scope``), or a scope of ``DEFAULT_THROTTLE_RATES`` (``"user"`` or
+    ``"drf:user"``: a sliding window at its rate). Raises ``ValueError`` when there is no
+    such limit (no rate, or a rate that cannot make one)."""
+    if isinstance(throttle, str):
+        scope = throttle.removeprefix(PREFIX)
+        throttle = SimpleRateThrottle
+    found = throttle.__new__(throttle)
+    if scope is not None:
+        found.scope = scope
+    try:
+        if issubclass(throttle, ScopedRateThrottle) or not getattr(found, "rate", None):
+            found.rate = found.get_rate()
+        found.num_requests, found.duration = found.parse_rate(found.rate)
+        if found.rate is None:
+            raise ValueError(f"{found.name!r}: its rate is None: it throttles nothing.")
+        return found.limit()
+    except ImproperlyConfigured as exc:
+        raise ValueError(str(exc)) from None
+
+
+def scope_limits() -> dict[str, Limit]:
+    """``drf:<scope>`` -> limit, for every scope of ``DEFAULT_THROTTLE_RATES`` that has a
+    valid rate (the system checks report the others)."""
+    found = {}
+    for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
+        if rate is None:
+            continue
+        with contextlib.suppress(ValueError):
+            found[PREFIX + str(scope)] = throttle_limit(str(scope))
+    return found
+
+
+def lookup(
+    throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None
+) -> dict[str, Any] | None:
+    """The usage of one client of a throttle (as :func:`ratelimit_app.core.lookup` gives
+    it): ``ident`` is a user id or an IP address (a ``get_cache_key`` of another shape: the
+    whole key). See :func:`throttle_limit` for ``throttle`` and ``scope``."""
+    return core.lookup(throttle_limit(throttle, scope), ident)
+
+
+def reset(throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None) -> bool:
+    """Clear one client's counters of a throttle (arguments as for :func:`lookup`)."""
+    return core.reset(throttle_limit(throttle, scope), ident)
