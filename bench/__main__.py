@@ -9,7 +9,14 @@ import argparse
 import importlib
 import time
 
-from bench import accuracy, leaky_bucket, load, ratelimit_latency, ratelimit_middleware
+from bench import (
+    accuracy,
+    drf_throttle,
+    leaky_bucket,
+    load,
+    ratelimit_latency,
+    ratelimit_middleware,
+)
 from bench.common import machine
 
 
@@ -36,6 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     meter_rows = leaky_bucket.run(rounds=rounds, calls=calls, ips=ips)
     print(leaky_bucket.render(meter_rows, rounds, calls), end="\n\n")
     print(accuracy.render(accuracy.run(scale=scale)), end="\n\n")
+    # Django REST framework: our throttles against DRF's, per request and under concurrency.
+    drf_rows = drf_throttle.run(rounds=rounds, calls=calls)
+    drf_found = drf_throttle.run_concurrency()
+    print(drf_throttle.render(drf_rows, drf_found, rounds, calls), end="\n\n")
     # Whole requests through gunicorn, measured with wrk (Debian package wrk, installed by
     # `make servers`): 3 rounds of 10 s per case, or 1 round of 2 s with --quick.
     load_rounds, load_seconds, load_warmup = (1, 2, 1) if args.quick else (3, 10, 3)

@@ -432,7 +432,7 @@ def _outcome(
 ) -> Outcome:
     """This throttle's result: left by the first throttle of the request, which checked
     the view's throttles of ours together, or checked now."""
-    dispatch = getattr(request, STASH, None)
+    dispatch = _dispatch(request)
     if dispatch is not None:
         waiting = dispatch.waiting.get(check)
         if waiting:
@@ -447,6 +447,14 @@ def _outcome(
     for c, outcome in zip(batch, outcomes, strict=True):
         dispatch.waiting.setdefault(c, []).append(outcome)
     return dispatch.waiting[check].pop(0)
+
+
+def _dispatch(request: Any) -> _Dispatch | None:
+    """What the request's throttles share so far (None: nothing yet). Read from the
+    instance's own attributes: DRF's ``Request`` answers a missing attribute by raising
+    twice (its own and the wrapped request's), which would cost more than the rest."""
+    found: _Dispatch | None = getattr(request, "__dict__", {}).get(STASH)
+    return found
 
 
 def _view_checks(leader: SimpleRateThrottle, check: Check, request: Any, view: Any) -> list[Check]:
@@ -508,7 +516,7 @@ def _show(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
     if not conf.HEADERS:
         return
     headers = getattr(view, "headers", None)
-    dispatch = getattr(request, STASH, None)
+    dispatch = _dispatch(request)
     if not isinstance(headers, dict) or dispatch is None:
         return
     dispatch.policies.append((name, usage))

@@ -13,6 +13,7 @@ import pytest
 from bench import (
     accuracy,
     common,
+    drf_throttle,
     figures,
     leaky_bucket,
     load,
@@ -162,6 +163,52 @@ def test_middleware_bench_fills_every_window(memcached_server: str, redis_server
         near = sum(now - t < window * 61 / 60 + 5 for t in times)
         assert inside > 50
         assert inside + 1 <= request.ratelimit_usage[rule["name"]]["count"] <= near + 1
+
+
+def test_drf_throttle_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
+    """A tiny run: every case times ours and DRF's on busy subjects, every request admitted."""
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    rows = drf_throttle.run(rounds=2, calls=5, servers=servers)
+    assert [r.case for r in rows] == list(drf_throttle.CASES)
+    for row in rows:
+        assert row.samples == 2 * 5
+        # Every timed request was a real check that admitted (a refusal or a failure counts).
+        assert (row.ours_failed, row.drf_failed) == (0, 0)
+        assert 0 < row.ours_median <= row.ours_p90
+        assert 0 < row.drf_median <= row.drf_p90
+        assert row.ratio == pytest.approx(row.ours_median / row.drf_median)
+        assert row.met == (None if row.target is None else row.ratio <= row.target)
+    found = [drf_throttle.Concurrency("memcached", 200, 1280, 200, 1280)]
+    text = drf_throttle.render(rows, found, 2, 5)
+    assert "ours/DRF" in text and "<= 0.8x" in text and "<= 0.3x" in text
+    assert text.splitlines()[-1].split() == ["memcached", "1280", "200", "200", "1280"]
+
+
+def test_drf_throttle_bench_fills_each_window(memcached_server: str, redis_server: str) -> None:
+    """Both throttles hold the case's requests before timing: the next one is admitted with
+    exactly that many in the window (ours reads its buckets, DRF its list)."""
+    from django.core.cache import caches
+    from django.test import override_settings
+
+    common.configure_django()
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    [request] = ratelimit_latency.requests(1, net=19)
+    with (
+        override_settings(
+            CACHES=ratelimit_latency.caches_for(servers), RATELIMIT_USE_CACHE="memcached"
+        ),
+        drf_throttle.drf_settings(),
+    ):
+        for side in ("ours", "drf"):
+            classes = drf_throttle.throttle_classes(side, "fill", ("1000/d",), "memcached")
+            drf_throttle.fill(side, classes, [request], 500, 86400)
+            view = drf_throttle.view_for(classes)
+            assert drf_throttle.checker(view)(request) == [{"limit": 1, "should_limit": False}]
+            if side == "ours":
+                assert ";r=499;" in view.headers["RateLimit"]  # 500 held, this one: 501
+            else:
+                key = f"throttle_{classes[0].scope}_{request.META['REMOTE_ADDR']}"
+                assert len(caches["memcached"].get(key)) == 501
 
 
 def test_accuracy_guarantees() -> None:
