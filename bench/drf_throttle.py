@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
+from bench import ratelimit_latency as latency
 from bench.common import (
     Servers,
     configure_django,
@@ -73,30 +74,12 @@ BACKEND = "memcached"
 PROCESSES, THREADS, TRIES, CONCURRENT_RATE = 4, 8, 40, 200
 
 
-@dataclass
-class Row:
-    case: str
-    ours_median: float
-    ours_p90: float
-    drf_median: float
-    drf_p90: float
-    samples: int
-    ours_failed: int = 0
-    drf_failed: int = 0
-
-    @property
-    def ratio(self) -> float:
-        return self.ours_median / self.drf_median
+class Row(latency.Row):
+    """One case: ours against DRF's (the ``peer`` columns) on :data:`BACKEND`."""
 
     @property
     def target(self) -> float | None:
         return TARGETS[self.case]
-
-    @property
-    def met(self) -> bool | None:
-        if self.target is None:
-            return None
-        return self.ratio <= self.target and not self.ours_failed
 
 
 @dataclass
@@ -249,14 +232,15 @@ def run(
             ours, drf = interleaved(contenders, pool, rounds, calls)
             rows.append(
                 Row(
+                    backend=BACKEND,
                     case=case,
                     ours_median=quantile(ours.samples, 0.5),
                     ours_p90=quantile(ours.samples, 0.9),
-                    drf_median=quantile(drf.samples, 0.5),
-                    drf_p90=quantile(drf.samples, 0.9),
+                    peer_median=quantile(drf.samples, 0.5),
+                    peer_p90=quantile(drf.samples, 0.9),
                     samples=len(ours.samples),
                     ours_failed=ours.failures,
-                    drf_failed=drf.failures,
+                    peer_failed=drf.failures,
                 )
             )
     return rows
@@ -381,12 +365,12 @@ def render(rows: list[Row], found: list[Concurrency], rounds: int, calls: int) -
             r.case,
             r.ours_median,
             r.ours_p90,
-            r.drf_median,
-            r.drf_p90,
+            r.peer_median,
+            r.peer_p90,
             f"{r.ratio:.2f}x",
             "-" if r.target is None else f"<= {r.target}x",
             {None: "-", True: "yes", False: "NO"}[r.met],
-            f"{r.ours_failed} ours, {r.drf_failed} DRF" if r.ours_failed or r.drf_failed else 0,
+            f"{r.ours_failed} ours, {r.peer_failed} DRF" if r.ours_failed or r.peer_failed else 0,
         ]
         for r in rows
     ]
