@@ -20,6 +20,7 @@ import hashlib
 import ipaddress
 import json
 import re
+import socket
 import unicodedata
 from collections.abc import Callable
 from functools import lru_cache
@@ -96,6 +97,16 @@ def mask_ip(ip: str) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
+    if v4_mask == 32:
+        # A plain IPv4 address, unmasked, is its own answer: the C parser (0.7 us) instead
+        # of ipaddress (5 us), for the first request of every new client. inet_pton rejects
+        # what ipaddress rejects (leading zeros, short forms, spaces); printing it back equal
+        # means the text is already the canonical form ipaddress would give.
+        try:
+            if socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip:
+                return ip
+        except (OSError, ValueError):  # not IPv4 (ValueError: an embedded NUL)
+            pass
     addr = _parse_address(ip)
     if addr is None:
         return None

@@ -479,3 +479,29 @@ def test_masking_is_the_network_address_of_the_mask(
     mask = v4_mask if addr.version == 4 else v6_mask
     expected = ipaddress.ip_network(f"{addr}/{mask}", strict=False).network_address
     assert keys._masked(str(address), v4_mask, v6_mask) == str(expected)
+
+
+def _masked_slowly(ip: str) -> str | None:
+    """What :func:`keys._masked` answers for an unmasked address, by ``ipaddress``."""
+    addr = keys._parse_address(ip)
+    return None if addr is None else str(addr)
+
+
+TRICKY_IPV4 = [
+    "10.1.2.3", "0.0.0.0", "255.255.255.255", "01.2.3.4", "1.2.3.04", "1.2.3", "1.2.3.4.5",
+    "256.1.1.1", "0x1.2.3.4", " 1.2.3.4", "1.2.3.4 ", "1.2.3.4\x00", "1.2.3.4\udc80",
+    "１.2.3.4", "::ffff:1.2.3.4", "::ffff:0102:0304", "2001:db8::1", "", "1.2.3.-4", "+1.2.3.4",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("ip", TRICKY_IPV4)
+def test_the_ipv4_fast_path_answers_as_ipaddress_does(ip: str) -> None:
+    keys._masked.cache_clear()
+    assert keys._masked(ip, 32, 128) == _masked_slowly(ip)
+
+
+@given(st.ip_addresses(v=4).map(str) | st.text(alphabet="0123456789.x: ", max_size=18))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_ipv4_fast_path_agrees_on_any_text(ip: str) -> None:
+    keys._masked.cache_clear()
+    assert keys._masked(ip, 32, 128) == _masked_slowly(ip)
