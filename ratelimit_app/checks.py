@@ -7,8 +7,10 @@ two in step).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import ipaddress
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,6 +43,10 @@ MESSAGES: dict[str, str] = {
     "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be built as cls(alias, cache).",
     "E019": "RATELIMIT_REFUSAL_MEMORY must be a number of seconds from 0 (off) to 3600, and "
     "RATELIMIT_REFUSAL_MEMORY_SIZE a whole number of subjects from 0 (off).",
+    "E020": "REST_FRAMEWORK names throttles of ratelimit_app.throttling, but Django REST "
+    "framework is not installed.",
+    "E021": "A Django REST framework throttle of ratelimit_app.throttling cannot count: a "
+    "REST_FRAMEWORK setting or a view's throttle is invalid.",
     "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
     "no rule applies.",
     "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: rules keyed on the user "
@@ -227,3 +233,47 @@ def check_decorators(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         for view, problems in registry.items()
         for problem in problems
     ]
+
+
+#: Our DRF throttles' module (importing it imports Django REST framework).
+THROTTLING = "ratelimit_app.throttling"
+
+
+def throttles_named() -> list[str]:
+    """The classes of :data:`THROTTLING` that ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]``
+    names, as dotted paths."""
+    config = getattr(settings, "REST_FRAMEWORK", None)
+    if not isinstance(config, dict):
+        return []
+    named = config.get("DEFAULT_THROTTLE_CLASSES") or ()
+    if isinstance(named, str):
+        named = [named]
+    return [c for c in named if isinstance(c, str) and c.startswith(THROTTLING + ".")]
+
+
+@checks.register(checks.Tags.urls)
+def check_throttling(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    named = throttles_named()
+    if importlib.util.find_spec("rest_framework") is None:
+        if not named:
+            return []
+        return [
+            _error(
+                "E020",
+                f"(REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES'] names {', '.join(named)}).",
+                hint="pip install 'django-bucketry[drf]' (or djangorestframework), or remove "
+                "them from REST_FRAMEWORK.",
+            )
+        ]
+    from django.urls import get_resolver
+
+    # The views use their throttles: importing the URLconf imports them. A broken URLconf
+    # is reported by Django's own URL checks.
+    patterns: Any = []
+    with contextlib.suppress(Exception):
+        patterns = get_resolver().url_patterns
+    if not named and THROTTLING not in sys.modules:
+        return []  # no throttle of ours anywhere: nothing imports Django REST framework
+    from ratelimit_app import throttling
+
+    return [_error("E021", problem) for problem in throttling.problems(patterns)]

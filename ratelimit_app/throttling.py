@@ -71,6 +71,7 @@ __all__ = [
     "ThrottleUnavailable",
     "UserRateThrottle",
     "lookup",
+    "problems",
     "reset",
     "scope_limits",
     "throttle_limit",
@@ -586,10 +587,14 @@ def throttle_limit(throttle: type[SimpleRateThrottle] | str, scope: str | None =
             found.rate = found.get_rate()
         found.num_requests, found.duration = found.parse_rate(found.rate)
         if found.rate is None:
-            raise ValueError(f"{found.name!r}: its rate is None: it throttles nothing.")
+            raise NoRate(f"{found.name!r}: its rate is None: it throttles nothing.")
         return found.limit()
     except ImproperlyConfigured as exc:
         raise ValueError(str(exc)) from None
+
+
+class NoRate(ValueError):
+    """A throttle whose rate is None: DRF's way to throttle nothing (not a mistake)."""
 
 
 def scope_limits() -> dict[str, Limit]:
@@ -616,3 +621,71 @@ def lookup(
 def reset(throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None) -> bool:
     """Clear one client's counters of a throttle (arguments as for :func:`lookup`)."""
     return core.reset(throttle_limit(throttle, scope), ident)
+
+
+# -- the system checks (ratelimit_app.E021) --------------------------------------------------
+
+
+def problems(patterns: Sequence[Any] | None = None) -> list[str]:
+    """What would make a throttle of ours fail on a request: a ``REST_FRAMEWORK`` setting
+    (a class of this module that does not exist, a bad ``NUM_PROXIES``, a rate our parser
+    refuses), or a view of ``patterns`` (default: the URLconf's) whose throttle of ours has
+    no rate for its scope, or a rate, algorithm or burst that make no limit."""
+    from django.utils.module_loading import import_string
+
+    from ratelimit_app.checks import throttles_named
+
+    found = []
+    for path in throttles_named():
+        try:
+            import_string(path)
+        except ImportError as exc:
+            found.append(f"REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']: {exc}.")
+    num_proxies = api_settings.NUM_PROXIES
+    if num_proxies is not None and (type(num_proxies) is not int or num_proxies < 0):
+        found.append(
+            f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number, 0 or more; got "
+            f"{num_proxies!r}."
+        )
+    for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
+        if rate is not None:
+            try:
+                rates.normalize(rate)
+            except ImproperlyConfigured as exc:
+                found.append(f"REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'][{scope!r}]: {exc}")
+    if patterns is None:
+        from django.urls import get_resolver
+
+        patterns = get_resolver().url_patterns
+    seen = set()
+    for view in _view_classes(patterns):
+        for cls in getattr(view, "throttle_classes", ()) or ():
+            if not (isinstance(cls, type) and issubclass(cls, SimpleRateThrottle)):
+                continue
+            scope = None
+            if issubclass(cls, ScopedRateThrottle):
+                scope = getattr(view, getattr(cls, "scope_attr", "throttle_scope"), None)
+                if not scope:
+                    continue  # a view without a scope is not throttled by it
+            if (cls, scope) in seen:
+                continue
+            seen.add((cls, scope))
+            try:
+                throttle_limit(cls, scope)
+            except NoRate:
+                continue
+            except ValueError as exc:
+                found.append(f"{view.__module__}.{view.__qualname__}, {cls.__name__}: {exc}")
+    return found
+
+
+def _view_classes(patterns: Sequence[Any]) -> Iterator[type]:
+    """The class of every DRF view (``as_view()`` keeps it as ``cls``) in ``patterns``."""
+    for pattern in patterns:
+        nested = getattr(pattern, "url_patterns", None)
+        if nested is not None:
+            yield from _view_classes(nested)
+            continue
+        view = getattr(getattr(pattern, "callback", None), "cls", None)
+        if isinstance(view, type):
+            yield view
