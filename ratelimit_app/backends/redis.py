@@ -40,46 +40,62 @@ from ratelimit_app.windows import Plan
 #: ``o``; below, ARGV[n] stands for ARGV[o + n]. ARGV[1] is the subject's key base; its KEYS
 #: entry carries the subject's hash tag, so the call is routed to the right node, and every key
 #: built for the subject shares that tag (one Redis Cluster slot per subject).
-#: A uniform window's buckets are the fields of one hash per window and level (``base:W/G``,
-#: ``base:W/GxC``); hierarchical buckets are keys of their own (``base:hL:index``).
+#: A uniform window's buckets are the fields of one hash per window (``base:W/G``): a fine
+#: bucket's field is its index, a coarse bucket's ``x`` and its index. Hierarchical buckets are
+#: keys of their own (``base:hL:index``). One hash per window, not per level: a check makes
+#: one HMGET and (for a new subject) one EXPIRE per window, and each call inside a script
+#: costs a few microseconds of the server's time.
 #: Every part is a string of space-separated words, few and short: parsing them is a good
 #: share of the script's time.
 #:
-#: First of all, ARGV[2] "level field ..." / ARGV[3] "suffix ..." to take back (a refused
+#: First of all, ARGV[2] "hash field ..." / ARGV[3] "suffix ..." to take back (a refused
 #: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
 #: decrement would otherwise recreate at -1 with no TTL.
-#: ARGV[4] "level field ttl most ..." hash increments of each rate's coarsest level, ARGV[5]
-#: "level field ttl ..." the other hash increments, ARGV[6] "suffix ttl ..." key increments.
-#: A bucket's TTL is set when its increment creates it (returns 1): its first hit is its
-#: oldest, so that TTL outlives every later check that reads it, and a hash lives as long as
-#: its newest field needs (the server's clock only moves forward: a later EXPIRE never
-#: shortens an earlier one's reach).
-#: ARGV[7] "level stale ...": when an increment creates a bucket of a coarsest level (once
-#: per coarse bucket: a sixth of a window with 60 buckets per window) and its hash then
+#: ARGV[4] "hash field ttl most ..." increments of each rate's coarsest level, ARGV[5]
+#: "hash field ttl ..." the other hash increments, ARGV[6] "suffix ttl ..." key increments.
+#: A hash's TTL is set when an increment creates one of its fields (returns 1), once per call:
+#: every write into one hash carries the same TTL, the longest any of its fields needs, and
+#: a bucket's first hit is its oldest, so that TTL outlives every later check that reads it;
+#: a hash lives as long as its newest field needs (the server's clock only moves forward: a
+#: later EXPIRE never shortens an earlier one's reach).
+#: ARGV[7] "hash fine coarse ...": when an increment creates a bucket of a coarsest level
+#: (once per coarse bucket: a sixth of a window with 60 buckets per window) and its hash then
 #: holds more than ``most`` fields (so some are stale; never for a new subject), every
-#: written hash of the subject is scanned (HKEYS) and its fields before ``stale`` dropped:
-#: two windows older than the oldest field a check at this time reads
-#: (:func:`_stale_before`), so a client whose clock runs up to two windows ahead cannot drop
-#: what others still count, and a hash holds at most about three windows of fields (its
-#: TTL drops it whole when the subject goes quiet). Checks read only the fields they need.
-#: ARGV[8] "level first last ..." hash fields to read (HMGET first..last: the fields a check
-#: reads at one level are consecutive), ARGV[9] "suffix ..." keys to read (MGET).
+#: written hash of the subject is scanned (HKEYS) and its fine fields before ``fine``, its
+#: coarse ones before ``coarse``, dropped: two windows older than the oldest field a check at
+#: this time reads (:func:`_stale_before`), so a client whose clock runs up to two windows
+#: ahead cannot drop what others still count, and a hash holds at most about three windows of
+#: fields (its TTL drops it whole when the subject goes quiet). Checks read only the fields
+#: they need.
+#: ARGV[8] "hash prefix first last ..." ranges of hash fields to read (``prefix`` "x" for
+#: coarse fields, "." for fine ones): the fields a check reads at one level are consecutive,
+#: and the consecutive ranges of one hash are read by one HMGET. ARGV[9] "suffix ..." keys to
+#: read (MGET).
 #: The reply is one string for the whole call, numbers separated by spaces: per subject, the
 #: new values of its increments (in the order above), then the value of every bucket read
 #: ("0" for none), in the order of the reads above. One string, because redis-py parses a
 #: reply element by element in Python.
 SCRIPT = """
 local out = {}
+local expiring = {}
 local function increment(key, field, ttl)
   local v = redis.call('HINCRBY', key, field, 1)
-  if v == 1 then redis.call('EXPIRE', key, ttl) end
+  if v == 1 and not expiring[key] then
+    redis.call('EXPIRE', key, ttl)
+    expiring[key] = true
+  end
   out[#out + 1] = v
   return v
 end
+local function read(key, names)
+  local values = redis.call('HMGET', key, unpack(names))
+  local n = #out
+  for i = 1, #names do out[n + i] = values[i] or '0' end
+end
 for o = 0, #ARGV - 1, 9 do
   local base = ARGV[o + 1]
-  for level, field in string.gmatch(ARGV[o + 2], "(%S+) (%S+)") do
-    local key = base .. level
+  for hash, field in string.gmatch(ARGV[o + 2], "(%S+) (%S+)") do
+    local key = base .. hash
     if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
   end
   for suffix in string.gmatch(ARGV[o + 3], "%S+") do
@@ -87,14 +103,14 @@ for o = 0, #ARGV - 1, 9 do
     if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
   end
   local trim = false
-  for level, field, ttl, most in string.gmatch(ARGV[o + 4], "(%S+) (%S+) (%S+) (%S+)") do
-    local key = base .. level
+  for hash, field, ttl, most in string.gmatch(ARGV[o + 4], "(%S+) (%S+) (%S+) (%S+)") do
+    local key = base .. hash
     if increment(key, field, ttl) == 1 and redis.call('HLEN', key) > tonumber(most) then
       trim = true
     end
   end
-  for level, field, ttl in string.gmatch(ARGV[o + 5], "(%S+) (%S+) (%S+)") do
-    increment(base .. level, field, ttl)
+  for hash, field, ttl in string.gmatch(ARGV[o + 5], "(%S+) (%S+) (%S+)") do
+    increment(base .. hash, field, ttl)
   end
   for suffix, ttl in string.gmatch(ARGV[o + 6], "(%S+) (%S+)") do
     local key = base .. suffix
@@ -103,22 +119,36 @@ for o = 0, #ARGV - 1, 9 do
     out[#out + 1] = v
   end
   if trim then
-    for level, stale in string.gmatch(ARGV[o + 7], "(%S+) (%S+)") do
-      local key = base .. level
-      local before = tonumber(stale)
+    for hash, fine, coarse in string.gmatch(ARGV[o + 7], "(%S+) (%S+) (%S+)") do
+      local key = base .. hash
+      local before, coarse_before = tonumber(fine), tonumber(coarse)
       local dropped = {}
       for _, field in ipairs(redis.call('HKEYS', key)) do
-        if tonumber(field) < before then dropped[#dropped + 1] = field end
+        local old
+        if string.byte(field) == 120 then  -- "x": a coarse bucket
+          old = tonumber(string.sub(field, 2)) < coarse_before
+        else
+          old = tonumber(field) < before
+        end
+        if old then dropped[#dropped + 1] = field end
       end
       if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
     end
   end
-  for level, first, last in string.gmatch(ARGV[o + 8], "(%S+) (%S+) (%S+)") do
-    local names = {}
-    for field = tonumber(first), tonumber(last) do names[#names + 1] = field end
-    local values = redis.call('HMGET', base .. level, unpack(names))
-    for i = 1, #names do out[#out + 1] = values[i] or '0' end
+  local hash, names = nil, {}
+  for h, prefix, first, last in string.gmatch(ARGV[o + 8], "(%S+) (%S+) (%S+) (%S+)") do
+    if h ~= hash then
+      if hash then read(base .. hash, names) end
+      hash, names = h, {}
+    end
+    local n = #names
+    if prefix == '.' then
+      for field = tonumber(first), tonumber(last) do n = n + 1; names[n] = field end
+    else
+      for field = tonumber(first), tonumber(last) do n = n + 1; names[n] = prefix .. field end
+    end
   end
+  if hash then read(base .. hash, names) end
   local keys = {}
   for suffix in string.gmatch(ARGV[o + 9], "%S+") do keys[#keys + 1] = base .. suffix end
   if #keys > 0 then
@@ -206,34 +236,31 @@ def _pack(command: list[bytes]) -> bytes:
 
 
 def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
-    """``b":60/60:123"`` -> ``(b":60/60", b"123")`` for uniform buckets, else None."""
+    """A uniform bucket's hash and field, else None (a key of its own):
+    ``b":60/60:123"`` -> ``(b":60/60", b"123")``, ``b":60/60x10:12"`` -> ``(b":60/60", b"x12")``.
+    """
     if suffix.startswith(b":h") or suffix == gcra.SUFFIX.encode():
         return None
-    level, _, field = suffix.rpartition(b":")
-    return level, field
+    level, _, index = suffix.rpartition(b":")
+    window, x, _coarse = level.partition(b"x")
+    return window, x + index
 
 
-def _stale_before(level: bytes, field: int) -> int:
-    """The first field of ``level`` a trim at a write of ``field`` keeps (see :data:`SCRIPT`).
+def _stale_before(hash_name: bytes, field: int, coarse: bool) -> int:
+    """The first fine (or, ``coarse``, coarse) field of ``hash_name`` that a trim at a write of
+    ``field`` keeps (see :data:`SCRIPT`).
 
     A check at the time of that write reads fields of this level from about one window
     back: ``field - G`` fine buckets, less up to one coarse bucket (``C``) subtracted at the
     old edge; coarse buckets from ``field - G/C - 1``. Two more windows are kept, so a
     client whose clock runs ahead by up to two windows cannot drop fields that others still
-    count. ``b":60/60"``: 60 per window, coarse 10, so ``field - 190``; ``b":60/60x10"``:
-    6 per window, so ``field - 19``.
+    count. ``b":60/60"``: 60 per window, coarse 10: fine ``field - 190``, coarse
+    ``field - 19``.
     """
-    per_window, _, coarse = level.rpartition(b"/")[2].partition(b"x")
-    g = int(per_window)
+    g = int(hash_name.rpartition(b"/")[2])
     if coarse:
-        return field - 3 * (g // int(coarse)) - 1
+        return field - 3 * (g // windows.coarse_factor(g)) - 1
     return field - 3 * g - windows.coarse_factor(g)
-
-
-def _top(level: bytes) -> bool:
-    """True for the coarsest level of a rate: its coarse level, or its only one."""
-    per_window, _, coarse = level.rpartition(b"/")[2].partition(b"x")
-    return bool(coarse) or windows.coarse_factor(int(per_window)) == 1
 
 
 class RedisEncoded(Encoded):
@@ -261,21 +288,36 @@ class RedisEncoded(Encoded):
         top: list[tuple[int, bytes]] = []
         other: list[tuple[int, bytes]] = []
         keyed: list[tuple[int, bytes]] = []
-        undo_hash, undo_keys, trims = [], [], []
+        undo_hash, undo_keys = [], []
+        hashed: list[tuple[int, bytes, bytes, int]] = []  # (write, hash, field, ttl)
         for n, (suffix, ttl) in enumerate(self.writes):
             split = _split(suffix)
             if split is None:
                 keyed.append((n, b"%s %d" % (suffix, ttl)))
                 undo_keys.append(suffix)
-                continue
-            level, field = split
-            stale = _stale_before(level, int(field))
-            if _top(level):  # at most the fields from stale to this one when none is stale
-                top.append((n, b"%s %s %d %d" % (level, field, ttl, int(field) - stale + 1)))
             else:
-                other.append((n, b"%s %s %d" % (level, field, ttl)))
-            undo_hash.append(b"%s %s" % split)
-            trims.append(b"%s %d" % (level, stale))
+                hashed.append((n, *split, ttl))
+                undo_hash.append(b"%s %s" % split)
+        # Every write into one hash carries the longest TTL of them (see SCRIPT).
+        ttls: dict[bytes, int] = {}
+        for _, name, _, ttl in hashed:
+            ttls[name] = max(ttl, ttls.get(name, 0))
+        stale: dict[bytes, list[int]] = {}
+        for _, name, field, _ in hashed:
+            coarse = field.startswith(b"x")
+            index = int(field[1:] if coarse else field)
+            stale.setdefault(name, [0, 0])[coarse] = _stale_before(name, index, coarse)
+        for n, name, field, _ in hashed:
+            g = int(name.rpartition(b"/")[2])
+            if field.startswith(b"x") or windows.coarse_factor(g) == 1:  # coarsest level
+                # At most the fields from the stale ones to these when none is stale.
+                fine_index = max(int(f) for _, h, f, _ in hashed if h == name and f[:1] != b"x")
+                most = fine_index - stale[name][0] + 1
+                if field.startswith(b"x"):
+                    most += int(field[1:]) - stale[name][1] + 1
+                top.append((n, b"%s %s %d %d" % (name, field, ttls[name], most)))
+            else:
+                other.append((n, b"%s %s %d" % (name, field, ttls[name])))
         # The script answers the increments in the order of its arguments: reorder
         # write_index to match.
         self.write_index = [self.write_index[n] for n, _ in top + other + keyed]
@@ -285,23 +327,27 @@ class RedisEncoded(Encoded):
         self.key_writes = b" ".join(w for _, w in keyed)
         self.undo_hash = b" ".join(undo_hash)
         self.undo_keys = b" ".join(undo_keys)
-        self.trims = b" ".join(trims)
-        # Reads: the range first..last of each hash (one HMGET each), then the keys (one
-        # MGET). The reply holds ``replied`` values in that order; slots[i] is where it
-        # holds the value of reads[i].
-        fields: dict[bytes, list[tuple[int, int]]] = {}
+        self.trims = b" ".join(b"%s %d %d" % (name, f, c) for name, (f, c) in stale.items())
+        # Reads: the range first..last of each level of each hash (one HMGET a hash), then
+        # the keys (one MGET). The reply holds ``replied`` values in that order; slots[i] is
+        # where it holds the value of reads[i].
+        fields: dict[tuple[bytes, bytes], list[tuple[int, int]]] = {}
         keys: list[tuple[int, bytes]] = []
         for i, suffix in enumerate(self.reads):
             split = _split(suffix)
             if split is None:
                 keys.append((i, suffix))
             else:
-                fields.setdefault(split[0], []).append((i, int(split[1])))
+                name, field = split
+                prefix = b"x" if field.startswith(b"x") else b"."
+                index = int(field[1:] if prefix == b"x" else field)
+                fields.setdefault((name, prefix), []).append((i, index))
         self.slots = [0] * len(self.reads)
         ranges, at = [], 0
-        for level, found in fields.items():
+        # One hash's ranges next to each other: the script reads them in one HMGET.
+        for (name, prefix), found in sorted(fields.items(), key=lambda item: item[0][0]):
             first, last = min(f for _, f in found), max(f for _, f in found)
-            ranges.append(b"%s %d %d" % (level, first, last))
+            ranges.append(b"%s %s %d %d" % (name, prefix, first, last))
             for i, index in found:
                 self.slots[i] = at + index - first
             at += last - first + 1
