@@ -157,6 +157,21 @@ RATELIMIT_RULES = [
     },
 ]
 
+# -- The JSON API (demo_site/api.py): Django REST framework on our sliding windows. ----------
+# Switching from DRF's throttles is the module path in DEFAULT_THROTTLE_CLASSES (docs/drf.rst).
+REST_FRAMEWORK = {
+    "DEFAULT_THROTTLE_CLASSES": [
+        "ratelimit_app.throttling.AnonRateThrottle",
+        "ratelimit_app.throttling.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": "30/m;1000/d",
+        "user": "120/m;10000/d",
+        # Creating links, per user or client address: as the form's (shortener/views.py).
+        "links": "10/m;100/d",
+    },
+}
+
 # -- Metrics: visits per short link, flushed from memory every 10 s, downsampled by Celery. --
 METRICS_FLUSH_INTERVAL = 10
 METRICS_LOCK_CACHE = "default"

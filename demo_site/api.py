@@ -1,0 +1,117 @@
+"""The demo's JSON API, built with Django REST framework, behind ``ratelimit_app.throttling``.
+
+* ``POST /api/links/`` with ``{"url": "https://..."}``: a new short link (201, with its
+  ``Location``), or the URL's error (400);
+* ``GET /api/links/<key>/visits/?period=24h|7d|30d|1y``: the link's visits from
+  ``metrics_app`` (its all-time total and one count per bucket of the period).
+
+Every API view is throttled by ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]`` (our
+``AnonRateThrottle`` and ``UserRateThrottle``: the one-line switch from DRF's), and creating
+a link also by the scope ``links``; the rates are in ``DEFAULT_THROTTLE_RATES``. A view's
+throttles are checked in one round trip, answers carry the ``RateLimit`` headers, and a 429
+its ``Retry-After`` (see ``docs/drf.rst``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+from rest_framework.views import APIView
+
+from demo_site.shortener.forms import LinkForm
+from demo_site.shortener.keys import KeyspaceExhausted, create_link
+from demo_site.shortener.models import Link
+from demo_site.shortener.views import bounds, short_url
+from metrics_app import query
+from metrics_app.admin import period_from, step_of
+from metrics_app.conf import conf as metrics_conf
+from ratelimit_app.throttling import ScopedRateThrottle
+
+logger = logging.getLogger(__name__)
+
+
+class DemoAPIView(APIView):
+    """JSON only (no browsable API: ``rest_framework`` need not be an installed app), and
+    the throttles the settings name now, plus the view's :attr:`extra_throttles`."""
+
+    renderer_classes = [JSONRenderer]
+    extra_throttles: list[type] = []
+
+    def get_throttles(self) -> list[Any]:
+        # APIView keeps the DEFAULT_THROTTLE_CLASSES it found when DRF was imported; read
+        # them now, so that the settings (and a test's override_settings) decide.
+        classes = [*api_settings.DEFAULT_THROTTLE_CLASSES, *self.extra_throttles]
+        return [cls() for cls in classes]
+
+
+def link_json(request: Request, link: Link) -> dict[str, Any]:
+    """A link as the API shows it."""
+    return {
+        "key": link.key,
+        "url": link.url,
+        "short_url": short_url(request, link.key),
+        "visits_url": request.build_absolute_uri(reverse("api-link-visits", args=[link.key])),
+        "created": link.created.isoformat(),
+    }
+
+
+class LinkList(DemoAPIView):
+    """``POST``: shorten ``{"url": ...}`` (validated as the form validates it)."""
+
+    extra_throttles = [ScopedRateThrottle]
+    throttle_scope = "links"
+
+    def post(self, request: Request) -> Response:
+        data = request.data
+        url = data.get("url") if hasattr(data, "get") else None
+        form = LinkForm({"url": url if isinstance(url, str) else ""})
+        if not form.is_valid():
+            return Response({"url": form.errors["url"]}, status=400)
+        try:
+            link = create_link(form.cleaned_data["url"], user=request.user)
+        except KeyspaceExhausted as exc:
+            logger.error("api: %s", exc)
+            return Response({"detail": "No free short key was found. Try again."}, status=503)
+        found = link_json(request, link)
+        return Response(found, status=201, headers={"Location": found["short_url"]})
+
+
+class LinkVisits(DemoAPIView):
+    """``GET``: a link's visits, counted by ``metrics_app`` as its redirects are served
+    (they reach the database when the web process flushes, every
+    ``METRICS_FLUSH_INTERVAL`` seconds)."""
+
+    def get(self, request: Request, key: str) -> Response:
+        link = get_object_or_404(Link, key=key)
+        period = period_from(request)
+        start, end = bounds(period)
+        found: dict[str, Any] = {
+            **link_json(request, link),
+            "total": query.total(link.series_name),
+            "period": period.key,
+            "flush_interval": metrics_conf.FLUSH_INTERVAL,
+        }
+        try:
+            points = query.series(link.series_name, start, end)
+        except ValueError as exc:  # a range the stored buckets cannot answer: no 500
+            logger.warning("api: no visits for %s: %s", link.series_name, exc)
+            return Response({**found, "detail": "This period cannot be read right now."})
+        found.update(
+            step=step_of(points, end),
+            period_total=sum(count for _, count in points),
+            visits=[{"start": at.isoformat(), "count": count} for at, count in points],
+        )
+        return Response(found)
+
+
+urlpatterns = [
+    path("links/", LinkList.as_view(), name="api-links"),
+    path("links/<slug:key>/visits/", LinkVisits.as_view(), name="api-link-visits"),
+]
