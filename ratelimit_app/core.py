@@ -293,7 +293,7 @@ def _remember(checks: Sequence[Check], results: list[Result], timed: set[int], t
         c, r = checks[i], results[i]
         if c.increment and r.limited:
             wait = r.binding().retry_after
-            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), r)
+            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), r, t + wait)
 
 
 def recall(c: Check, t: float) -> Result | None:
@@ -302,7 +302,49 @@ def recall(c: Check, t: float) -> Result | None:
     found = REFUSALS.recall(refusal_key(c), t)
     if found is None:
         return None
-    elapsed, r = found
+    return _counted_down(*found)
+
+
+def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]:
+    """:func:`recall` for the checks of one request (None: a check not to recall).
+
+    When none is refused from memory but some are **due** (the memory's cap ran out before
+    the wait: :meth:`~ratelimit_app.refusals.Memory.due`), the due ones are confirmed in one
+    round trip that only looks (no writes, where a counted check that is refused makes two:
+    count, then take back): still no room, and they are refused and remembered again with
+    the waits they had; room after all (a reset or a rule changed elsewhere), and they are
+    forgotten, for the caller's counted check. So a botnet of subjects each over its limit
+    costs one look per subject per process per ``RATELIMIT_REFUSAL_MEMORY``. A look that
+    fails confirms nothing: the caller's check decides (and meets the outage).
+    """
+    found = [None if c is None else recall(c, t) for c in checks]
+    if any(found):
+        return found
+    due: list[tuple[int, Check, float, float, Result]] = []
+    for i, c in enumerate(checks):
+        if c is not None and c.increment:
+            entry = REFUSALS.due(refusal_key(c), t)
+            if entry is not None:
+                due.append((i, c, *entry))
+    if not due:
+        return found
+    looks = [c._replace(increment=False) for _, c, *_ in due]
+    try:
+        seen = check_many(looks, exact=False)
+    except BackendError:
+        return found
+    cap = conf.REFUSAL_MEMORY
+    for (i, c, elapsed, left, r), look in zip(due, seen, strict=True):
+        if look.limited:
+            found[i] = now = _counted_down(elapsed, r)
+            REFUSALS.remember(refusal_key(c), t, t + min(left, cap), now, t + left)
+        else:
+            REFUSALS.forget([refusal_key(c)])
+    return found
+
+
+def _counted_down(elapsed: float, r: Result) -> Result:
+    """``r``, a refusal made ``elapsed`` seconds ago, with its waits counted down."""
     usages = [
         windows.Usage(
             u.rate,
@@ -474,7 +516,7 @@ def limit_usage(
         limit.scope_for(rate_list), subject, rate_list, increment, limit.algorithm, limit.burst
     )
     try:
-        result = (increment and recall(c, clock.now())) or check_many([c])[0]
+        result = (increment and recall_many([c], clock.now())[0]) or check_many([c])[0]
     except BackendError as exc:
         report_failure(exc)
         if fail_open is None:

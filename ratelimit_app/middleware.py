@@ -48,7 +48,7 @@ from ratelimit_app.core import (
     Check,
     Result,
     check_many,
-    recall,
+    recall_many,
     report_failure,
     take_back,
     usage_dict,
@@ -182,7 +182,9 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         # A subject this process refused, whose wait has not ended: refused again from
         # memory by a blocking rule, with no round trip (refusals.py says why that is safe).
         t = clock.now()
-        remembered = [recall(c, t) if r.block else None for c, r in zip(checks, used, strict=True)]
+        remembered = recall_many(
+            [c if r.block else None for c, r in zip(checks, used, strict=True)], t
+        )
         if any(remembered):
             results = remembered
     if results is None:

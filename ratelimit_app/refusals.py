@@ -9,6 +9,11 @@ limit **from memory**, with no round trip, until R has passed or
 a rule changed in the admin, reaches this process within that many seconds; a reset made in
 this process (:func:`ratelimit_app.core.reset`) is seen at once.
 
+When the cap has run out but the wait has not, the refusal is **due**: the caller confirms
+it with a look that counts nothing (:func:`ratelimit_app.core.recall_many`: one round trip
+with no writes, where a counted check that is refused makes two) and remembers it again, or
+forgets it when the window has room after all.
+
 The memory is a bounded least-recently-used map (``RATELIMIT_REFUSAL_MEMORY_SIZE`` subjects),
 O(1) and thread-safe, and a forked child starts with its own lock (the parent's refusals
 stay true in the child). Times are the limiter's clock (:mod:`ratelimit_app.clock`).
@@ -34,39 +39,61 @@ class Memory(Generic[T]):
     def __init__(self, size: int = 10_000) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._entries: OrderedDict[Hashable, tuple[float, float, T]] = OrderedDict()
+        #: key -> (refused at, refused from memory until, the wait ends at, what it was)
+        self._entries: OrderedDict[Hashable, tuple[float, float, float, T]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def remember(self, key: Hashable, at: float, until: float, what: T) -> None:
-        """Refuse ``key`` from ``at`` until ``until``; the least recently used refusal is
-        forgotten when the memory is full."""
+    def remember(
+        self, key: Hashable, at: float, until: float, what: T, ends: float | None = None
+    ) -> None:
+        """Refuse ``key`` from ``at`` until ``until``, and know that its wait ``ends`` then
+        (default: ``until``); the least recently used refusal is forgotten when the memory is
+        full."""
         if until <= at or self.size <= 0:
             return
+        ends = until if ends is None else max(ends, until)
         with self._lock:
             entries = self._entries
-            entries[key] = (at, until, what)
+            entries[key] = (at, until, ends, what)
             entries.move_to_end(key)
             if len(entries) > self.size:
                 entries.popitem(last=False)
 
+    def _entry(self, key: Hashable, now: float) -> tuple[float, float, float, T] | None:
+        """``key``'s refusal if its wait has not ended at ``now`` (call with the lock held;
+        an ended refusal, or one from a clock that went back, is forgotten)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if not entry[0] <= now < entry[2]:  # ended, or the clock went back: ask the backend
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
     def recall(self, key: Hashable, now: float) -> tuple[float, T] | None:
-        """``(seconds since the refusal, what it was)`` while ``key`` is refused at ``now``;
-        None otherwise (an ended refusal is forgotten)."""
-        entries = self._entries
-        if not entries:  # the common case: no flood, no lock
+        """``(seconds since the refusal, what it was)`` while ``key`` is refused from memory
+        at ``now``; None otherwise (see :meth:`due`)."""
+        if not self._entries:  # the common case: no flood, no lock
             return None
         with self._lock:
-            entry = entries.get(key)
-            if entry is None:
-                return None
-            at, until, what = entry
-            if not at <= now < until:  # ended, or the clock went back: ask the backend
-                del entries[key]
-                return None
-            entries.move_to_end(key)
-        return now - at, what
+            entry = self._entry(key, now)
+        if entry is None or now >= entry[1]:
+            return None
+        return now - entry[0], entry[3]
+
+    def due(self, key: Hashable, now: float) -> tuple[float, float, T] | None:
+        """``(seconds since the refusal, seconds until its wait ends, what it was)`` when
+        the cap has run out at ``now`` but the wait has not: confirm, then remember again."""
+        if not self._entries:
+            return None
+        with self._lock:
+            entry = self._entry(key, now)
+        if entry is None or now < entry[1]:
+            return None
+        return now - entry[0], entry[2] - now, entry[3]
 
     def forget(self, keys: Iterable[Hashable]) -> None:
         """Forget the refusals of ``keys`` (their counters were reset)."""

@@ -99,7 +99,50 @@ def test_the_cap_bounds_what_memory_cannot_see(
         assert trips.count == before
         clock.advance(0.5)
         assert client.get("/rules/named/").status_code == 200  # the cap ran out: asked
-        assert trips.count == before + 1
+        assert trips.count == before + 2  # a look (room after all), then the counted check
+
+
+class Writes:
+    """Counts the backend's round trips, and the ones that write (count or take back)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.trips = self.writing = 0
+        backend = get_backend()
+        exchange = backend.exchange
+
+        def counting(ops: Any, meters: Any, now_us: int) -> Any:
+            self.trips += 1
+            self.writing += any(op.increment or op.undo is not None for op in ops)
+            return exchange(ops, meters, now_us)
+
+        monkeypatch.setattr(backend, "exchange", counting)
+
+
+def test_a_due_refusal_is_confirmed_by_one_look(
+    backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap runs out before the wait: one round trip that writes nothing confirms the
+    refusal (a counted check that is refused makes two), and the answer stays exact."""
+    with rules(rule(rate="2/h"), RATELIMIT_REFUSAL_MEMORY=2), frozen_clock(T0) as clock:
+        assert [client.get("/rules/named/").status_code for _ in range(2)] == [200, 200]
+        clock.advance(60)
+        first = client.get("/rules/named/")
+        assert first.status_code == 429
+        wait = int(first["Retry-After"])
+        assert 3540 <= wait <= 3600  # the hits leave with their fine bucket (60 s)
+        counts = [r["count"] for r in core.lookup("flood", "127.0.0.1")["rates"]]
+        assert counts == [2]
+        writes = Writes(monkeypatch)
+        answers = []
+        for _ in range(10):  # five caps' worth
+            clock.advance(1)
+            answers.append(client.get("/rules/named/"))
+        assert [r.status_code for r in answers] == [429] * 10
+        assert [int(r["Retry-After"]) for r in answers] == [wait - k for k in range(1, 11)]
+        assert writes.trips == 5 and writes.writing == 0  # one look a cap, no writes
+        assert [r["count"] for r in core.lookup("flood", "127.0.0.1")["rates"]] == counts
+        clock.advance(wait - 10)  # the wait is over: counted, and admitted
+        assert client.get("/rules/named/").status_code == 200
 
 
 def test_a_reset_in_this_process_is_seen_at_once(backend_kind: str, client: Client) -> None:
@@ -356,3 +399,14 @@ def test_a_flood_is_counted_not_logged_request_by_request(
     assert codes == [200, 200] + [429] * 6
     logged = [r for r in caplog.records if r.name == "django.request"]
     assert len(logged) == 1  # the refusal that was checked; the repeats came from memory
+
+
+def test_a_refusal_is_due_between_its_cap_and_the_end_of_its_wait() -> None:
+    memory: refusals.Memory[str] = refusals.Memory()
+    memory.remember("a", 0, 5, "A", ends=20)
+    assert memory.recall("a", 4) == (4, "A") and memory.due("a", 4) is None
+    assert memory.recall("a", 6) is None  # the cap ran out: not refused from memory...
+    assert memory.due("a", 6) == (6, 14, "A")  # ...but due for a look
+    assert memory.due("a", 20) is None and len(memory) == 0  # the wait ended: forgotten
+    memory.remember("b", 0, 5, "B")  # no end given: the wait ends with the cap
+    assert memory.due("b", 6) is None and len(memory) == 0
