@@ -147,11 +147,9 @@ class BaseThrottle(drf_throttling.BaseThrottle):
 
 def _forwarded(meta: Any, num_proxies: int) -> str:
     """DRF's ``NUM_PROXIES`` rule, with the checks :meth:`BaseThrottle.get_ident` lists."""
-    if type(num_proxies) is not int or num_proxies < 0:
-        raise ImproperlyConfigured(
-            f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number of proxies, 0 or "
-            f"more; got {num_proxies!r}."
-        )
+    problem = _num_proxies_problem(num_proxies)
+    if problem:
+        raise ImproperlyConfigured(problem)
     remote = meta.get("REMOTE_ADDR") or ""
     xff = meta.get("HTTP_X_FORWARDED_FOR")
     if num_proxies == 0 or xff is None:
@@ -161,6 +159,16 @@ def _forwarded(meta: Any, num_proxies: int) -> str:
     hops = xff.split(",")
     hop = hops[-min(num_proxies, len(hops))]
     return hop if keys.parse_address(hop) else remote
+
+
+def _num_proxies_problem(value: object) -> str | None:
+    """What is wrong with a ``NUM_PROXIES`` (None: nothing)."""
+    if value is None or (type(value) is int and value >= 0):
+        return None
+    return (
+        f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number of proxies, 0 or "
+        f"more; got {value!r}."
+    )
 
 
 class _SettingsRates:
@@ -641,12 +649,9 @@ def problems(patterns: Sequence[Any] | None = None) -> list[str]:
             import_string(path)
         except ImportError as exc:
             found.append(f"REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']: {exc}.")
-    num_proxies = api_settings.NUM_PROXIES
-    if num_proxies is not None and (type(num_proxies) is not int or num_proxies < 0):
-        found.append(
-            f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number, 0 or more; got "
-            f"{num_proxies!r}."
-        )
+    problem = _num_proxies_problem(api_settings.NUM_PROXIES)
+    if problem:
+        found.append(problem)
     for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
         if rate is not None:
             try:
