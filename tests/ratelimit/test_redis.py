@@ -170,3 +170,33 @@ def test_a_forked_child_opens_its_own_connection(redis_cache: str) -> None:
     os.waitpid(pid, 0)
     assert child != parent
     assert _client_id(backend) == parent  # the parent's connection still works
+
+
+def test_a_check_is_one_transaction_of_plain_commands(redis_cache: str, group: str) -> None:
+    """MULTI ... EXEC, no script: the server's time is its commands'."""
+    backend = get_backend()
+    rates = parse("5/m;100/h")
+    ns = namespace(group, "ip", "192.0.2.40")
+    client = server(backend)
+    client.config_resetstat()
+    for k in range(3):
+        values = backend.run(ns, windows.plan(rates, T0 + k), True)
+        assert sum(values) == 2 * (k + 1)  # both windows count every hit
+    stats = client.info("commandstats")
+    assert stats["cmdstat_exec"]["calls"] == 3 and stats["cmdstat_multi"]["calls"] == 3
+    assert "cmdstat_evalsha" not in stats and "cmdstat_eval" not in stats
+
+
+def test_without_hiredis_redis_py_reads_the_transaction(
+    redis_cache: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hiredis is in the redis extra; without it redis-py parses, one reply at a time."""
+    from ratelimit_app.backends import redis as redis_backend
+
+    monkeypatch.setattr(redis_backend, "hiredis", None)
+    backend = get_backend()
+    backend._local.reader = None
+    ns = namespace(group, "ip", "192.0.2.41")
+    plan = windows.plan(parse("5/m"), T0)
+    assert [sum(backend.run(ns, plan, True)) for _ in range(3)] == [1, 2, 3]
+    assert backend._local.reader is None  # the fallback was the one used
