@@ -57,7 +57,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from ratelimit_app import ALL, clock, core, keys, limits, rates, responses
 from ratelimit_app.conf import conf
-from ratelimit_app.core import REFUSALS, Check, Result, check_many, recall, usage_dict
+from ratelimit_app.core import REFUSALS, Check, Result, check_many, recall_many, usage_dict
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import SLIDING_WINDOW
 from ratelimit_app.limits import Limit
@@ -499,19 +499,18 @@ def _take_back_all(checks: Sequence[Check], results: list[Result]) -> set[int]:
 
 
 def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
-    """Check ``checks`` in one round trip, or refuse from memory."""
-    if REFUSALS:
-        remembered: list[Outcome] = [recall(c, t) for c in checks]
-        if any(remembered):
-            return remembered
-    try:
-        if own_timer:
+    """Check ``checks`` in one round trip at ``t``, or refuse from memory (as the
+    middleware does: :func:`ratelimit_app.core.recall_many`)."""
+    with contextlib.nullcontext() if own_timer else _timers.at(t):
+        if REFUSALS:
+            remembered: list[Outcome] = list(recall_many(checks, t))
+            if any(remembered):
+                return remembered
+        try:
             return list(check_many(checks, take_back=_take_back_all))
-        with _timers.at(t):
-            return list(check_many(checks, take_back=_take_back_all))
-    except BackendError as exc:
-        core.report_failure(exc)
-        return [FAILED] * len(checks)
+        except BackendError as exc:
+            core.report_failure(exc)
+            return [FAILED] * len(checks)
 
 
 def _own_timer(throttle: SimpleRateThrottle) -> bool:

@@ -338,6 +338,11 @@ def test_refusals_are_remembered(
         assert answer.status_code == 429
         assert len(calls) == asked  # refused from memory: no round trip
         assert answer["Retry-After"] == "58"  # counted down
+        # Past RATELIMIT_REFUSAL_MEMORY, one look confirms it (no count, no take-back).
+        now.advance(3)
+        asked = len(calls)
+        assert get(view)["Retry-After"] == "55"
+        assert len(calls) == asked + 1
         # One memory for the middleware, @ratelimit and the throttles: a reset forgets it.
         assert len(core.REFUSALS) == 1
         assert throttling.reset(limited, "192.0.2.1") is True
