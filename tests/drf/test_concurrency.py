@@ -4,7 +4,7 @@ The measurement of issue 15, through DRF views (:func:`bench.drf_throttle.concur
 1,280 requests within a second or two, our ``UserRateThrottle`` and DRF's side by side on
 the same server. DRF's reads its list of timestamps and writes it back without a lock, so
 concurrent requests lose each other's updates; ours counts atomically. On Redis a check is
-one script, so ours admits exactly 200; on memcached a check's increment and read are one
+one transaction on the server, so ours admits exactly 200; on memcached a check's increment and read are one
 pipelined round trip but not one atomic step, so the contract is "never more than 200" (the
 suite's runs have all admitted exactly 200; docs/drf.rst has the numbers).
 """
