@@ -1,12 +1,12 @@
 """4 processes x 8 threads against one user at 200 a minute: never more than 200.
 
-The measurement of issue 15, through DRF views (:func:`bench.drf_throttle.concurrency`):
-1,280 requests within a second or two, our ``UserRateThrottle`` and DRF's side by side on
-the same server. DRF's reads its list of timestamps and writes it back without a lock, so
-concurrent requests lose each other's updates; ours counts atomically. On Redis a check is
-one transaction on the server, so ours admits exactly 200; on memcached a check's increment and read are one
-pipelined round trip but not one atomic step, so the contract is "never more than 200" (the
-suite's runs have all admitted exactly 200; docs/drf.rst has the numbers).
+Through DRF views (:func:`bench.drf_throttle.concurrency`): 1,280 requests within a second
+or two, our ``UserRateThrottle`` and DRF's side by side on the same server. DRF's reads its
+list of timestamps and writes it back without a lock, so concurrent requests lose each
+other's updates; ours counts atomically. On Redis a check is one transaction on the server,
+so ours admits exactly 200; on memcached a check's increment and read are one pipelined
+round trip but not one atomic step, so the contract is "never more than 200" (every run so
+far admitted exactly 200; docs/drf.rst has the numbers).
 """
 
 from __future__ import annotations
