@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -172,7 +173,10 @@ TakeBack = Callable[[Sequence[Check], list[Result]], set[int]]
 
 
 def check_many(
-    checks: Sequence[Check], take_back: TakeBack = _limited_counted, exact: bool = True
+    checks: Sequence[Check],
+    take_back: TakeBack = _limited_counted,
+    exact: bool = True,
+    at: float | None = None,
 ) -> list[Result]:
     """Check several subjects (the rules of one request) in one backend round trip.
 
@@ -183,9 +187,11 @@ def check_many(
     request, and its wait is exact from the start: its part of the second round trip only
     takes back requests it admitted (when another rule refused them). Raises
     ``BackendError``, and ``ImproperlyConfigured`` for a leaky bucket whose rates (from a
-    callable) or burst do not make one.
+    callable) or burst do not make one. ``at``: the time of the check (default: now, by
+    :func:`ratelimit_app.clock.now`), for a caller with a clock of its own (DRF's
+    ``timer``).
     """
-    t = clock.now()
+    t = clock.now() if at is None else at
     now_us = gcra.micros(t)
     per_window, hierarchical = conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL
     # One pass over the checks (this runs on every request): the sliding windows' plans and
@@ -330,7 +336,7 @@ def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]
         return found
     looks = [c._replace(increment=False) for _, c, *_ in due]
     try:
-        seen = check_many(looks, exact=False)
+        seen = check_many(looks, exact=False, at=t)
     except BackendError:
         return found
     cap = conf.REFUSAL_MEMORY
@@ -606,6 +612,13 @@ def find_limit(
         return rule_or_group.limit
     if key is None:
         found = conf.RULES.by_name.get(rule_or_group)
+        if found is None and rule_or_group.startswith("drf:"):
+            # A DRF throttle's scope, when the project uses our throttles (imported by
+            # then: this module never imports DRF itself).
+            throttling = sys.modules.get("ratelimit_app.throttling")
+            scoped = throttling.scope_limits().get(rule_or_group) if throttling else None
+            if scoped is not None:
+                return cast(Limit, scoped)
         if found is None:
             raise ValueError(
                 f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "

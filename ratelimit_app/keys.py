@@ -119,7 +119,8 @@ def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
     return str(type(addr)(int(addr) >> drop << drop))
 
 
-def _trusted(ip: str) -> bool:
+def trusted_proxy(ip: str) -> bool:
+    """True when ``ip`` is one of ``RATELIMIT_TRUSTED_PROXIES``."""
     return _in_networks(ip, conf.TRUSTED_PROXIES)
 
 
@@ -181,11 +182,11 @@ def _address(request: HttpRequest) -> str:
     """The client's address, unvalidated (``''`` when there is none)."""
     raw = _source(request)[1]
     text = raw.strip() if isinstance(raw, str) else ""
-    if conf.IP_META_KEY or not conf.TRUSTED_PROXIES or not _trusted(text):
+    if conf.IP_META_KEY or not conf.TRUSTED_PROXIES or not trusted_proxy(text):
         return text
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     for hop in reversed(forwarded.split(",")[-32:]):
-        if hop.strip() and not _trusted(hop):
+        if hop.strip() and not trusted_proxy(hop):
             # A proxy appends the address it saw, which is always valid; garbage here
             # means a misconfigured proxy: count the proxy itself rather than no one.
             return hop.strip() if _parse_address(hop) else text

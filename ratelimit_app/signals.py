@@ -4,9 +4,10 @@
 then failed open or closed as configured.
 
 ``ratelimited(sender, group, subject, usage, request)``: a request was over its limit;
-``sender`` is None for ``@ratelimit`` / ``get_usage`` and ``RatelimitMiddleware`` for rules,
-which also send ``rule`` (its name). ``subject`` is the hashed namespace, never the raw IP or
-email.
+``sender`` is None for ``@ratelimit`` / ``get_usage``, ``RatelimitMiddleware`` for rules,
+which also send ``rule`` (its name), and the throttle's class for the Django REST framework
+throttles of :mod:`ratelimit_app.throttling`, which send ``rule="drf:<scope>"``. ``subject``
+is the hashed namespace, never the raw IP or email.
 """
 
 from __future__ import annotations

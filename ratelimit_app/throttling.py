@@ -37,11 +37,9 @@ See ``docs/drf.rst`` for the differences from DRF's classes and why.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import math
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -154,7 +152,7 @@ def _forwarded(meta: Any, num_proxies: int) -> str:
     xff = meta.get("HTTP_X_FORWARDED_FOR")
     if num_proxies == 0 or xff is None:
         return remote
-    if conf.TRUSTED_PROXIES and keys.parse_address(remote) and not keys._trusted(remote):
+    if conf.TRUSTED_PROXIES and keys.parse_address(remote) and not keys.trusted_proxy(remote):
         return remote
     hops = xff.split(",")
     hop = hops[-min(num_proxies, len(hops))]
@@ -501,16 +499,15 @@ def _take_back_all(checks: Sequence[Check], results: list[Result]) -> set[int]:
 def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
     """Check ``checks`` in one round trip at ``t``, or refuse from memory (as the
     middleware does: :func:`ratelimit_app.core.recall_many`)."""
-    with contextlib.nullcontext() if own_timer else _timers.at(t):
-        if REFUSALS:
-            remembered: list[Outcome] = list(recall_many(checks, t))
-            if any(remembered):
-                return remembered
-        try:
-            return list(check_many(checks, take_back=_take_back_all))
-        except BackendError as exc:
-            core.report_failure(exc)
-            return [FAILED] * len(checks)
+    if REFUSALS:
+        remembered: list[Outcome] = list(recall_many(checks, t))
+        if any(remembered):
+            return remembered
+    try:
+        return list(check_many(checks, take_back=_take_back_all, at=None if own_timer else t))
+    except BackendError as exc:
+        core.report_failure(exc)
+        return [FAILED] * len(checks)
 
 
 def _own_timer(throttle: SimpleRateThrottle) -> bool:
@@ -529,49 +526,6 @@ def _show(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
         return
     dispatch.policies.append((name, usage))
     headers.update(responses.ratelimit_headers(dispatch.policies))
-
-
-class _Timers:
-    """Runs checks at a throttle's own :meth:`~SimpleRateThrottle.timer`.
-
-    The limiter reads the time from :func:`ratelimit_app.clock.now` (which
-    :func:`ratelimit_app.testing.frozen_clock` moves for every check). While a throttle with
-    an overridden ``timer`` checks, ``clock.now`` answers that time in this thread (a
-    context variable) and the real time elsewhere; the last one out puts ``clock.now``
-    back. A throttle that keeps the default ``timer`` never goes through here.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._saved: Callable[[], float] = clock.now
-        self._at: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-            "ratelimit_throttle_time", default=None
-        )
-
-    def _now(self) -> float:
-        at = self._at.get()
-        return self._saved() if at is None else at
-
-    @contextlib.contextmanager
-    def at(self, t: float) -> Iterator[None]:
-        token = self._at.set(t)
-        with self._lock:
-            if self._users == 0:
-                self._saved = clock.now
-                clock.now = self._now
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    clock.now = self._saved
-            self._at.reset(token)
-
-
-_timers = _Timers()
 
 
 # -- the admin's and the commands' view of throttles -------------------------------------------
