@@ -41,6 +41,29 @@ try:  # in the redis extra: parses replies in C
 except ImportError:  # pragma: no cover
     hiredis = None  # type: ignore[assignment]
 
+#: Lua: drop the stale fields of a subject's hashes. ``spec`` is "hash fine coarse ...": in
+#: each hash, the fine fields (an index) before ``fine`` and the coarse ones (``x`` and an
+#: index) before ``coarse``. Shared by :data:`SCRIPT` and :data:`TRIM_SCRIPT`.
+DROP_STALE = """
+local function drop_stale(base, spec)
+  for hash, fine, coarse in string.gmatch(spec, "(%S+) (%S+) (%S+)") do
+    local key = base .. hash
+    local before, coarse_before = tonumber(fine), tonumber(coarse)
+    local dropped = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+      local old
+      if string.byte(field) == 120 then  -- "x": a coarse bucket
+        old = tonumber(string.sub(field, 2)) < coarse_before
+      else
+        old = tonumber(field) < before
+      end
+      if old then dropped[#dropped + 1] = field end
+    end
+    if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
+  end
+end
+"""
+
 #: One check of one or more subjects (the rules of a request), nine ARGV per subject, offset
 #: ``o``; below, ARGV[n] stands for ARGV[o + n]. ARGV[1] is the subject's key base; its KEYS
 #: entry carries the subject's hash tag, so the call is routed to the right node, and every key
@@ -80,7 +103,7 @@ except ImportError:  # pragma: no cover
 #: new values of its increments (in the order above), then the value of every bucket read
 #: ("0" for none), in the order of the reads above. One string, because redis-py parses a
 #: reply element by element in Python.
-SCRIPT = """
+SCRIPT = DROP_STALE + """
 local out = {}
 local expiring = {}
 local function increment(key, field, ttl)
@@ -123,23 +146,7 @@ for o = 0, #ARGV - 1, 9 do
     if v == 1 then redis.call('EXPIRE', key, ttl) end
     out[#out + 1] = v
   end
-  if trim then
-    for hash, fine, coarse in string.gmatch(ARGV[o + 7], "(%S+) (%S+) (%S+)") do
-      local key = base .. hash
-      local before, coarse_before = tonumber(fine), tonumber(coarse)
-      local dropped = {}
-      for _, field in ipairs(redis.call('HKEYS', key)) do
-        local old
-        if string.byte(field) == 120 then  -- "x": a coarse bucket
-          old = tonumber(string.sub(field, 2)) < coarse_before
-        else
-          old = tonumber(field) < before
-        end
-        if old then dropped[#dropped + 1] = field end
-      end
-      if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
-    end
-  end
+  if trim then drop_stale(base, ARGV[o + 7]) end
   local hash, names = nil, {}
   for h, prefix, first, last in string.gmatch(ARGV[o + 8], "(%S+) (%S+) (%S+) (%S+)") do
     if h ~= hash then
@@ -227,23 +234,8 @@ return reply
 #: :meth:`RedisBackend._transaction`), which cannot decide on a reply inside the round trip:
 #: KEYS[1] routes the call, ARGV[1] is the key base, ARGV[2] "hash fine coarse ...", as
 #: ARGV[7] of :data:`SCRIPT`.
-TRIM_SCRIPT = """
-local base = ARGV[1]
-for hash, fine, coarse in string.gmatch(ARGV[2], "(%S+) (%S+) (%S+)") do
-  local key = base .. hash
-  local before, coarse_before = tonumber(fine), tonumber(coarse)
-  local dropped = {}
-  for _, field in ipairs(redis.call('HKEYS', key)) do
-    local old
-    if string.byte(field) == 120 then
-      old = tonumber(string.sub(field, 2)) < coarse_before
-    else
-      old = tonumber(field) < before
-    end
-    if old then dropped[#dropped + 1] = field end
-  end
-  if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
-end
+TRIM_SCRIPT = DROP_STALE + """
+drop_stale(ARGV[1], ARGV[2])
 return 0
 """
 
