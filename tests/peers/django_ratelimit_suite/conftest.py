@@ -21,6 +21,7 @@ import pytest
 from django.test import override_settings
 
 from ratelimit_app.decorators import registry
+from tests.peers import suites
 from tests.peers.django_ratelimit_suite.aliases import PEER_TESTS, aliases, swapped
 
 HERE = Path(__file__).parent
@@ -35,30 +36,13 @@ DIFFERENCES = {
     ),
 }
 
-MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"
-REDIS = "django_redis.cache.RedisCache"
-
 
 def _is_peer(item: pytest.Item) -> bool:
     return item.path.parent == HERE and item.path.name.startswith("test_")
 
 
-def _peer_class(item: pytest.Item) -> str:
-    """The name of the peer's own class an item's test comes from (for our subclasses too)."""
-    cls = getattr(item, "cls", None)
-    for klass in getattr(cls, "__mro__", ()):
-        if klass.__module__ == PEER_TESTS:
-            return str(klass.__name__)
-    return ""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if not _is_peer(item):
-            continue
-        reason = DIFFERENCES.get((_peer_class(item), item.name))
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+    suites.mark_differences(items, HERE, PEER_TESTS, DIFFERENCES)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -78,23 +62,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         registry.update(views)
 
 
-def _default_cache(request: pytest.FixtureRequest) -> dict[str, Any]:
-    server = getattr(request.cls, "counter_server", None)
-    if server == "memcached":
-        return {"BACKEND": MEMCACHED, "LOCATION": request.getfixturevalue("memcached_server")}
-    if server == "redis":
-        return {"BACKEND": REDIS, "LOCATION": request.getfixturevalue("redis_server")}
-    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "peer"}
-
-
 @pytest.fixture(autouse=True)
 def peer_settings(request: pytest.FixtureRequest, closed_port: int) -> Iterator[None]:
     """django-ratelimit's ``test_settings.py`` caches, on our servers."""
     caches = {
-        "default": _default_cache(request),
-        "connection-errors": {"BACKEND": MEMCACHED, "LOCATION": f"127.0.0.1:{closed_port}"},
+        "default": suites.counter_cache(request, "peer"),
+        "connection-errors": {"BACKEND": suites.MEMCACHED, "LOCATION": f"127.0.0.1:{closed_port}"},
         "connection-errors-redis": {
-            "BACKEND": REDIS,
+            "BACKEND": suites.REDIS,
             "LOCATION": f"redis://127.0.0.1:{closed_port}/0",
             "OPTIONS": {"IGNORE_EXCEPTIONS": True},
         },

@@ -9,24 +9,16 @@ where our fast paths do the counting. :mod:`.conftest` applies the settings and 
 
 from __future__ import annotations
 
+from tests.peers import suites
 from tests.peers.django_ratelimit_suite.aliases import PEER_TESTS, aliases, peer_test_cases
 
 #: The peer's classes whose tests count on its default cache (``cache.clear()`` in setUp).
 COUNTING = ("RatelimitTests", "FunctionsTests", "RatelimitCBVTests")
-#: Counter servers besides local memory: the class-name suffix and the server fixture.
-SERVERS = {"OnMemcached": "memcached", "OnRedis": "redis"}
 
 
 def _classes() -> dict[str, type]:
-    found: dict[str, type] = {}
-    for name, case in peer_test_cases(aliases()[PEER_TESTS]).items():
-        found[name] = case
-        if name in COUNTING:
-            for suffix, server in SERVERS.items():
-                found[name + suffix] = type(
-                    name + suffix, (case,), {"__module__": __name__, "counter_server": server}
-                )
-    return found
+    cases = peer_test_cases(aliases()[PEER_TESTS])
+    return suites.with_counter_servers(cases, COUNTING, __name__)
 
 
 globals().update(_classes())

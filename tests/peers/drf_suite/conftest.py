@@ -24,6 +24,7 @@ from django.test import override_settings
 from ratelimit_app import throttling
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.testing import forget_refusals
+from tests.peers import suites
 from tests.peers.drf_suite import upstream
 
 HERE = Path(__file__).parent
@@ -72,7 +73,7 @@ WRITTEN = ("timer", "rate", "scope", "called", "THROTTLE_RATES")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    upstream.mark_differences(items, HERE, upstream.MODULE, DIFFERENCES)
+    suites.mark_differences(items, HERE, upstream.MODULE, DIFFERENCES)
 
 
 def _throttle_classes() -> list[type]:
@@ -104,7 +105,7 @@ def drf_suite(request: pytest.FixtureRequest) -> Iterator[None]:
 
     saved = _snapshot(_throttle_classes())
     with override_settings(
-        CACHES={"default": upstream.counter_cache(request, "drf")}, RATELIMIT_USE_CACHE="default"
+        CACHES={"default": suites.counter_cache(request, "drf")}, RATELIMIT_USE_CACHE="default"
     ):
         reset_backends()
         forget_refusals()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from importlib.metadata import version
 
+from tests.peers import suites
 from tests.peers.drf_suite import upstream
 
 #: The copy's classes that count requests (their ``setUp`` clears the cache).
@@ -23,7 +24,7 @@ COUNTING = (
 
 
 def _classes() -> dict[str, type]:
-    return upstream.with_counter_servers(upstream.peer_test_cases(), COUNTING, __name__)
+    return suites.with_counter_servers(upstream.peer_test_cases(), COUNTING, __name__)
 
 
 globals().update(_classes())

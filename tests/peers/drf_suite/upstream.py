@@ -8,12 +8,8 @@ import importlib.util
 import sys
 import types
 import unittest
-from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 #: The djangorestframework release the text file comes from, and its SHA-256.
 VERSION = "3.18.3"
@@ -59,59 +55,3 @@ def peer_test_cases() -> dict[str, type[unittest.TestCase]]:
         and issubclass(obj, unittest.TestCase)
         and obj.__module__ == MODULE
     }
-
-
-# -- what a peer's suite needs around its classes (django-ratelimit's suite could use it too) --
-
-MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"
-REDIS = "django_redis.cache.RedisCache"
-#: Counter servers besides local memory: the class-name suffix and the server fixture.
-SERVERS = {"OnMemcached": "memcached", "OnRedis": "redis"}
-
-
-def with_counter_servers(
-    cases: dict[str, type], counting: Iterable[str], module: str
-) -> dict[str, type]:
-    """``cases``, and for each of ``counting`` a subclass per counter server (its
-    ``counter_server`` attribute names it; :func:`counter_cache` reads it)."""
-    found = dict(cases)
-    for name in counting:
-        for suffix, server in SERVERS.items():
-            found[name + suffix] = type(
-                name + suffix, (cases[name],), {"__module__": module, "counter_server": server}
-            )
-    return found
-
-
-def counter_cache(request: pytest.FixtureRequest, location: str) -> dict[str, Any]:
-    """The cache a peer's test class counts in: our real server for its ``counter_server``,
-    else local memory at ``location``."""
-    server = getattr(request.cls, "counter_server", None)
-    if server == "memcached":
-        return {"BACKEND": MEMCACHED, "LOCATION": request.getfixturevalue("memcached_server")}
-    if server == "redis":
-        return {"BACKEND": REDIS, "LOCATION": request.getfixturevalue("redis_server")}
-    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": location}
-
-
-def peer_class(item: pytest.Item, module: str) -> str:
-    """The name of the peer's own class (defined in ``module``) that an item's test comes
-    from, for the subclasses of :func:`with_counter_servers` too."""
-    for klass in getattr(getattr(item, "cls", None), "__mro__", ()):
-        if klass.__module__ == module:
-            return str(klass.__name__)
-    return ""
-
-
-def mark_differences(
-    items: list[pytest.Item], here: Path, module: str, differences: dict[tuple[str, str], str]
-) -> None:
-    """Strict xfails, with their reasons, for the peer's tests (collected in ``here``) that
-    pin a documented difference: a pass means the difference is gone and the docs are
-    wrong."""
-    for item in items:
-        if item.path.parent != here:
-            continue
-        reason = differences.get((peer_class(item, module), item.name))
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
