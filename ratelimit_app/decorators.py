@@ -70,17 +70,18 @@ def ratelimit(
 
     def _wrap(fn: F, group: str | None, view_name: str) -> F:
         limit: Limit | None = None
-        problem = None
+        problems: list[str] = []
         if rate is not None:  # django-ratelimit's "no rate, no limit"
             try:
                 limit = limits.build(group or view_name, key, rate, method, algorithm, burst)
             except ImproperlyConfigured as exc:
-                problem = str(exc)
-                registry[view_name] = [problem]
+                # Every mistake at once, for check E010 (a LimitError carries them all).
+                problems = [str(error) for error in getattr(exc, "errors", (exc,))]
+                registry[view_name] = problems
 
         def before(request: HttpRequest) -> None:
-            if problem is not None:
-                raise ImproperlyConfigured(f"@ratelimit on {view_name}: {problem}")
+            if problems:
+                raise ImproperlyConfigured(f"@ratelimit on {view_name}: {' '.join(problems)}")
             old_limited = getattr(request, "limited", False)
             usage = None
             if limit is not None and conf.ENABLE:

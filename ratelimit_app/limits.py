@@ -20,16 +20,16 @@ Pure logic: no I/O.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, Self, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from ratelimit_app import ALL, gcra, keys, rates
 
-__all__ = ["Limit", "LimitError", "build", "method_set"]
+__all__ = ["Limit", "LimitError", "Mistake", "build", "collect", "method_set", "raise_all"]
 
 #: Keys whose values can be read on an event loop: no database query, no user code.
 ASYNC_SAFE_KEYS = ("ip", "email", "device")
@@ -38,7 +38,40 @@ ASYNC_SAFE_ACCESSORS = ("email:", "header:", "get:", "post:")
 Method = str | Sequence[str | None] | None
 
 
-class LimitError(ImproperlyConfigured):
+class Mistake(ImproperlyConfigured):
+    """A configuration mistake, found together with the others of the same limit or rule.
+
+    Validation goes on past the first mistake, so one run of the system checks reports every
+    mistake at once; ``errors`` holds them all, this one first (the one raised)."""
+
+    errors: tuple[Self, ...]
+
+    def __init__(self: Self, message: str) -> None:
+        super().__init__(message)
+        self.errors = (self,)
+
+
+M = TypeVar("M", bound=Mistake)
+T = TypeVar("T")
+
+
+def collect(errors: list[M], kind: type[M], check: Callable[..., T], *args: Any) -> T | None:
+    """``check(*args)``, or None with its mistakes (of class ``kind``) added to ``errors``."""
+    try:
+        return check(*args)
+    except kind as exc:
+        errors.extend(exc.errors)
+        return None
+
+
+def raise_all(errors: Sequence[M]) -> NoReturn:
+    """Raise the first of ``errors``, carrying all of them in its ``errors``."""
+    first = errors[0]
+    first.errors = tuple(errors)
+    raise first
+
+
+class LimitError(Mistake):
     """A limit that cannot be used; ``field`` names the part that is wrong (``key``,
     ``rate``, ``method``, ``algorithm`` or ``burst``)."""
 
@@ -145,12 +178,17 @@ def build(
     *,
     trusted: bool = True,
 ) -> Limit:
-    """Validate a limit; raise :class:`LimitError` naming the part that is wrong.
+    """Validate a limit; raise :class:`LimitError` naming the part that is wrong (its
+    ``errors`` name every part that is wrong).
 
     ``trusted=False`` (a rule saved in the database) accepts only the built-in key kinds and
     literal rates: nothing is imported or called to validate it.
     """
-    args = (group, key, rate, method_set(method), algorithm, burst, trusted)
+    try:
+        methods = method_set(method)
+    except LimitError as exc:
+        raise_all([exc, *_mistakes(key, rate, algorithm, burst, trusted)])
+    args = (group, key, rate, methods, algorithm, burst, trusted)
     try:
         return _build(*args)
     except TypeError:  # an unhashable value (a list, a dict): not memoised, then refused
@@ -169,30 +207,54 @@ def _build(
 ) -> Limit:
     # Memoised: method_decorator decorates again on every request, and get_usage is called
     # with the same limit again and again.
-    _validate_key(key, trusted)
-    static = _validate_rate(rate, trusted)
+    errors = _mistakes(key, rate, algorithm, burst, trusted)
+    if errors:
+        raise_all(errors)
+    return Limit(group, key, rate, methods, algorithm, burst)
+
+
+def _mistakes(
+    key: object, rate: object, algorithm: object, burst: object, trusted: bool
+) -> list[LimitError]:
+    """Every mistake of the parts of a limit other than its methods."""
+    errors: list[LimitError] = []
+    collect(errors, LimitError, _validate_key, key, trusted)
+    static = collect(errors, LimitError, _validate_rate, rate, trusted)
+    # Without a valid algorithm, a burst is judged only on whether it can be a capacity.
+    known = collect(errors, LimitError, _validate_algorithm, algorithm)
+    collect(errors, LimitError, _validate_burst, burst, known, static)
+    return errors
+
+
+def _validate_algorithm(algorithm: object) -> str:
     if not isinstance(algorithm, str) or algorithm not in gcra.ALGORITHMS:
         raise LimitError(
             "algorithm",
             f"Unknown algorithm {algorithm!r}: expected {gcra.SLIDING_WINDOW!r} (default) or "
             f"{gcra.LEAKY_BUCKET!r}.",
         )
-    if burst is not None and algorithm != gcra.LEAKY_BUCKET:
+    return algorithm
+
+
+def _validate_burst(
+    burst: object, algorithm: str | None, static: tuple[rates.Rate, ...] | None
+) -> None:
+    """``burst`` for ``algorithm`` and the literal rates (either None: not known)."""
+    if burst is not None and algorithm == gcra.SLIDING_WINDOW:
         raise LimitError(
             "burst",
             f"Burst {burst!r}: a burst is the capacity of a leaky bucket: set the algorithm "
             f"to {gcra.LEAKY_BUCKET!r}, or remove the burst.",
         )
     try:
-        gcra.validate_burst(burst)
+        capacity = gcra.validate_burst(burst)
     except ImproperlyConfigured as exc:
         raise LimitError("burst", str(exc)) from None
     if algorithm == gcra.LEAKY_BUCKET and static is not None:
         try:
-            gcra.meter(static, burst)
+            gcra.meter(static, capacity)
         except ImproperlyConfigured as exc:
             raise LimitError("rate" if len(static) != 1 else "burst", str(exc)) from None
-    return Limit(group, key, rate, methods, algorithm, burst)
 
 
 def _validate_key(key: object, trusted: bool) -> None:

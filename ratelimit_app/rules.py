@@ -23,13 +23,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from ratelimit_app import gcra, keys, limits, rates
-from ratelimit_app.limits import Limit, LimitError
+from ratelimit_app.limits import Limit, LimitError, Mistake, collect, raise_all
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"
@@ -49,8 +48,9 @@ FIELDS: dict[str, str] = {
 }
 
 
-class RuleError(ImproperlyConfigured):
-    """A rule that cannot be used; the message names the rule and the field."""
+class RuleError(Mistake):
+    """A rule that cannot be used; the message names the rule and the field (``errors``:
+    every mistake of the rule, each naming its field)."""
 
     def __init__(self, rule: str, field: str, problem: str) -> None:
         self.rule, self.field, self.problem = rule, field, problem
@@ -129,6 +129,14 @@ def _strings(value: object, rule: str, field: str) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _paths(value: object, rule: str) -> tuple[str, ...]:
+    paths = _strings(value, rule, "path")
+    bad = [p for p in paths if not p.startswith("/")]
+    if bad:
+        raise RuleError(rule, "path", f"a path prefix starts with '/', got {bad[0]!r}.")
+    return paths
+
+
 def _flag(raw: Mapping[str, Any], rule: str, field: str, default: bool) -> bool:
     value = raw.get(field, default)
     if not isinstance(value, bool):
@@ -139,6 +147,9 @@ def _flag(raw: Mapping[str, Any], rule: str, field: str, default: bool) -> bool:
 def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
     """Validate one rule dict; raise :class:`RuleError` naming the rule and the field.
 
+    Every field is checked, whatever the others hold: the error raised is the first mistake,
+    and its ``errors`` are all of them (the system checks report each one).
+
     ``trusted=False`` for a rule kept in the database: only built-in keys and literal rates
     (:func:`ratelimit_app.limits.build`).
     """
@@ -146,37 +157,43 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
         raise RuleError(f"#{index}", "name", f"a rule must be a dict, got {raw!r}.")
     name = raw.get("name")
     label = name if isinstance(name, str) and name else f"#{index}"
-    unknown = sorted(set(raw) - set(FIELDS))
-    if unknown:
-        raise RuleError(label, unknown[0], f"unknown field; rules have {', '.join(FIELDS)}.")
+    errors = [
+        RuleError(label, field, f"unknown field; rules have {', '.join(FIELDS)}.")
+        for field in sorted(set(raw) - set(FIELDS))
+    ]
     if not isinstance(name, str) or not name or any(c.isspace() for c in name) or len(name) > 100:
-        raise RuleError(label, "name", f"expected {FIELDS['name']}, got {name!r}.")
+        errors.append(RuleError(label, "name", f"expected {FIELDS['name']}, got {name!r}."))
     paths: tuple[str, ...] = ()
     url_names: frozenset[str] = frozenset()
     if "path" in raw:
-        paths = _strings(raw["path"], name, "path")
-        bad = [p for p in paths if not p.startswith("/")]
-        if bad:
-            raise RuleError(name, "path", f"a path prefix starts with '/', got {bad[0]!r}.")
+        paths = collect(errors, RuleError, _paths, raw["path"], label) or ()
     if "url_name" in raw:
-        url_names = frozenset(_strings(raw["url_name"], name, "url_name"))
-    if not paths and not url_names:
-        raise RuleError(name, "path", "a rule needs a 'path' prefix or a 'url_name'.")
+        url_names = frozenset(
+            collect(errors, RuleError, _strings, raw["url_name"], label, "url_name") or ()
+        )
+    if "path" not in raw and "url_name" not in raw:
+        errors.append(RuleError(label, "path", "a rule needs a 'path' prefix or a 'url_name'."))
     methods = None
     if raw.get("methods") not in (None, "ALL", "all"):
-        methods = frozenset(m.upper() for m in _strings(raw["methods"], name, "methods"))
+        found = collect(errors, RuleError, _strings, raw["methods"], label, "methods")
+        methods = frozenset(m.upper() for m in found or ())
     count = raw.get("count", COUNT_ALL)
     if count not in (COUNT_ALL, COUNT_FAILURES):
-        raise RuleError(name, "count", f"expected {FIELDS['count']}, got {count!r}.")
+        errors.append(RuleError(label, "count", f"expected {FIELDS['count']}, got {count!r}."))
+    limit = collect(errors, RuleError, _limit, raw, label, trusted)
+    block = collect(errors, RuleError, _flag, raw, label, "block", True)
+    fail_open = collect(errors, RuleError, _flag, raw, label, "fail_open", True)
+    if errors or limit is None or block is None or fail_open is None:
+        raise_all(errors)
     return Rule(
-        name=name,
-        limit=_limit(raw, name, trusted),
+        name=label,
+        limit=limit,
         paths=paths,
         url_names=url_names,
         methods=methods,
         count=count,
-        block=_flag(raw, name, "block", True),
-        fail_open=_flag(raw, name, "fail_open", True),
+        block=block,
+        fail_open=fail_open,
     )
 
 
@@ -184,6 +201,8 @@ def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
     """The rule's limit. Its methods are the rule's to match: a rule counts every method it
     covers in one counter."""
     key, rate = raw.get("key"), raw.get("rate")
+    errors: list[RuleError] = []
+    found = None
     try:
         found = limits.build(
             f"rule:{rule}",
@@ -194,17 +213,29 @@ def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
             trusted=trusted,
         )
     except LimitError as exc:
-        missing = (exc.field == "key" and not key) or (exc.field == "rate" and not rate)
-        if missing or (exc.field == "key" and not (isinstance(key, str) or callable(key))):
-            problem = f"expected {FIELDS[exc.field]}, got {raw.get(exc.field)!r}."
-            raise RuleError(rule, exc.field, problem) from exc
-        raise RuleError(rule, exc.field, str(exc)) from exc
-    if trusted and isinstance(rate, str) and rates.is_dotted_path(rate):
+        errors = [_rule_error(raw, rule, error) for error in exc.errors]
+    if (
+        trusted
+        and isinstance(rate, str)
+        and rates.is_dotted_path(rate)
+        and not any(e.field == "rate" for e in errors)
+    ):
         try:
             import_string(rate)
         except ImportError as exc:
-            raise RuleError(rule, "rate", f"cannot import {rate!r}: {exc}") from exc
+            errors.append(RuleError(rule, "rate", f"cannot import {rate!r}: {exc}"))
+    if errors or found is None:
+        raise_all(errors)
     return found
+
+
+def _rule_error(raw: Mapping[str, Any], rule: str, error: LimitError) -> RuleError:
+    """A mistake of the limit, said as a mistake of the rule's field."""
+    value = raw.get(error.field)
+    missing = error.field in ("key", "rate") and not value
+    if missing or (error.field == "key" and not (isinstance(value, str) or callable(value))):
+        return RuleError(rule, error.field, f"expected {FIELDS[error.field]}, got {value!r}.")
+    return RuleError(rule, error.field, str(error))
 
 
 def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:
@@ -222,7 +253,7 @@ def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:
         try:
             rule = parse_rule(item, index)
         except RuleError as exc:
-            errors.append(exc)
+            errors.extend(exc.errors)
             continue
         if rule.name in names:
             errors.append(RuleError(rule.name, "name", "another rule has this name."))

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 from django.core.checks import WARNING
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.test import override_settings
+from django.core.management.base import SystemCheckError
+from django.test import RequestFactory, override_settings
 
 from ratelimit_app import checks
 from ratelimit_app.backends.cache import CacheBackend
@@ -134,6 +136,54 @@ def test_good_rules_pass() -> None:
 def test_rule_errors_name_the_rule_and_the_field() -> None:
     (message,) = [m for m in checks.check_rules() if m.id == "ratelimit_app.E014"]
     assert "'login'" in message.msg and "'key'" in message.msg and "cookie:x" in message.msg
+
+
+#: A rule with four mistakes: a path without its leading '/', an unknown key, a rate in the
+#: wrong case, and a block that is not a boolean.
+FOUR_MISTAKES = {
+    "name": "signup",
+    "path": "signup/",
+    "key": "cookie:x",
+    "rate": "5/M",
+    "block": "yes",
+}
+
+
+@override_settings(RATELIMIT_RULES=[RULE, FOUR_MISTAKES])
+def test_every_mistake_of_a_rule_is_reported_in_one_run() -> None:
+    """One ``check`` run names all four mistakes, not the first one only."""
+    messages = [m for m in checks.check_rules() if m.id == "ratelimit_app.E014"]
+    fields = [re.findall(r"field '(\w+)'", m.msg) for m in messages]
+    assert fields == [["path"], ["key"], ["rate"], ["block"]]
+    assert all("Rule 'signup'" in m.msg for m in messages)
+    with pytest.raises(SystemCheckError) as caught:
+        call_command("check")
+    shown = str(caught.value)
+    assert shown.count("ratelimit_app.E014") == 4
+    for words in ("'signup/'", "cookie:x", "'5/M'", "'yes'"):
+        assert words in shown, words
+
+
+def test_every_mistake_of_a_decorator_is_reported_in_one_run() -> None:
+    before = dict(registry)
+    try:
+
+        @ratelimit(key="cookie:x", rate="5/M", method=5, algorithm="leaky", burst=0)
+        def five_mistakes(request: Any) -> None:
+            pass
+
+        errors = [m.msg for m in checks.check_decorators() if "five_mistakes" in m.msg]
+        assert len(errors) == 5
+        for words, error in zip(
+            ("Method 5", "cookie:x", "'5/M'", "algorithm 'leaky'", "Burst 0"), errors, strict=True
+        ):
+            assert words in error
+        with pytest.raises(ImproperlyConfigured) as caught:
+            five_mistakes(RequestFactory().get("/"))
+        assert "cookie:x" in str(caught.value) and "Burst 0" in str(caught.value)
+    finally:
+        registry.clear()
+        registry.update(before)
 
 
 def test_bad_decorators_are_reported_with_the_view_and_the_string() -> None:
