@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates
+from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates, responses
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.core import group_name, limit_usage
+from ratelimit_app.core import failure_dict, group_name, limit_usage
 from ratelimit_app.limits import Limit, Method
 
 __all__ = ["ratelimit"]
@@ -54,6 +54,11 @@ def ratelimit(
     limited request raises ``RATELIMIT_EXCEPTION_CLASS`` (``Ratelimited``, a
     ``PermissionDenied``) before the view runs.
 
+    When the counter backend is down, ``RATELIMIT_FAIL_OPEN`` decides: open, no limit
+    applies; closed (the default), ``request.limited`` is true and, with ``block=True``, the
+    view is answered ``RATELIMIT_FAIL_CLOSED_STATUS`` (503, "service unavailable") as a
+    fail-closed rule is, rather than a refusal that would blame the client.
+
     ``algorithm="leaky_bucket"`` meters a leaky bucket instead (:mod:`ratelimit_app.gcra`):
     ``rate`` is its leak rate (one rate) and ``burst`` its capacity (default: the rate's
     count). A bad algorithm or burst is reported like a bad rate: system check E010, and
@@ -79,7 +84,8 @@ def ratelimit(
                 problems = [str(error) for error in getattr(exc, "errors", (exc,))]
                 registry[view_name] = problems
 
-        def before(request: HttpRequest) -> None:
+        def before(request: HttpRequest) -> HttpResponse | None:
+            """Count the request; the answer instead of the view's, if any."""
             if problems:
                 raise ImproperlyConfigured(f"@ratelimit on {view_name}: {' '.join(problems)}")
             old_limited = getattr(request, "limited", False)
@@ -89,7 +95,12 @@ def ratelimit(
             limited = bool(usage and usage["should_limit"])
             request.limited = limited or old_limited  # type: ignore[attr-defined]
             if limited and block:
-                raise _exception(usage)
+                if usage == failure_dict():
+                    # The counters are down and the limit fails closed: the page is
+                    # unavailable, as a fail-closed rule's is; the client did nothing wrong.
+                    return responses.unavailable(request)
+                raise _exception(usage, limit)
+            return None
 
         if iscoroutinefunction(fn):
 
@@ -97,17 +108,17 @@ def ratelimit(
             async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
                 request = _find_request(args)
                 if limit is not None and limit.async_safe and _inline_ok():
-                    before(request)  # one bounded round trip: cheaper than a thread hop
+                    answer = before(request)  # one bounded round trip: cheaper than a thread
                 else:
-                    await sync_to_async(before)(request)
-                return await fn(*args, **kwargs)
+                    answer = await sync_to_async(before)(request)
+                return answer if answer is not None else await fn(*args, **kwargs)
 
             return async_wrapped  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            before(_find_request(args))
-            return fn(*args, **kwargs)
+            answer = before(_find_request(args))
+            return answer if answer is not None else fn(*args, **kwargs)
 
         return wrapped  # type: ignore[return-value]
 
@@ -121,11 +132,13 @@ def _inline_ok() -> bool:
         return False
 
 
-def _exception(usage: dict[str, Any] | None) -> Exception:
+def _exception(usage: dict[str, Any] | None, limit: Limit | None) -> Exception:
     cls = conf.EXCEPTION_CLASS
     exc = cls()
     with contextlib.suppress(AttributeError):  # a custom class may use __slots__
         exc.usage = usage  # type: ignore[attr-defined]
+        # The 429 page words its answer by whom the limit counts (its key).
+        exc.limit = limit  # type: ignore[attr-defined]
     return exc
 
 

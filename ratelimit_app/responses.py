@@ -12,6 +12,12 @@
   ``retry_after`` and ``rule``); others get the template ``ratelimit_app/429.html`` (override
   it in your templates). ``RATELIMIT_VIEW`` (a dotted path to ``view(request, exception)``),
   when set, answers limited requests instead, as in django-ratelimit.
+* The page says whom the limit counted (``counted``, from the limit's key: the client's
+  address, its account, an account or address the request named...), so a per-account
+  limit does not tell a visitor that the requests "came from you".
+* A limit that cannot be checked because the counter backend is down and the limit fails
+  closed is not the client's doing: :func:`unavailable` answers
+  ``RATELIMIT_FAIL_CLOSED_STATUS`` (503), for rules and ``@ratelimit`` alike.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from django.template import loader
 from django.utils.module_loading import import_string
 
 from ratelimit_app.conf import conf
+from ratelimit_app.limits import Limit
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -103,22 +110,26 @@ def problem(
     status: int,
     detail: str,
     template: str = "ratelimit_app/problem.html",
+    page: dict[str, Any] | None = None,
     **extra: Any,
 ) -> HttpResponse:
-    """A negotiated error response: a JSON problem or the rendered ``template``."""
+    """A negotiated error response: a JSON problem or the rendered ``template``.
+
+    ``extra`` goes into both; ``page`` into the template's context only."""
     title = HTTPStatus(status).phrase
     body = {"type": PROBLEM_TYPE, "title": title, "status": status, "detail": detail, **extra}
     if wants_json(request):
         return HttpResponse(
             json.dumps(body), status=status, content_type="application/problem+json"
         )
+    context = {**body, **page} if page else body
     try:
         if conf.CACHE_PAGES or _own(template):
             # During a flood every refusal renders the same few pages: rendering costs more
             # than the check, so the page of each distinct answer is kept.
-            html = _rendered(template, tuple(body.items()))
+            html = _rendered(template, tuple(context.items()))
         else:  # a project's own template may use the request and its context processors
-            html = loader.render_to_string(template, body, request)
+            html = loader.render_to_string(template, context, request)
     except Exception:  # a broken override must not turn a 429 into a 500
         logger.exception("ratelimit: cannot render %s; answering in plain text", template)
         return HttpResponse(f"{title}: {detail}\n", status=status, content_type="text/plain")
@@ -180,11 +191,13 @@ def too_many_requests(
     if rule:
         what += f" of rule {rule!r}"
     unit = "second" if retry_after == 1 else "seconds"
+    counted = counted_by(request, _limit_of(exception, rule))
     response = problem(
         request,
         429,
         f"This request exceeds {what}. Try again in {retry_after} {unit}.",
         template="ratelimit_app/429.html",
+        page={"counted": counted} if counted else None,
         retry_after=retry_after,
         rule=rule,
         rate=rate,
@@ -194,20 +207,57 @@ def too_many_requests(
     return response
 
 
+#: What the 429 page says a limit counted, by the kind of its key (``counted`` in the
+#: template's context; "" for keys it cannot name, such as a function's).
+ADDRESS, ACCOUNT, NAMED, HEADER, DEVICE = "address", "account", "named", "header", "device"
+_NAMED_KINDS = ("email:", "post:", "get:")
+
+
+def counted_by(request: HttpRequest, limit: Limit | None) -> str:
+    """Whom ``limit`` counted for ``request``: :data:`ADDRESS` (the client's IP address),
+    :data:`ACCOUNT` (the signed-in user), :data:`NAMED` (an account or address the request
+    names: an email, a form or query field), :data:`HEADER`, :data:`DEVICE`, or ""."""
+    kind = limit.kind if limit is not None else ""
+    if kind in ("user", "user_or_ip"):
+        # An anonymous request is counted by its address (see ratelimit_app.keys); the user
+        # was loaded to count it, so asking costs nothing more.
+        user = getattr(request, "user", None)
+        return ACCOUNT if user is not None and user.is_authenticated else ADDRESS
+    if kind == "ip":
+        return ADDRESS
+    if kind == "email" or kind.startswith(_NAMED_KINDS):
+        return NAMED
+    if kind.startswith("header:"):
+        return HEADER
+    return DEVICE if kind == "device" else ""
+
+
+def _limit_of(exception: Exception, rule: str | None) -> Limit | None:
+    """The limit that refused: ``@ratelimit`` puts it on its exception; a rule's is found by
+    the rule's name."""
+    limit = getattr(exception, "limit", None)
+    if isinstance(limit, Limit):
+        return limit
+    found = conf.RULES.by_name.get(rule) if rule else None
+    return found.limit if found is not None else None
+
+
 def denied(request: HttpRequest) -> HttpResponse:
     """The 403 for a client on the deny list."""
     return problem(request, 403, "Requests from this client are not accepted.")
 
 
-def unavailable(request: HttpRequest, rule: str) -> HttpResponse:
-    """The answer of a fail-closed rule while the counter backend is down."""
+def unavailable(request: HttpRequest, rule: str | None = None) -> HttpResponse:
+    """The answer of a fail-closed limit (a rule, or ``@ratelimit`` with
+    ``RATELIMIT_FAIL_OPEN = False``) while the counter backend is down: the service is
+    unavailable (``RATELIMIT_FAIL_CLOSED_STATUS``), which is not the client's doing."""
     status = conf.FAIL_CLOSED_STATUS
     retry_after = max(1, int(conf.DEAD_RETRY))
+    which = f"The rate limit of rule {rule!r}" if rule else "The rate limit of this page"
     response = problem(
         request,
         status,
-        f"The rate limit of rule {rule!r} cannot be checked right now. "
-        f"Try again in {retry_after} seconds.",
+        f"{which} cannot be checked right now. Try again in {retry_after} seconds.",
         retry_after=retry_after,
         rule=rule,
     )

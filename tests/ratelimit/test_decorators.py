@@ -3,9 +3,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import AsyncClient, Client, override_settings
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse
+from django.test import AsyncClient, Client, RequestFactory, override_settings
+from django.urls import path
 
+from ratelimit_app import limits, responses
 from ratelimit_app.backends import reset_backends
+from ratelimit_app.decorators import ratelimit
+from ratelimit_app.exceptions import Ratelimited
 
 pytestmark = [pytest.mark.urls("tests.ratelimit.urls"), pytest.mark.usefixtures("backend_kind")]
 
@@ -103,18 +109,58 @@ def _request() -> Any:
     return RequestFactory().get("/", REMOTE_ADDR="192.0.2.201")
 
 
-def test_fail_closed_by_default_and_open_when_asked(client: Client) -> None:
-    dead = {
+DEAD = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "rl": {
         "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
         "LOCATION": "127.0.0.1:9",  # discard port: connection refused
-    }
-    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}, "rl": dead}
-    with override_settings(CACHES=caches, RATELIMIT_USE_CACHE="rl"):
+    },
+}
+
+
+@pytest.fixture
+def counters_down(backend_kind: str) -> Any:
+    """The counters on a server that refuses connections (after ``backend_kind``'s)."""
+    with override_settings(CACHES=DEAD, RATELIMIT_USE_CACHE="rl"):
         reset_backends()
-        assert client.get("/blocking/").status_code == 403
+        yield
+    reset_backends()
+
+
+def unavailable(answer: Any, status: int = 503) -> bool:
+    """The answer of a limit that cannot be checked: not the client's doing."""
+    text = answer.content.decode()
+    return (
+        answer.status_code == status
+        and answer["Retry-After"] == "5"  # RATELIMIT_DEAD_RETRY
+        and "cannot be checked right now" in text
+        and "Too many" not in text
+    )
+
+
+@pytest.mark.usefixtures("counters_down")
+@pytest.mark.parametrize("middleware", [False, True], ids=["alone", "with-middleware"])
+def test_fail_closed_by_default_answers_unavailable_and_open_when_asked(
+    client: Client, middleware: bool
+) -> None:
+    """With the counters down, a blocking decorator that fails closed answers as a
+    fail-closed rule does: RATELIMIT_FAIL_CLOSED_STATUS, not a 429 (or 403) that blames the
+    client."""
+    with override_settings(**(MIDDLEWARE_429 if middleware else {})):
+        assert unavailable(client.get("/blocking/"))
+        problem = client.get("/blocking/", HTTP_ACCEPT="application/json").json()
+        assert problem["status"] == 503 and problem["title"] == "Service Unavailable"
+        with override_settings(RATELIMIT_FAIL_CLOSED_STATUS=504):
+            assert unavailable(client.get("/blocking/"), 504)
+        # block=False: the view runs and is told, as django-ratelimit tells it.
+        assert client.get("/annotating/").json() == {"limited": True}
         with override_settings(RATELIMIT_FAIL_OPEN=True):
             assert client.get("/blocking/").status_code == 200
-    reset_backends()
+
+
+@pytest.mark.usefixtures("counters_down")
+async def test_an_async_view_fails_closed_the_same_way(async_client: AsyncClient) -> None:
+    assert unavailable(await async_client.get("/async/"))
 
 
 def test_view_classes_have_their_own_default_groups(client: Client) -> None:
@@ -129,3 +175,73 @@ def test_method_decorator_does_not_grow_the_registry(client: Client) -> None:
     size = len(registry)
     statuses(client, "/method-decorated/", 3)
     assert len(registry) == size
+
+
+# -- whom a 429 page says the limit counted ------------------------------------------------
+
+
+@ratelimit(key="ip", rate="1/m")
+def per_address(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@ratelimit(key="user", rate="1/m")
+def per_account(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@ratelimit(key="post:username", rate="1/m")
+def per_named(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+def unlimited(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+urlpatterns = [
+    path("per-address/", per_address),
+    path("per-account/", per_account),
+    path("per-named/", per_named),
+    path("by-rule/", unlimited),
+]
+
+BY_ADDRESS = "Too many requests came from your network address"
+BY_ACCOUNT = "Too many requests were made for your account"
+BY_NAME = "Too many requests were made for this account or address"
+
+
+def refused_page(client: Client, url: str, **data: str) -> str:
+    """The page of the second of two requests under a limit of one."""
+    send = client.post if data else client.get
+    assert send(url, data).status_code == 200
+    answer = send(url, data)
+    assert answer.status_code == 429
+    return " ".join(answer.content.decode().split())
+
+
+@pytest.mark.urls(__name__)
+@override_settings(
+    RATELIMIT_RULES=[{"name": "email", "path": "/by-rule/", "key": "email", "rate": "1/m"}],
+    **MIDDLEWARE_429,
+)
+def test_the_429_page_says_whom_the_limit_counted(client: Client, db: Any) -> None:
+    """A limit per account never says the requests "came from you" (an address)."""
+    assert BY_ADDRESS in refused_page(client, "/per-address/")
+    assert BY_NAME in refused_page(client, "/per-named/", username="ann")
+    assert BY_NAME in refused_page(client, "/by-rule/", email="ann@example.com")  # a rule's
+    # A user key counts an anonymous request by its address (ratelimit_app.keys).
+    assert BY_ADDRESS in refused_page(client, "/per-account/")
+    user = User.objects.create_user("ann")
+    client.force_login(user)
+    assert BY_ACCOUNT in refused_page(client, "/per-account/")
+    # Each distinct answer is rendered once, then kept (a flood's refusals cost no render).
+    request = RequestFactory().get("/per-account/")
+    request.user = user
+    limited = Ratelimited(usage={"rate": "1/m", "retry_after": 7, "should_limit": True})
+    limited.limit = limits.build("g", "user", "1/m")  # as @ratelimit's exception has it
+    responses._rendered.cache_clear()
+    pages = [responses.too_many_requests(request, limited, limited.usage) for _ in range(3)]
+    assert BY_ACCOUNT in pages[0].content.decode()
+    assert len({page.content for page in pages}) == 1
+    assert responses._rendered.cache_info().hits == 2
