@@ -1,7 +1,9 @@
 # django-bucketry developer tasks. `make demo` and `make test` are the two set-up commands.
 #
 # Everything runs from the virtualenv in .venv; `make venv` creates it and re-installs only
-# when pyproject.toml changes. `make servers` installs memcached, Redis, PostgreSQL and
+# when pyproject.toml changes. It holds the oldest versions we claim (Python 3.11, whose
+# newest Django is the 5.2 LTS); `make test` also runs the suite in $(NEWEST_VENV), on
+# Python 3.13 with the newest Django the requirement allows (see NEWEST_* below). `make servers` installs memcached, Redis, PostgreSQL and
 # Chromium from Debian when they are missing (root only) and runs before the venv exists.
 
 PYTHON3 ?= python3
@@ -9,18 +11,34 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PY      := $(BIN)/python
 STAMP   := $(VENV)/.installed
-EXTRAS  := memcached,redis,celery,dev,drf
+# The public extras; the tools (pytest, ruff, sphinx...) are pyproject's dependency group
+# `dev` (PEP 735), which pip installs from 25.1 on with --group.
+EXTRAS  := memcached,redis,celery,drf
+GROUP   := dev
+
+# The newest-versions leg. uv makes the venv from a python$(NEWEST_PYTHON) that runs (on PATH
+# or among pyenv's versions), else from its own build of CPython, downloaded once: a fresh
+# CI machine has only python3 and make. NEWEST_PYTHON_BIN=/path/to/python3.13 forces one.
+NEWEST_PYTHON     ?= 3.13
+NEWEST_PYTHON_BIN ?=
+NEWEST_VENV       ?= .venv-newest
+NEWEST_STAMP      := $(NEWEST_VENV)/.installed
+# What it runs: everything but the several-process reliability runs and the browser tests,
+# which stay on the oldest leg (and keep CI under 15 minutes); docs/index.rst says so.
+NEWEST_PYTEST     := -m 'not slow' --ignore=tests/reliability --ignore=tests/admin
 
 # CI=true turns "server binary missing" from a skip into a failure (tests/conftest.py).
 export CI
 
 .DEFAULT_GOAL := help
-.PHONY: help venv servers lint test docs bench demo clean distclean fuzz
+.PHONY: help venv venv-newest servers lint test test-newest docs bench demo clean distclean fuzz
 
 help:
 	@echo "make demo       run the demo site on http://127.0.0.1:8000/ (PORT=8001 make demo to change)"
-	@echo "make test       lint, pytest on SQLite, db_matrix tests on PostgreSQL, docs build"
-	@echo "make venv       create/refresh .venv (pip install -e '.[$(EXTRAS)]')"
+	@echo "make test       lint, pytest on SQLite, db_matrix tests on PostgreSQL, the suite on"
+	@echo "                Python $(NEWEST_PYTHON) + the newest Django (test-newest), docs build"
+	@echo "make venv       create/refresh .venv (pip install -e '.[$(EXTRAS)]' --group $(GROUP))"
+	@echo "make test-newest  the suite in $(NEWEST_VENV): Python $(NEWEST_PYTHON), newest Django"
 	@echo "make servers    install missing memcached/redis-server/postgresql/chromium (root)"
 	@echo "make lint       ruff check, ruff format --check, mypy"
 	@echo "make docs       sphinx-build -W into docs/_build/html"
@@ -33,9 +51,34 @@ venv: $(STAMP)
 # Order-only on the interpreter: re-creating it must not by itself trigger a re-install,
 # only a newer pyproject.toml does.
 $(STAMP): pyproject.toml | $(PY)
-	@echo "==> installing django-bucketry[$(EXTRAS)] into $(VENV)"
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@echo "==> installing django-bucketry[$(EXTRAS)] and the $(GROUP) group into $(VENV)"
+	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' --group $(GROUP)
+	@touch $@
+
+venv-newest: $(NEWEST_STAMP)
+
+# A fresh venv each time pyproject.toml changes, so the resolver picks the newest Django the
+# requirement allows (no old install to keep). uv comes from the dev group.
+$(NEWEST_STAMP): pyproject.toml | $(STAMP)
+	@echo "==> creating $(NEWEST_VENV): Python $(NEWEST_PYTHON), the newest Django allowed"
+	@rm -rf $(NEWEST_VENV)
+	@set -e; interpreter=""; \
+	for candidate in $(NEWEST_PYTHON_BIN) "$$(command -v python$(NEWEST_PYTHON) || true)" \
+	    "$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/$(NEWEST_PYTHON).*/bin/python$(NEWEST_PYTHON); do \
+	  if [ -x "$$candidate" ] && "$$candidate" -c 'import sys; \
+	      sys.exit(sys.version_info[:2] != tuple(map(int, sys.argv[1].split("."))))' \
+	      $(NEWEST_PYTHON) 2>/dev/null; then interpreter=$$candidate; break; fi; \
+	done; \
+	if [ -z "$$interpreter" ]; then \
+	  echo "==> no python$(NEWEST_PYTHON) here: uv's own build (downloaded once)"; \
+	  export UV_PYTHON_PREFERENCE=only-managed; interpreter=$(NEWEST_PYTHON); \
+	fi; \
+	$(BIN)/uv venv --quiet --python "$$interpreter" $(NEWEST_VENV)
+	$(BIN)/uv pip install --quiet --python $(NEWEST_VENV)/bin/python \
+	  -e '.[$(EXTRAS)]' --group $(GROUP)
+	@$(NEWEST_VENV)/bin/python -c 'import django, sys; \
+	  print(f"    Python {sys.version.split()[0]}, Django {django.get_version()}")'
 	@touch $@
 
 $(PY):
@@ -78,8 +121,12 @@ test: venv servers
 	step pytest-sqlite $(BIN)/pytest; \
 	step pytest-postgres sh -c '$(BIN)/pytest -m db_matrix --db=postgres; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "(no db_matrix tests collected: fine)"; exit 0; fi; exit $$rc'; \
+	step pytest-newest $(MAKE) --no-print-directory test-newest; \
 	step docs $(MAKE) --no-print-directory docs; \
 	$(STEPS_END)
+
+test-newest: venv-newest servers
+	$(NEWEST_VENV)/bin/pytest $(NEWEST_PYTEST)
 
 docs: venv
 	@echo "==> sphinx-build -W docs"
@@ -104,7 +151,7 @@ demo: venv
 clean:
 	rm -rf docs/_build var .demo build dist *.egg-info tests/artifacts \
 	       .pytest_cache .mypy_cache .ruff_cache .hypothesis
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . \( -path ./$(VENV) -o -path ./$(NEWEST_VENV) \) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(NEWEST_VENV)

@@ -66,6 +66,11 @@ CACHES = {
     },
 }
 
+# Django 6.1 sends mail through MAILERS and warns (an error here) when a project has none;
+# its test runner then swaps each mailer for the locmem backend, as Django 5.2's swaps
+# EMAIL_BACKEND. Django 5.2 ignores this setting.
+MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
+
 # MD5 is insecure and exactly what a test suite wants: fast logins.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
