@@ -2,30 +2,41 @@
 
 Every page needs a staff account with ``metrics_app.view_series`` (a superuser has it);
 nobody can add, change or delete a series here, since the data comes from
-:func:`metrics_app.record`. Charts are server-rendered SVG (:mod:`metrics_app.charts`); the
-period of the chart page is a plain link (``?period=24h|7d|30d|1y``), no JavaScript.
+:func:`metrics_app.record`, and there is no history to show. Charts are server-rendered SVG
+(:mod:`metrics_app.charts`); what the chart page shows, its period (``?period=``), bar width
+and zoomed hour (``?zoom=``), is :mod:`metrics_app.views`'s, chosen with plain links and a
+``GET`` form, no JavaScript.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.http import HttpRequest, HttpResponse
 from django.utils import formats
-from django.utils.functional import Promise
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from metrics_app import charts, clock, query
-from metrics_app.conf import conf
+from metrics_app import charts, clock, query, views
 from metrics_app.models import Series
-from metrics_app.retention import align
+
+# The periods were first defined here, and sites import them from here (the demo's API).
+from metrics_app.views import DEFAULT_PERIOD, PERIODS, Period, period_from, step_of
+
+__all__ = [
+    "DEFAULT_PERIOD",
+    "PERIODS",
+    "RECENT_ATTR",
+    "SPARKLINE_POINTS",
+    "Period",
+    "SeriesAdmin",
+    "SeriesChangeList",
+    "period_from",
+    "step_of",
+]
 
 #: Where each list row's sparkline and "last 24 h" count are kept (set per page of results).
 RECENT_ATTR = "_metrics_recent"
@@ -36,62 +47,8 @@ else:  # ModelAdmin is generic only in django-stubs; no runtime monkeypatching n
     SeriesAdminBase = admin.ModelAdmin
 
 
-@dataclass(frozen=True)
-class Period:
-    """A choice of the chart page: ``?period=<key>`` shows ``length`` up to now.
-
-    ``label`` names its tab, ``phrase`` ends "N events in ...".
-    """
-
-    key: str
-    length: timedelta
-    label: str | Promise
-    phrase: str | Promise
-
-    def bounds(self, now: float) -> tuple[datetime, datetime]:
-        """``(start, end)`` of the period as of ``now``.
-
-        The end is the first whole second at or after ``now``, so a period exactly as long as
-        a tier's age starts inside that tier: 24 hours get the 1-minute buckets of the default
-        retention (a fraction of a second earlier would be the 5-minute tier's).
-        """
-        end = datetime.fromtimestamp(math.ceil(now), tz=UTC)
-        return end - self.length, end
-
-
-PERIODS: tuple[Period, ...] = (
-    Period("24h", timedelta(hours=24), _("24 hours"), _("the last 24 hours")),
-    Period("7d", timedelta(days=7), _("7 days"), _("the last 7 days")),
-    Period("30d", timedelta(days=30), _("30 days"), _("the last 30 days")),
-    Period("1y", timedelta(days=365), _("1 year"), _("the last year")),
-)
-DEFAULT_PERIOD = PERIODS[0]
 #: Points of a sparkline: the list's last 24 hours, one point per hour.
 SPARKLINE_POINTS = 24
-
-
-def period_from(request: HttpRequest) -> Period:
-    """The period asked for in ``?period=``; the first one when missing or unknown."""
-    key = request.GET.get("period")
-    return next((p for p in PERIODS if p.key == key), DEFAULT_PERIOD)
-
-
-def step_of(points: list[charts.Point], end: datetime) -> int:
-    """The step of ``points`` as :func:`metrics_app.query.series` chose it.
-
-    Two points or more: their spacing. One point covers the whole range, so its step is the
-    finest stored precision aligned with it that reaches ``end``.
-    """
-    if len(points) >= 2:
-        return int((points[1][0] - points[0][0]).total_seconds())
-    precisions = conf.RETENTION.precisions
-    if not points:
-        return precisions[0]
-    first = int(points[0][0].timestamp())
-    return next(
-        (p for p in precisions if align(first, p) == first and first + p >= end.timestamp()),
-        precisions[-1],
-    )
 
 
 class SeriesChangeList(ChangeList):
@@ -173,36 +130,20 @@ class SeriesAdmin(SeriesAdminBase):
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def chart_context(self, request: HttpRequest, obj: Series) -> dict[str, Any]:
-        """The chart page's extra context: the period links, the chart and its numbers."""
-        period = period_from(request)
-        now = clock.now()
-        start, end = period.bounds(now)
-        points = query.series(obj.name, start, end, now=now)
-        step = step_of(points, end)
-        counts = [c for _, c in points]
-        links = []
-        for choice in PERIODS:
-            params = request.GET.copy()
-            params["period"] = choice.key
-            links.append(
-                {
-                    "label": choice.label,
-                    "url": f"?{params.urlencode()}",
-                    "active": choice == period,
-                }
-            )
+        """The chart page's extra context: the chart (:func:`metrics_app.views.chart`), its
+        controls and its numbers."""
+        chart = views.chart(request, obj.name)
         title = gettext("%(name)s: events per %(step)s in %(period)s") % {
             "name": obj.name,
-            "step": charts.describe_step(step),
-            "period": period.phrase,
+            "step": chart.step_text,
+            "period": chart.phrase,
         }
+        busiest = chart.busiest
         return {
-            "metrics_periods": links,
-            "metrics_period": period,
-            "metrics_step": charts.describe_step(step),
-            "metrics_period_total": charts.format_count(sum(counts)),
-            "metrics_peak": charts.format_count(max(counts, default=0)),
+            "metrics": chart,
+            "metrics_period_total": charts.format_count(chart.total),
+            "metrics_peak": charts.format_count(busiest[1] if busiest else 0),
             "metrics_total": charts.format_count(obj.total),
-            # Safe: bar_chart() escapes every text it draws (the title holds the name).
-            "metrics_chart": mark_safe(charts.bar_chart(points, step, title=title)),
+            # bar_chart() escapes every text it draws (the title holds the name).
+            "metrics_chart": chart.svg(title),
         }

@@ -17,14 +17,17 @@ import pytest
 from django.contrib.auth.models import AbstractBaseUser, Permission
 from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
+from hypothesis import given
+from hypothesis import strategies as st
 
 import metrics_app
 from metrics_app import charts, query, rollup
 from metrics_app.admin import DEFAULT_PERIOD, PERIODS, step_of
 from metrics_app.models import Series
 from metrics_app.testing import FrozenClock
+from metrics_app.views import MAX_BARS, bar_step
 from tests.metrics.conftest import T0
 
 pytestmark = [pytest.mark.db_matrix, pytest.mark.django_db]
@@ -277,9 +280,10 @@ def test_list_queries_do_not_grow_with_the_rows(
 @pytest.mark.parametrize(
     ("period", "length", "step", "marks"),
     [
-        ("24h", timedelta(hours=24), 60, 1440),
-        ("7d", timedelta(days=7), HOUR, 168),
-        ("30d", timedelta(days=30), HOUR, 720),
+        # At most about 150 bars: the finest round width of whole stored buckets that fits.
+        ("24h", timedelta(hours=24), 600, 144),
+        ("7d", timedelta(days=7), 2 * HOUR, 84),
+        ("30d", timedelta(days=30), 6 * HOUR, 120),
         ("1y", timedelta(days=365), 7 * DAY, 53),
     ],
 )
@@ -293,12 +297,13 @@ def test_chart_marks_are_the_queried_buckets(
 ) -> None:
     name = "ratelimit:login"
     response = client_for(make_user, "viewer").get(change_url(data[name], period))
-    expected = query.series(name, T0 - length, T0)
+    expected = query.series(name, T0 - length, T0, step)
     assert len(expected) == marks
-    assert int((expected[1][0] - expected[0][0]).total_seconds()) == step
     root = chart_of(response)
     assert mark_titles(root) == [charts.mark_title(t, c) for t, c in expected]
-    assert sum(c for _, c in expected) > 0
+    # The same events as in the stored buckets: the bars sum them, losing none.
+    stored = query.series(name, T0 - length, T0)
+    assert sum(c for _, c in expected) == sum(c for _, c in stored) > 0
     body = response.content.decode()
     assert f"in buckets of {charts.describe_step(step)}" in body
     assert f"<strong>{sum(c for _, c in expected):,}</strong>" in body
@@ -326,7 +331,7 @@ def test_unknown_period_shows_the_first(data: dict[str, Series], make_user: User
     home = data["shop:home"]
     default = mark_titles(chart_of(client.get(change_url(home))))
     assert mark_titles(chart_of(client.get(change_url(home, "forever")))) == default
-    assert len(default) == 1440
+    assert len(default) == 144
 
 
 def test_page_of_an_idle_series_says_no_data(
@@ -334,7 +339,7 @@ def test_page_of_an_idle_series_says_no_data(
 ) -> None:
     response = client_for(make_user, "viewer").get(change_url(data["old"]))
     root = chart_of(response)
-    assert len(mark_titles(root)) == 1440
+    assert len(mark_titles(root)) == 144
     assert "No data" in ET.tostring(root, encoding="unicode")
     year = chart_of(client_for(make_user, "superuser").get(change_url(data["old"], "1y")))
     assert any(t.endswith(": 7") for t in mark_titles(year))
@@ -389,8 +394,8 @@ def test_periods_end_on_the_next_whole_second(
     # A fraction of a second after T0, 24 hours still start inside the 1-minute tier.
     clock.set(T0.timestamp() + 0.25)
     response = client_for(make_user, "viewer").get(change_url(data["shop:home"]))
-    assert len(mark_titles(chart_of(response))) == 1441
-    assert "in buckets of 1 minute" in response.content.decode()
+    assert len(mark_titles(chart_of(response))) == 145
+    assert "in buckets of 10 minutes" in response.content.decode()
 
 
 def test_step_of() -> None:
@@ -399,3 +404,190 @@ def test_step_of() -> None:
     monday = datetime(2024, 3, 4, tzinfo=UTC)
     assert step_of([(monday, 1)], T0) == 7 * DAY  # one bucket: the tier that holds it all
     assert step_of([], T0) == 60
+
+
+# -- bar widths, zoom, the object tools ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("span", "stored", "width"),
+    [
+        (DAY, 60, 600),  # 145 bars at most, not 1,440
+        (DAY + 1, 60, 600),
+        (HOUR, 60, 60),  # a zoomed hour: by the minute
+        (HOUR, 300, 300),
+        (1, 60, 60),
+        (7 * DAY, HOUR, 2 * HOUR),  # 168 hourly bars would be too many
+        (30 * DAY, HOUR, 6 * HOUR),
+        (365 * DAY, 7 * DAY, 7 * DAY),
+        (365 * DAY, HOUR, 3 * DAY),
+        (DAY, 420, 840),  # 7-minute buckets: no round width is near, 14 minutes
+        (10 * 365 * DAY, 7 * DAY, 4 * 7 * DAY),
+    ],
+)
+def test_bar_step(span: int, stored: int, width: int) -> None:
+    assert bar_step(span, stored) == width
+
+
+@given(
+    span=st.integers(1, 20 * 365 * DAY),
+    stored=st.sampled_from([60, 120, 300, 420, 600, 3600, 5400, DAY, 7 * DAY]),
+    most=st.integers(2, 400),
+)
+def test_bar_step_fits_and_is_never_twice_too_coarse(span: int, stored: int, most: int) -> None:
+    width = bar_step(span, stored, most)
+    assert width % stored == 0
+    # Bars are aligned: a range touches at most this many (one more when it starts inside).
+    assert (span - 1) // width + 2 <= most
+    # The finest width that fits: a multiple of stored that fits, one stored bucket less not.
+    finest = ((span - 1) // (most - 1) // stored + 1) * stored
+    assert (span - 1) // finest + 2 <= most
+    assert finest == stored or (span - 1) // (finest - stored) + 2 > most
+    assert width < 2 * finest or width == finest
+
+
+def zoom_of(body: str) -> list[tuple[str, str]]:
+    """The zoom control's options: (value, label), the selected one marked with a star."""
+    select = body[body.index('name="zoom"') : body.index("</select>")]
+    return [
+        (value, ("*" if selected else "") + label)
+        for value, selected, label in re.findall(
+            r'<option value="([^"]*)"( selected)?>([^<]*)</option>', select
+        )
+    ]
+
+
+def test_zoom_into_an_hour_by_the_minute(data: dict[str, Series], make_user: UserFactory) -> None:
+    client = client_for(make_user, "viewer")
+    name = "ratelimit:login"  # 2 events at minute 59 of each of the last 12 hours
+    body = client.get(change_url(data[name])).content.decode()
+    options = zoom_of(body)
+    # Every hour of the day is offered, newest first (the minutes of the oldest are partly
+    # folded into 5 minutes by now: still finer than the 10-minute bars).
+    assert options[0] == ("", "the whole period")
+    assert options[1] == ("2024-03-06T11:00", "Mar 6, 11:00")
+    assert options[-1] == ("2024-03-05T12:00", "Mar 5, 12:00")
+    assert len(options) == 1 + 24
+    # The form keeps the period and nothing else of the page, and is not the admin's POST.
+    assert '<form id="metrics-zoom" method="get" action="" hidden></form>' in body
+    assert '<input type="hidden" form="metrics-zoom" name="period" value="24h">' in body
+
+    zoomed = client.get(change_url(data[name]), {"period": "24h", "zoom": "2024-03-06T09:00"})
+    hour = datetime(2024, 3, 6, 9, tzinfo=UTC)
+    expected = query.series(name, hour, hour + timedelta(hours=1))
+    assert len(expected) == 60 and expected[59] == (hour + timedelta(minutes=59), 2)
+    assert mark_titles(chart_of(zoomed)) == [charts.mark_title(t, c) for t, c in expected]
+    text = zoomed.content.decode()
+    assert "<strong>2</strong> events in 09:00–10:00 UTC, Mar 6, in buckets of 1 minute" in text
+    assert ("2024-03-06T09:00", "*Mar 6, 09:00") in zoom_of(text)
+    # An hour before, an hour after, and back: links that keep the period.
+    assert 'href="?period=24h&amp;zoom=2024-03-06T08%3A00" rel="prev"' in text
+    assert 'href="?period=24h&amp;zoom=2024-03-06T10%3A00" rel="next"' in text
+    assert 'href="?period=24h" class="metrics-zoom-out"' in text
+    # A period tab leaves the zoom.
+    assert 'href="?period=7d"' in text
+
+
+def test_the_newest_hour_ends_now(
+    data: dict[str, Series], make_user: UserFactory, clock: FrozenClock
+) -> None:
+    clock.set(T0.timestamp() + 30 * 60)  # 12:30
+    zoomed = client_for(make_user, "viewer").get(
+        change_url(data["shop:home"]), {"zoom": "2024-03-06T12:00"}
+    )
+    titles = mark_titles(chart_of(zoomed))
+    assert len(titles) == 30 and titles[-1].startswith("2024-03-06 12:29 UTC")
+    assert "12:00–12:30 UTC, Mar 6" in zoomed.content.decode()
+    assert 'rel="next"' not in zoomed.content.decode()
+
+
+@pytest.mark.parametrize(
+    "zoom",
+    [
+        "",
+        "2024-03-04T09:00",  # not in the last 24 hours
+        "2024-03-06T12:00",  # the hour that starts now
+        "9999-12-31T23:00",
+        "0001-01-01T00:00",
+        "2024-03-06 09:00",
+        "2024-03-06T09:00:00",
+        "1709715600",
+        "<script>alert(1)</script>",
+        "2024-02-30T09:00",
+        "x" * 5000,
+    ],
+)
+def test_a_zoom_that_is_not_offered_shows_the_whole_period(
+    data: dict[str, Series], make_user: UserFactory, zoom: str
+) -> None:
+    client = client_for(make_user, "viewer")
+    whole = mark_titles(chart_of(client.get(change_url(data["shop:home"]))))
+    response = client.get(change_url(data["shop:home"]), {"zoom": zoom})
+    assert response.status_code == 200
+    assert mark_titles(chart_of(response)) == whole
+    assert "<script>alert" not in response.content.decode()
+
+
+def test_a_year_offers_the_hours_stored_finer_than_an_hour(
+    data: dict[str, Series], make_user: UserFactory
+) -> None:
+    client = client_for(make_user, "viewer")
+    # Minutes for a day and 5 minutes for the day before (the default retention): 48 hours.
+    options = zoom_of(client.get(change_url(data["shop:home"], "1y")).content.decode())
+    assert len(options) == 1 + 48
+    assert options[-1][0] == "2024-03-04T12:00"
+    zoomed = client.get(
+        change_url(data["shop:home"]), {"period": "1y", "zoom": "2024-03-05T01:00"}
+    )
+    # Three events every 10 minutes, in 5-minute buckets: what the retention keeps there.
+    assert [c for _, c in chart_points(zoomed)] == [3, 0] * 6
+    assert "in buckets of 5 minutes" in zoomed.content.decode()
+
+
+def chart_points(response: Any) -> list[tuple[str, int]]:
+    titles = mark_titles(chart_of(response))
+    return [(t.rsplit(": ", 1)[0], int(t.rsplit(": ", 1)[1].replace(",", ""))) for t in titles]
+
+
+def test_coarser_buckets_than_the_retention_promises_still_draw(
+    clock: FrozenClock, make_user: UserFactory
+) -> None:
+    # Folded into hours under a short retention, then read under a longer one: the day
+    # holds hourly rows where the retention now promises minutes, and 10-minute bars
+    # cannot split them. The page draws hours instead of failing.
+    with override_settings(METRICS_RETENTION="1m:1h,1h:31d"):
+        for k in range(1, 6):
+            metrics_app.record("moved", k, at=clock.t - k * HOUR)
+        metrics_app.flush()
+        rollup.downsample()
+    with override_settings(METRICS_RETENTION="1m:2d,1h:31d"):
+        response = client_for(make_user, "viewer").get(
+            change_url(Series.objects.get(name="moved"))
+        )
+    assert response.status_code == 200
+    points = chart_points(response)
+    assert len(points) == 24 and sum(c for _, c in points) == 15
+    assert "in buckets of 1 hour" in response.content.decode()
+
+
+def test_the_chart_page_reads_its_bars_in_one_query(
+    data: dict[str, Series], make_user: UserFactory
+) -> None:
+    client = client_for(make_user, "viewer")
+    for params in ({}, {"period": "7d"}, {"period": "30d"}, {"zoom": "2024-03-06T09:00"}):
+        with CaptureQueriesContext(connection) as ctx:
+            response = client.get(change_url(data["shop:home"]), params)
+        buckets = [q for q in ctx.captured_queries if "metrics_app_bucket" in q["sql"]]
+        assert len(buckets) == 1, params
+        # The stored buckets summed into at most MAX_BARS bars, none drawn per stored bucket.
+        assert 50 <= len(mark_titles(chart_of(response))) <= MAX_BARS, params
+
+
+def test_no_history_button_on_read_only_series(
+    data: dict[str, Series], make_user: UserFactory
+) -> None:
+    home = data["shop:home"]
+    body = client_for(make_user, "superuser").get(change_url(home)).content.decode()
+    assert reverse("admin:metrics_app_series_history", args=[home.pk]) not in body
+    assert 'class="object-tools"' not in body
+    assert "historylink" not in body
