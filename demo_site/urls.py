@@ -17,3 +17,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("api/", include("demo_site.api")),
     path("admin/", admin.site.urls),
 ]
+
+# The demo's own 404 page (Django's technical page stays for DEBUG, except on the shortener's
+# pages, which render this one for an unknown key).
+handler404 = "demo_site.views.not_found"

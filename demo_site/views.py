@@ -1,4 +1,4 @@
-"""Site-wide pages of the demo: the limits in force and how to try each one."""
+"""Site-wide pages of the demo: the limits in force and how to try each one, and the 404."""
 
 from __future__ import annotations
 
@@ -20,9 +20,18 @@ HOW_TO_TRY = {
     "(the emails are printed in the terminal that runs make demo).",
     "signup": "Sign up 21 times in a day from one address (docs/demo.rst has a shell loop).",
     "send-message": "Send two messages within a second: double-click Send.",
-    "shorturl-scan": "Open 31 short links that do not exist within a minute (/s/nope1, "
-    "/s/nope2, ...).",
+    "shorturl-scan": "Open 31 short links or link pages that do not exist within a minute "
+    "(/s/nope1, /links/nope2/, ...).",
 }
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """The demo's 404 page (``handler404``): the site's look, the path asked for, a way on.
+
+    Django calls it only with ``DEBUG`` off; the shortener calls it for unknown keys with
+    ``DEBUG`` on too (:func:`demo_site.shortener.views.not_found`).
+    """
+    return render(request, "404.html", status=404)
 
 
 @require_safe

@@ -1,20 +1,22 @@
 """The shortener's pages: the form and recent links, the redirect, and a chart per link.
 
-The redirect is counted with metrics_app's own decorator; the charts reuse what the admin
-draws (:mod:`metrics_app.charts`, the admin's periods) from :func:`metrics_app.query.series`.
+The redirect is counted with metrics_app's own decorator; the charts are the admin's
+(:func:`metrics_app.views.chart`: the same periods, bar widths and zoom). An unknown key is
+answered with the site's own 404 page, under ``DEBUG`` too.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.urls import get_resolver, get_urlconf, reverse
 from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
@@ -22,19 +24,14 @@ from django.views.decorators.http import require_http_methods, require_safe
 from demo_site.shortener.forms import LinkForm
 from demo_site.shortener.keys import KeyspaceExhausted, create_link
 from demo_site.shortener.models import Link
-from metrics_app import charts, clock, query
-from metrics_app.admin import (
-    DEFAULT_PERIOD,
-    PERIODS,
-    SPARKLINE_POINTS,
-    Period,
-    period_from,
-    step_of,
-)
+from metrics_app import charts, clock, query, views
+from metrics_app.admin import SPARKLINE_POINTS
 from metrics_app.conf import conf as metrics_conf
 from metrics_app.decorators import count_visits
 from metrics_app.models import Series
+from ratelimit_app import responses
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.exceptions import Ratelimited
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +41,7 @@ CREATE_RATE = "10/m;100/d"
 RECENT_LINKS = 10
 
 
-def bounds(period: Period) -> tuple[datetime, datetime]:
+def bounds(period: views.Period) -> tuple[datetime, datetime]:
     """``period``'s ``(start, end)`` for a query that runs now.
 
     A second ahead of the clock: ``query.series`` reads the clock again, and had a whole
@@ -74,7 +71,7 @@ def recent_rows(request: HttpRequest) -> list[LinkRow]:
     """The newest links with their totals and last 24 hours: two queries for the lot."""
     links = list(Link.objects.all()[:RECENT_LINKS])
     names = [link.series_name for link in links]
-    start, end = bounds(DEFAULT_PERIOD)
+    start, end = bounds(views.DEFAULT_PERIOD)
     recent = query.series_many(names, start, end)
     totals = dict(Series.objects.filter(name__in=names).values_list("name", "total"))
     rows = []
@@ -101,17 +98,37 @@ def _index(request: HttpRequest, form: LinkForm, status: int = 200) -> HttpRespo
     return render(request, "shortener/index.html", context, status=status)
 
 
+def not_found(request: HttpRequest) -> HttpResponse:
+    """The site's own 404 page (its ``handler404``), for a key that names no link.
+
+    Called, not raised: under ``DEBUG`` an ``Http404`` shows Django's technical page, and
+    the demo runs with ``DEBUG`` on. The status is the same 404 either way, so the
+    ``shorturl-scan`` rule counts it.
+    """
+    handler: Callable[..., HttpResponse] = get_resolver(get_urlconf()).resolve_error_handler(404)
+    return handler(request, Http404())
+
+
 @require_http_methods(["GET", "HEAD", "POST"])
-@ratelimit(group="shortener:create", key="user_or_ip", rate=CREATE_RATE, method="POST")
 def index(request: HttpRequest) -> HttpResponse:
     """``/``: the form (POST creates a link and shows its page) and the newest links.
 
     Creating is limited by a decorator, 10 a minute and 100 a day per user (or per IP when
-    anonymous); reading is not. An invalid URL is shown again with its error (400).
+    anonymous); reading is not. An invalid URL is shown again with its error (400); so is a
+    URL refused by the limit (429), saying that no link was created and when to try again.
     """
     if request.method != "POST":
         return _index(request, LinkForm())
     form = LinkForm(request.POST)
+    try:
+        return _create(request, form)
+    except Ratelimited as refused:
+        return _not_created(request, form, refused)
+
+
+@ratelimit(group="shortener:create", key="user_or_ip", rate=CREATE_RATE, method="POST")
+def _create(request: HttpRequest, form: LinkForm) -> HttpResponse:
+    """Every POST counts, valid or not: a client cannot probe the form for free."""
     if not form.is_valid():
         return _index(request, form, status=400)
     try:
@@ -124,6 +141,29 @@ def index(request: HttpRequest) -> HttpResponse:
     return redirect("shortener:link", key=created.key)
 
 
+def _not_created(request: HttpRequest, form: LinkForm, refused: Ratelimited) -> HttpResponse:
+    """The form again, the URL as typed, saying no link was created: a 429 with the
+    headers of ratelimit_app's own answer (``Retry-After``, ``RateLimit``...).
+
+    A client that asked for JSON, or a project's ``RATELIMIT_VIEW``, gets that answer.
+    """
+    answer = responses.too_many_requests(request, refused, refused.usage)
+    if answer.status_code != 429 or responses.wants_json(request):
+        return answer
+    wait = int(answer["Retry-After"])
+    rate = (refused.usage or {}).get("rate") or CREATE_RATE
+    form.add_error(
+        None,
+        f"Your link was not created: links are limited to {rate} per account (per address "
+        f"when logged out). Try again in {wait} second{'' if wait == 1 else 's'}.",
+    )
+    page = _index(request, form, status=429)
+    for name in ("Retry-After", "RateLimit-Policy", "RateLimit"):
+        if name in answer:
+            page[name] = answer[name]
+    return page
+
+
 @count_visits(series="shorturl:{key}")
 @never_cache
 @require_safe
@@ -134,49 +174,41 @@ def follow(request: HttpRequest, key: str) -> HttpResponse:
     a 404 that creates no series, and the ``shorturl-scan`` rule counts it against the
     client. ``never_cache``: a browser that cached the redirect would not be counted again.
     """
-    target = get_object_or_404(Link.objects.only("url"), key=key).url
+    target = Link.objects.filter(key=key).values_list("url", flat=True).first()
+    if target is None:
+        return not_found(request)
     return HttpResponseRedirect(target)
 
 
 @require_safe
 def link(request: HttpRequest, key: str) -> HttpResponse:
-    """``/links/<key>/``: a link's visits, as a chart of 24 hours, 7 days, 30 days or a year.
+    """``/links/<key>/``: a link's visits, as the admin charts them (24 hours, 7 days, 30
+    days or a year, ``?period=``, and an hour of them by the minute, ``?zoom=``).
 
-    The buckets are the ones the retention keeps for the period (``?period=``, as in the
-    admin), read with :func:`metrics_app.query.series`. Visits reach the chart when the web
-    process flushes its buffer, every ``METRICS_FLUSH_INTERVAL`` seconds.
+    Visits reach the chart when the web process flushes its buffer, every
+    ``METRICS_FLUSH_INTERVAL`` seconds. An unknown key is a 404 that the ``shorturl-scan``
+    rule counts, as on ``/s/``: this page tells which keys exist, too.
     """
-    found = get_object_or_404(Link, key=key)
-    period = period_from(request)
+    found = Link.objects.filter(key=key).first()
+    if found is None:
+        return not_found(request)
     context: dict[str, Any] = {
         "link": found,
         "short_url": short_url(request, key),
         "total": query.total(found.series_name),
-        "periods": [
-            {"label": p.label, "url": f"?period={p.key}", "active": p == period} for p in PERIODS
-        ],
-        "period": period,
+        "periods": views.period_links(request),
         "flush_interval": metrics_conf.FLUSH_INTERVAL,
         "series_admin_url": _series_admin_url(request, found.series_name),
     }
-    start, end = bounds(period)
     try:
-        points = query.series(found.series_name, start, end)
+        chart = views.chart(request, found.series_name)
     except ValueError as exc:  # a range the stored buckets cannot answer: say so, no 500
         logger.warning("shortener: no chart for %s: %s", found.series_name, exc)
         context["chart_error"] = "This period cannot be drawn right now; try another one."
         return render(request, "shortener/link.html", context)
-    step = step_of(points, end)
-    counts = [count for _, count in points]
-    peak = max(points, key=lambda point: point[1], default=None)
-    title = f"Visits to /s/{key} per {charts.describe_step(step)} in {period.phrase}"
-    context.update(
-        step=charts.describe_step(step),
-        period_total=sum(counts),
-        peak=peak if peak and peak[1] else None,
-        # Safe: bar_chart() escapes every text it draws.
-        chart=mark_safe(charts.bar_chart(points, step, title=title)),
-    )
+    title = f"Visits to /s/{key} per {chart.step_text} in {chart.phrase}"
+    # Safe: bar_chart() escapes every text it draws.
+    context.update(chart=chart, svg=chart.svg(title))
     return render(request, "shortener/link.html", context)
 
 

@@ -4,11 +4,11 @@ and chart."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 
 import metrics_app
 from demo_site.shortener.keys import ALPHABET, LENGTH, KeyspaceExhausted, create_link
@@ -79,12 +79,60 @@ BAD_URLS = [
 ]
 
 
+def errors_of(page: str) -> list[str]:
+    """The messages of the form's error lists, in order."""
+    return [
+        message
+        for errors in re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', page, re.S)
+        for message in re.findall(r"<li>(.*?)</li>", errors, re.S)
+    ]
+
+
 @pytest.mark.parametrize("url", BAD_URLS)
-def test_bad_urls_are_form_errors(client: Client, url: str) -> None:
+def test_bad_urls_are_form_errors_said_once(client: Client, url: str) -> None:
     status, page = shorten(client, url)
     assert status == 400
-    assert 'class="errorlist' in page
+    errors = errors_of(page)
+    assert len(errors) == 1, errors
     assert not Link.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("not a url", "Enter a valid URL."),
+        ("http://", "Enter a valid URL."),
+        ("https://exa mple.com/", "Enter a valid URL."),
+        ("http://[::1", "Enter a valid URL."),
+        (
+            "ftp://example.com/file",
+            "Links starting with ftp: cannot be shortened: http and https only.",
+        ),
+        (
+            "FTP://example.com/file",
+            "Links starting with ftp: cannot be shortened: http and https only.",
+        ),
+        (
+            "javascript:alert(1)",
+            "Links starting with javascript: cannot be shortened: http and https only.",
+        ),
+        (
+            "file:///etc/passwd",
+            "Links starting with file: cannot be shortened: http and https only.",
+        ),
+        (
+            "https://example.com/" + "a" * MAX_URL_LENGTH,
+            "Ensure this value has at most 2000 characters (it has 2020).",
+        ),
+        # Longer than any URL Django checks: the length, not "Enter a valid URL." as well.
+        (
+            "https://example.com/" + "a" * 3000,
+            "Ensure this value has at most 2000 characters (it has 3020).",
+        ),
+    ],
+)
+def test_each_mistake_gets_its_message(client: Client, url: str, error: str) -> None:
+    assert errors_of(shorten(client, url)[1]) == [error]
 
 
 def test_a_post_without_the_field_is_a_form_error(client: Client) -> None:
@@ -160,30 +208,56 @@ class TestRedirect:
 
 
 class TestChartPage:
-    def test_every_period_draws_a_chart(self, client: Client) -> None:
+    def test_every_period_draws_at_most_150_bars(self, client: Client) -> None:
         Link.objects.create(key="abc", url="https://example.com/")
         with frozen_clock(NOW) as clock:
             client.get("/s/abc")
             metrics_app.flush()
             clock.advance(30)  # the chart ends now: mid-minute, as it nearly always is
-            for period, bars in (("24h", 1440), ("7d", 168), ("30d", 720), ("1y", 53)):
+            for period, length, width in (
+                ("24h", timedelta(days=1), "10 minutes"),
+                ("7d", timedelta(days=7), "2 hours"),
+                ("30d", timedelta(days=30), "6 hours"),
+                ("1y", timedelta(days=365), "1 week"),
+            ):
                 page = client.get(f"/links/abc/?period={period}")
                 assert page.status_code == 200
                 text = page.content.decode()
-                assert text.count('<g class="bkt-mark">') in (bars, bars + 1), period
+                end = NOW + timedelta(seconds=30)
+                bars = len(
+                    query.series("shorturl:abc", end - length, end, page.context["chart"].step)
+                )
+                assert text.count('<g class="bkt-mark">') == bars <= 150, period
+                assert f"one bar per {width}" in text
                 assert '<svg xmlns="http://www.w3.org/2000/svg" class="bkt-chart"' in text
                 assert f'href="?period={period}" aria-current="page"' in text
                 assert "<b>1</b> visits in" in text
 
-    def test_a_day_stays_in_minutes_when_a_second_passes_during_the_query(
+    def test_a_day_stays_in_10_minute_bars_when_a_second_passes_during_the_query(
         self, client: Client, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         Link.objects.create(key="abc", url="https://example.com/")
         ticks = iter(NOW.timestamp() + 30.995 + n / 100 for n in range(10_000))
         monkeypatch.setattr(clock, "now", lambda: next(ticks))  # a whole second goes by
         page = client.get("/links/abc/?period=24h").content.decode()
-        assert "one bar per 1 minute" in page
-        assert page.count('<g class="bkt-mark">') in (1440, 1441)
+        assert "one bar per 10 minutes" in page
+        assert page.count('<g class="bkt-mark">') == 145
+
+    def test_zoom_into_an_hour_by_the_minute(self, client: Client) -> None:
+        Link.objects.create(key="abc", url="https://example.com/")
+        with frozen_clock(NOW - timedelta(hours=3)):
+            client.get("/s/abc")
+            metrics_app.flush()
+        with frozen_clock(NOW):
+            whole = client.get("/links/abc/").content.decode()
+            assert '<option value="2026-11-22T10:00">Nov 22, 10:00</option>' in whole
+            page = client.get("/links/abc/", {"zoom": "2026-11-22T10:00"})
+        text = page.content.decode()
+        assert text.count('<g class="bkt-mark">') == 60
+        assert "<b>1</b> visits in 10:00\N{EN DASH}11:00 UTC, Nov 22" in text
+        assert "one bar per 1 minute" in text
+        assert "<title>2026-11-22 10:05 UTC: 1</title>" in text
+        assert 'href="?period=24h" aria-current="page"' in text
 
     def test_an_unknown_period_shows_the_first(self, client: Client) -> None:
         Link.objects.create(key="abc", url="https://example.com/")
@@ -194,6 +268,23 @@ class TestChartPage:
 
     def test_an_unknown_key_is_404(self, client: Client) -> None:
         assert client.get("/links/nope/").status_code == 404
+
+    def test_scanning_link_pages_is_limited_per_ip(self, client: Client) -> None:
+        Link.objects.create(key="abc", url="https://example.com/")
+        with frozen_ratelimit_clock(1_800_000_000):
+            codes = [client.get(f"/links/guess{n}/").status_code for n in range(31)]
+            # Pages of links that exist are not guesses: they count nothing, and are refused
+            # like the rest once the address is over the limit (the rule checks first).
+            assert client.get("/links/abc/").status_code == 429
+        assert codes == [404] * 30 + [429]
+
+    def test_both_pages_share_one_budget(self, client: Client) -> None:
+        with frozen_ratelimit_clock(1_800_000_000):
+            codes = [
+                client.get(f"/s/guess{n}" if n % 2 else f"/links/guess{n}/").status_code
+                for n in range(31)
+            ]
+        assert codes == [404] * 30 + [429]
 
     def test_a_query_error_is_said_not_raised(
         self, client: Client, monkeypatch: pytest.MonkeyPatch
@@ -246,4 +337,49 @@ def test_creating_links_is_limited_by_the_decorator(client: Client) -> None:
         assert client.get("/").status_code == 200  # reading is not limited
     assert codes == [302] * 10 + [429]
     assert Link.objects.count() == 10
-    assert b"Limited by a <code>@ratelimit</code> decorator" in page.content
+    assert page.status_code == 429
+    text = page.content.decode()
+    # The form again, with the URL as typed, saying that no link was made and when to retry
+    # (the headers of ratelimit_app's own 429, which say the same wait).
+    wait = int(page["Retry-After"])
+    assert 55 <= wait <= 61
+    assert errors_of(text) == [
+        "Your link was not created: links are limited to 10/m per account (per address when "
+        f"logged out). Try again in {wait} seconds."
+    ]
+    assert 'value="https://example.com/more"' in text
+    assert page["RateLimit-Policy"] == '"10/m";q=10;w=60, "100/d";q=100;w=86400'
+    assert page["RateLimit"].startswith('"10/m";r=0;t=')
+
+
+def test_a_json_client_gets_the_problem(client: Client) -> None:
+    with frozen_ratelimit_clock(1_800_000_000):
+        for n in range(10):
+            shorten(client, f"https://example.com/{n}")
+        refused = client.post("/", {"url": "https://example.com/"}, HTTP_ACCEPT="application/json")
+    assert refused.status_code == 429
+    assert refused["Content-Type"] == "application/problem+json"
+    assert refused.json()["retry_after"] == int(refused["Retry-After"]) > 0
+
+
+class TestNotFound:
+    """Unknown keys get the demo's 404 page, with DEBUG on (as make demo runs) and off."""
+
+    @pytest.mark.parametrize("debug", [True, False])
+    @pytest.mark.parametrize("path", ["/s/nope", "/links/nope/"])
+    def test_unknown_keys(self, client: Client, debug: bool, path: str) -> None:
+        with override_settings(DEBUG=debug):
+            page = client.get(path)
+        text = page.content.decode()
+        assert page.status_code == 404
+        assert "<h1>Nothing here</h1>" in text
+        assert f"No page or short link is at <code>{path}</code>" in text
+        assert 'class="brand"' in text  # the site's header, not Django's technical page
+        assert "URLconf" not in text and "Http404" not in text
+
+    def test_any_unknown_page_without_debug(self, client: Client) -> None:
+        page = client.get("/nowhere/<b>x</b>")
+        assert page.status_code == 404
+        text = page.content.decode()
+        assert "<h1>Nothing here</h1>" in text
+        assert "<b>x</b>" not in text and "&lt;b&gt;x&lt;/b&gt;" in text
