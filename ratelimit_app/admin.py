@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 from django import forms
@@ -25,6 +27,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
@@ -33,6 +36,36 @@ from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
 from ratelimit_app.models import AccessEntry, Rule
+
+#: The units of :func:`format_duration`, largest first: seconds each, and how each is written.
+DURATION_UNITS = (
+    (86400, _("%(n)d d")),
+    (3600, _("%(n)d h")),
+    (60, _("%(n)d min")),
+    (1, _("%(n)d s")),
+)
+
+
+def format_duration(seconds: float) -> str:
+    """A wait as people read it: ``"45 s"``, ``"1 min 30 s"``, ``"1 d 0 h 12 min"``.
+
+    The largest unit the wait reaches and at most the two below it, a zero between them
+    included (in ``"1 d 0 h 12 min"``, that the hours are zero is information) and zeros
+    after them left out (``"1 h"``, not ``"1 h 0 min 0 s"``). Finer units are left out: 87,154
+    seconds are ``"1 d 0 h 12 min"`` (the usage page puts the exact seconds in a tooltip). A
+    fraction of a second counts as a whole one; nothing, or less, is ``"0 s"``.
+    """
+    left = max(0, math.ceil(seconds))
+    counts: list[tuple[int, str | Promise]] = []
+    for size, text in DURATION_UNITS:
+        if counts or left >= size or size == 1:
+            counts.append((left // size, text))
+            left %= size
+        if len(counts) == 3:
+            break
+    while len(counts) > 1 and counts[-1][0] == 0:
+        counts.pop()
+    return " ".join(str(text) % {"n": n} for n, text in counts)
 
 
 def chart_url(rule: str) -> str | None:
@@ -68,6 +101,14 @@ class UsageForm(forms.Form):
             (r.name, f"{r.name} — key {r.key if isinstance(r.key, str) else 'callable'}, {r.rate}")
             for r in conf.RULES.rules
         ]
+        # Django REST framework's throttle scopes, when the project uses our throttles (the
+        # module is imported by then; this admin never imports DRF itself).
+        if "ratelimit_app.throttling" in sys.modules:
+            from ratelimit_app.throttling import scope_limits
+
+            choices += [
+                (n, f"{n} — DRF throttle, {lim.rate}") for n, lim in scope_limits().items()
+            ]
         self.fields["rule"].choices = choices  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
@@ -83,6 +124,20 @@ class UsageForm(forms.Form):
                 )
             data["target"] = found
         return data
+
+
+def readable(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``usage`` with its waits also as people read them: ``reset_text`` beside each rate's
+    and the whole's ``reset``, ``retry_after_text`` beside ``retry_after``."""
+    if usage is None:
+        return None
+    rates = [{**r, "reset_text": format_duration(r["reset"])} for r in usage["rates"]]
+    return {
+        **usage,
+        "rates": rates,
+        "reset_text": format_duration(usage["reset"]),
+        "retry_after_text": format_duration(usage["retry_after"]),
+    }
 
 
 @admin.register(Rule)
@@ -150,7 +205,7 @@ class RuleAdmin(admin.ModelAdmin):
                             "rule": rule,
                         },
                     )
-                usage = core.lookup(rule, form.cleaned_data["subject"])
+                usage = readable(core.lookup(rule, form.cleaned_data["subject"]))
             except BackendError as exc:
                 messages.error(request, _("The counter backend failed: %s") % exc)
         context = {

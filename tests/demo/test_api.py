@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from django.test import Client, override_settings
+from django.test import Client
 
 import metrics_app
 from demo_site.shortener.models import Link
@@ -22,11 +22,11 @@ T0 = 1_800_000_000
 
 
 @pytest.fixture(autouse=True)
-def api_settings(site: None, demo_settings: dict[str, Any]) -> Iterator[None]:
-    """The demo's REST_FRAMEWORK too (the site fixture applies the rest of its settings)."""
+def no_refusals_remembered(site: None) -> Iterator[None]:
+    """Each test starts with no refusal in this process's memory (the site fixture applies
+    the demo's settings, REST_FRAMEWORK included)."""
     forget_refusals()
-    with override_settings(REST_FRAMEWORK=demo_settings["REST_FRAMEWORK"]):
-        yield
+    yield
     forget_refusals()
 
 
@@ -119,3 +119,25 @@ def test_reading_is_throttled_for_anonymous_clients(client: Client) -> None:
         codes = [client.get(f"/api/links/{key}/visits/").status_code for _ in range(30)]
     # 30 a minute for the anonymous client: the create above was the first.
     assert codes == [200] * 29 + [429]
+
+
+def test_the_admins_usage_lookup_offers_and_reads_the_throttles(
+    client: Client, admin_client: Client
+) -> None:
+    with frozen_ratelimit_clock(T0):
+        for _ in range(3):
+            assert create(client, {"url": "https://example.com/"}).status_code == 201
+        form = admin_client.get("/admin/ratelimit_app/rule/usage/").content.decode()
+        page = admin_client.post(
+            "/admin/ratelimit_app/rule/usage/", {"rule": "drf:links", "subject": "127.0.0.1"}
+        )
+    for scope, rate in (
+        ("anon", "30/m;1000/d"),
+        ("user", "120/m;10000/d"),
+        ("links", "10/m;100/d"),
+    ):
+        assert f'<option value="drf:{scope}">drf:{scope} — DRF throttle, {rate}</option>' in form
+    assert page.status_code == 200
+    usage = page.context["usage"]
+    assert (usage["count"], usage["limit"], usage["remaining"]) == (3, 10, 7)
+    assert "127.0.0.1 under rule drf:links" in page.content.decode()
