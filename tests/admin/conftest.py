@@ -8,7 +8,8 @@
 * ``staff_page``: ``page`` logged in through the real admin login form as a staff user with
   the permissions of the ``staff_permissions`` fixture (override it in a test module to add
   yours).
-* :func:`screenshot` saves ``tests/artifacts/<name>.png`` (git-ignored) for a person to look at.
+* :func:`screenshot` saves ``tests/artifacts/<name>.png`` (git-ignored) for a person to look at;
+  :func:`pixels` reads a screenshot back, so a test can count what is drawn where.
 
 Why the package scope and ``DJANGO_ALLOW_ASYNC_UNSAFE``: Playwright's sync API runs its event
 loop in a greenlet of the main thread, and while it lives ``asyncio.get_running_loop()``
@@ -22,6 +23,8 @@ event loop``), so the browser is closed at the end of this package instead of th
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,3 +135,50 @@ def screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
     return path
+
+
+def pixels(png: bytes) -> list[list[tuple[int, int, int]]]:
+    """The rows of ``(r, g, b)`` of a PNG as Chromium writes screenshots (8 bits a channel,
+    RGB or RGBA, not interlaced): what a test needs to count drawn pixels, with no imaging
+    library."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    at, data, header = 8, b"", b""
+    while at < len(png):
+        (size,) = struct.unpack(">I", png[at : at + 4])
+        kind, body = png[at + 4 : at + 8], png[at + 8 : at + 8 + size]
+        if kind == b"IHDR":
+            header = body
+        elif kind == b"IDAT":
+            data += body
+        at += 12 + size
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    assert depth == 8 and colour in (2, 6) and interlace == 0, "an unexpected PNG"
+    step = 3 if colour == 2 else 4
+    raw = zlib.decompress(data)
+    stride = width * step
+    rows: list[list[tuple[int, int, int]]] = []
+    previous = bytearray(stride)
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - step] if i >= step else 0
+            up = previous[i]
+            corner = previous[i - step] if i >= step else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                guess = left + up - corner
+                near = min(
+                    (abs(guess - left), 0, left),
+                    (abs(guess - up), 1, up),
+                    (abs(guess - corner), 2, corner),
+                )
+                line[i] = (line[i] + near[2]) & 0xFF
+        rows.append([(line[x], line[x + 1], line[x + 2]) for x in range(0, stride, step)])
+        previous = line
+    return rows

@@ -17,11 +17,11 @@ import pytest
 from django.test.utils import override_settings
 
 import metrics_app
-from metrics_app import buffer, charts, query, rollup
+from metrics_app import buffer, charts, query, rollup, views
 from metrics_app.admin import PERIODS
 from metrics_app.models import Series
 from metrics_app.testing import frozen_clock
-from tests.admin.conftest import screenshot
+from tests.admin.conftest import pixels, screenshot
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -119,7 +119,8 @@ def mark_titles(page: Page) -> list[str]:
 
 
 def expected_titles(name: str, length: timedelta) -> list[str]:
-    return [charts.mark_title(t, c) for t, c in query.series(name, NOW - length, NOW)]
+    points, _ = views.read(name, NOW - length, NOW, NOW.timestamp())
+    return [charts.mark_title(t, c) for t, c in points]
 
 
 def layout(page: Page) -> dict[str, Any]:
@@ -203,6 +204,7 @@ def test_open_a_series_and_switch_periods(watched: Page, live_server: Any) -> No
         assert current.inner_text() == str(period.label)
         titles = mark_titles(page)
         assert titles == expected_titles("shop:home", period.length)
+        assert len(titles) <= views.MAX_BARS
         assert page.locator("svg.bkt-chart rect.bkt-bar").count() > len(titles) // 2
         assert_labels_readable(layout(page), min_px=10)
         screenshot(page, f"metrics-chart-{period.key}")
@@ -211,9 +213,9 @@ def test_open_a_series_and_switch_periods(watched: Page, live_server: Any) -> No
 def test_hovering_a_bar_shows_its_bucket(watched: Page, live_server: Any) -> None:
     page = watched
     open_series(page, live_server, "ratelimit:login")
-    points = query.series("ratelimit:login", NOW - timedelta(hours=24), NOW)
+    points = query.series("ratelimit:login", NOW - timedelta(hours=24), NOW, 600)
     peak = max(range(len(points)), key=lambda i: points[i][1])
-    assert points[peak][1] == 40
+    assert points[peak][1] == sum(40 - abs(20 - k) for k in range(20, 30)) == 355
     # Hover the middle of the tallest bar, then ask the page what is under the pointer.
     bar = page.locator("svg.bkt-chart g.bkt-mark").nth(peak).locator("rect.bkt-bar")
     box = bar.bounding_box()
@@ -225,7 +227,9 @@ def test_hovering_a_bar_shows_its_bucket(watched: Page, live_server: Any) -> Non
         ".querySelector('title').textContent",
         [x, y],
     )
-    assert under == charts.mark_title(*points[peak]) == f"{points[peak][0]:%Y-%m-%d %H:%M} UTC: 40"
+    assert (
+        under == charts.mark_title(*points[peak]) == f"{points[peak][0]:%Y-%m-%d %H:%M} UTC: 355"
+    )
     hovered = page.locator("svg.bkt-chart g.bkt-mark:hover rect.bkt-bar")
     assert hovered.count() == 1
     assert hovered.evaluate("e => getComputedStyle(e).fill") == LIGHT_HOVER
@@ -278,3 +282,75 @@ def test_huge_counts_and_hostile_names(watched: Page, live_server: Any) -> None:
     open_series(page, live_server, HOSTILE)
     assert HOSTILE in page.locator(".breadcrumbs").inner_text()
     assert page.locator("svg.bkt-chart > title").text_content().startswith(HOSTILE)
+
+
+def test_zoom_into_an_hour_and_back(watched: Page, live_server: Any) -> None:
+    page = watched
+    open_series(page, live_server, "ratelimit:login")
+    assert len(mark_titles(page)) == 145  # ten-minute bars
+    screenshot(page, "metrics-chart-zoom-control", full_page=False)
+    # The morning's burst of 429s, 09:00 to 09:40: pick 09:00 and press Show.
+    page.select_option("#metrics-zoom-hour", "2026-11-22T09:00")
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_url("**zoom=2026-11-22T09%3A00")
+    assert "period=24h" in page.url  # a GET of the zoom form, not the admin's POST
+    titles = mark_titles(page)
+    hour = datetime(2026, 11, 22, 9, tzinfo=UTC)
+    expected = query.series("ratelimit:login", hour, hour + timedelta(hours=1))
+    assert titles == [charts.mark_title(t, c) for t, c in expected]
+    assert len(titles) == 60  # by the minute
+    summary = page.locator(".metrics-summary").inner_text()
+    assert "1,200 events in 09:00\N{EN DASH}10:00 UTC, Nov 22, in buckets of 1 minute" in summary
+    assert page.locator("#metrics-zoom-hour").input_value() == "2026-11-22T09:00"
+    assert page.locator("svg.bkt-chart rect.bkt-bar").count() == 40
+    screenshot(page, "metrics-chart-zoomed")
+    page.get_by_role("link", name="← hour before").click()
+    page.wait_for_url("**zoom=2026-11-22T08%3A00")
+    assert page.locator("svg.bkt-chart rect.bkt-bar").count() == 0
+    page.get_by_role("link", name="back to 24 hours").click()
+    page.wait_for_url("**?period=24h")
+    assert len(mark_titles(page)) == 145
+
+
+def drawn(page: Page, index: int, colour: tuple[int, int, int]) -> tuple[int, int]:
+    """How many rows and columns of the bar slot ``index`` show ``colour`` on screen."""
+    slot = page.locator("svg.bkt-chart g.bkt-mark").nth(index).locator("rect.bkt-hit")
+    box = slot.bounding_box()
+    assert box is not None
+    shot = page.screenshot(clip=box)
+    rows = pixels(shot)
+    hits = [
+        (y, x)
+        for y, row in enumerate(rows)
+        for x, pixel in enumerate(row)
+        if all(abs(a - b) <= 24 for a, b in zip(pixel, colour, strict=True))
+    ]
+    return len({y for y, _ in hits}), len({x for _, x in hits})
+
+
+@pytest.mark.parametrize("width", [1280, 420])
+def test_a_lone_event_stays_visible(watched: Page, live_server: Any, width: int) -> None:
+    page = watched
+    page.set_viewport_size({"width": width, "height": 900})
+    now = int(NOW.timestamp())
+    # One event, five hours before a bucket of 5,000: a bar of 1/5000 of the chart's height.
+    metrics_app.record("lone", 1, at=now - 5 * HOUR)
+    metrics_app.record("lone", 5000, at=now - HOUR)
+    metrics_app.flush()
+    open_series(page, live_server, "lone")
+    titles = mark_titles(page)
+    assert len(titles) == 145
+    lone = next(i for i, t in enumerate(titles) if t.endswith(": 1"))
+    rgb = tuple(int(c) for c in LIGHT_BAR[4:-1].split(", "))
+    tall, wide = drawn(page, lone, rgb)  # type: ignore[arg-type]
+    screenshot(page, f"metrics-chart-lone-event-{width}", full_page=False)
+    # At least two whole pixels each way, in the bar's own colour, at any width.
+    assert tall >= 2 and wide >= 2, (tall, wide)
+
+
+def test_no_history_button(watched: Page, live_server: Any) -> None:
+    page = watched
+    open_series(page, live_server, "shop:home")
+    assert page.get_by_role("link", name="History").count() == 0
+    assert page.locator(".object-tools").count() == 0
+    screenshot(page, "metrics-series-no-history", full_page=False)
