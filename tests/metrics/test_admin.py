@@ -125,6 +125,7 @@ def pages(data: dict[str, Series]) -> list[str]:
         f"{changelist_url()}?q=secret",
         change_url(secret),
         *(change_url(secret, p.key) for p in PERIODS),
+        f"{change_url(secret)}?zoom=2024-03-06T11:00",
         reverse("admin:metrics_app_series_history", args=[secret.pk]),
     ]
 
@@ -581,6 +582,21 @@ def test_the_chart_page_reads_its_bars_in_one_query(
         assert len(buckets) == 1, params
         # The stored buckets summed into at most MAX_BARS bars, none drawn per stored bucket.
         assert 50 <= len(mark_titles(chart_of(response))) <= MAX_BARS, params
+
+
+def test_any_query_string_is_escaped_in_the_controls(
+    data: dict[str, Series], make_user: UserFactory
+) -> None:
+    hostile = '"><script>alert(1)</script>'
+    response = client_for(make_user, "viewer").get(
+        change_url(data["shop:home"]), {hostile: hostile, "period": hostile, "zoom": hostile}
+    )
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "<script>alert(1)" not in body
+    # Kept (escaped) in the zoom form and the links, as the admin's list filters are.
+    assert 'name="&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"' in body
+    assert len(mark_titles(chart_of(response))) == 144  # the default period, whole
 
 
 def test_no_history_button_on_read_only_series(
