@@ -238,6 +238,7 @@ class Chart:
 
     @property
     def total(self) -> int:
+        """The events of the bars drawn."""
         return sum(count for _, count in self.points)
 
     @property
@@ -295,8 +296,8 @@ def chart(request: HttpRequest, name: str, *, now: float | None = None) -> Chart
     """The chart of series ``name`` that ``request`` asks for (see the module docstring).
 
     ``now`` (default: the clock, read once) is the time the period ends at and the tiers'
-    ages count from. Reads the database once, twice in the rare case :func:`read`
-    describes.
+    ages count from. One query reads the bars (more only in the rare case :func:`read`
+    describes).
     """
     if now is None:
         now = clock.now()
