@@ -197,10 +197,10 @@ def schedule_downsample(name: str) -> None:
             from metrics_app.rollup import downsample
 
             downsample(series_names=[name])
-        else:
-            from metrics_app.tasks import downsample_series
+        else:  # sent from a background thread: a page never waits on the broker
+            from metrics_app.tasks import downsample_series, publisher
 
-            downsample_series.apply_async((name,), retry=False)
+            publisher.send(downsample_series, (name,))
     except Exception as exc:  # a query must not fail because the broker is down
         logger.warning("metrics: could not schedule downsample_series(%r): %s", name, exc)
 

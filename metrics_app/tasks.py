@@ -1,20 +1,33 @@
-"""Celery tasks and the beat schedule.
+"""Celery tasks, the beat schedule, and how a web request sends a task.
 
-Wire them into your Celery app (the demo does)::
+Wire them into your Celery app once its configuration is read (``docs/celery.rst``,
+"Wiring"; the demo's ``demo_site/celery.py`` does the same)::
 
-    from metrics_app.tasks import beat_schedule
-    app.conf.beat_schedule = {**app.conf.beat_schedule, **beat_schedule()}
+    @app.on_after_configure.connect
+    def add_metrics_schedule(sender, **kwargs):
+        from metrics_app.tasks import beat_schedule
+
+        sender.conf.beat_schedule = {**sender.conf.beat_schedule, **beat_schedule()}
 
 Every task is also a plain function: ``downsample()`` runs in-process.
+
+A web request never waits on the broker: :data:`publisher` sends the read-triggered
+``downsample_series`` from a background thread (:class:`Publisher` says why and how).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+import time
 from typing import Any
 
 from celery import shared_task
 
 from metrics_app.conf import conf
+
+logger = logging.getLogger("metrics_app")
 
 #: Downsample every 5 minutes; drain the Redis buffer every 10 seconds.
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
@@ -53,3 +66,108 @@ def flush_redis_buffer() -> int:
     from metrics_app import redis_buffer
 
     return redis_buffer.flush()
+
+
+#: Longest a publish from a web process may take to connect and to hear back, in seconds.
+PUBLISH_TIMEOUT = 2.0
+#: After a publish failed, sends from web requests are skipped for this many seconds.
+BROKER_RETRY = 60.0
+#: Options that bound a publish whatever the transport: no reconnection retries (kombu
+#: otherwise retries for seconds), and the socket timeouts of Redis (``socket_*``) and of
+#: AMQP (``read_timeout``, ``write_timeout``; its handshake waits ``connect_timeout``).
+#: Each transport ignores the options that are not its own.
+BOUNDED: dict[str, Any] = {
+    "max_retries": 0,
+    "socket_connect_timeout": PUBLISH_TIMEOUT,
+    "socket_timeout": PUBLISH_TIMEOUT,
+    "read_timeout": PUBLISH_TIMEOUT,
+    "write_timeout": PUBLISH_TIMEOUT,
+}
+
+
+class Publisher:
+    """Sends tasks for web requests without ever making a request wait on the broker.
+
+    A query that finds stale fine buckets asks for a downsample of its series, and that
+    query may serve a page (the admin's chart). The broker may be down, silent, or not the
+    one meant: a web process whose project does not import its Celery app sends to Celery's
+    default, ``amqp://localhost``, and kombu retries for seconds before it gives up.
+
+    So :meth:`send` returns at once and the task is published from a daemon thread, one at
+    a time per process, on a connection of its own with short timeouts and no retries
+    (:data:`BOUNDED`). While a publish is in flight, and for :data:`BROKER_RETRY` seconds
+    after one failed, further sends are skipped: a read-triggered downsample only comes
+    early, and the beat's periodic ``metrics_app.downsample`` does the same work anyway.
+
+    The first failure for each broker is logged at WARNING, naming the broker with its
+    password masked; later ones at DEBUG, so a broker that is down is not logged once per
+    page view.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything: nothing in flight, nothing failed, nothing logged (a forked
+        child starts so, and tests)."""
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._retry_at = 0.0
+        self._warned: set[str] = set()
+
+    def send(self, task: Any, args: tuple[Any, ...]) -> bool:
+        """Publish ``task`` with ``args`` from the background; False when skipped."""
+        # The app is resolved here, in the request's thread: Celery's current app is
+        # per thread, and the background thread has none of its own.
+        app, name = task.app, task.name
+        with self._lock:
+            busy = self._thread is not None and self._thread.is_alive()
+            if busy or time.monotonic() < self._retry_at:
+                return False
+            thread = threading.Thread(
+                target=self._publish, args=(app, name, args), name="metrics-publish", daemon=True
+            )
+            self._thread = thread
+        thread.start()
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the publish in flight, if any (for tests and shutdown)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _publish(self, app: Any, name: str, args: tuple[Any, ...]) -> None:
+        url = str(app.conf.broker_url)
+        try:
+            with app.connection_for_write(
+                connect_timeout=PUBLISH_TIMEOUT, transport_options=BOUNDED
+            ) as connection:
+                url = connection.as_uri()  # the password masked
+                app.tasks[name].apply_async(
+                    args, connection=connection, retry=False, ignore_result=True
+                )
+        except Exception as exc:  # anything the transport raises: never out of the thread
+            self._failed(name, url, exc)
+
+    def _failed(self, name: str, url: str, exc: Exception) -> None:
+        with self._lock:
+            self._retry_at = time.monotonic() + BROKER_RETRY
+            first = url not in self._warned
+            self._warned.add(url)
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "metrics: could not send %s to the Celery broker %s (%s: %s); web requests skip "
+            "sending for %d s (logged once per process: is CELERY_BROKER_URL set, and does "
+            "the project's __init__.py import its Celery app?)",
+            name,
+            url,
+            type(exc).__name__,
+            exc,
+            BROKER_RETRY,
+        )
+
+
+#: The publisher of this process.
+publisher = Publisher()
+os.register_at_fork(after_in_child=publisher.reset)
