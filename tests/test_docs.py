@@ -75,3 +75,65 @@ def test_the_threat_model_names_tests_that_exist() -> None:
         source = (ROOT / path).read_text()
         if name:
             assert f"def {name.rsplit('::', 1)[-1]}(" in source, f"{path}::{name}"
+
+
+# -- docs/celery.rst: the wiring, as documented --------------------------------------------
+
+#: A web process as Django starts one (DJANGO_SETTINGS_MODULE=proj.settings), then a request
+#: thread (runserver and gunicorn's threads are not the thread that imported the settings)
+#: that sends the read-triggered downsample.
+WEB_PROCESS = """
+import json, threading, django
+django.setup()
+from metrics_app.tasks import downsample_series, publisher
+seen = {}
+def request():
+    seen["app"] = downsample_series.app.main
+    seen["sent"] = publisher.send(downsample_series, ("docs:series",))
+    publisher.join(10)
+thread = threading.Thread(target=request)
+thread.start()
+thread.join()
+from proj.celery import app
+seen["beat"] = sorted(app.conf.beat_schedule)
+print(json.dumps(seen))
+"""
+
+
+def test_the_celery_wiring_as_documented(redis_server: str) -> None:
+    """docs/celery.rst shows docs/examples/proj/: with it, a web process sends a request's
+    task to CELERY_BROKER_URL, and the beat schedule is metrics_app's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import redis
+
+    text = (DOCS / "celery.rst").read_text(encoding="utf-8")
+    for name in ("__init__.py", "celery.py", "settings.py"):
+        assert f".. literalinclude:: examples/proj/{name}" in text, name
+    broker = redis_server.rsplit("/", 1)[0] + "/7"  # a database of its own
+    queue = redis.Redis.from_url(broker)
+    queue.delete("celery")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(DOCS / "examples"), str(ROOT)]),
+        "DJANGO_SETTINGS_MODULE": "proj.settings",
+        "CELERY_BROKER_URL": broker,
+        "REDIS_URL": redis_server,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", WEB_PROCESS],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen == {"app": "proj", "sent": True, "beat": ["metrics-downsample"]}
+    (message,) = queue.lrange("celery", 0, -1)
+    assert json.loads(message)["headers"]["task"] == "metrics_app.downsample_series"
+    queue.delete("celery")

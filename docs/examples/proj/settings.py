@@ -1,0 +1,33 @@
+"""The settings of ``proj``: what metrics_app and Celery need, and little else.
+
+A real project's settings have more; ``docs/celery.rst`` shows the Celery part.
+"""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "docs-example-not-secret")
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "ratelimit_app",
+    "metrics_app",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+USE_TZ = True
+
+# -- Celery ------------------------------------------------------------------------------
+# The broker every process sends to (web processes too) and the workers read from.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/1")
+# metrics_app's tasks return their counts for a caller that waits; the beat never does.
+CELERY_TASK_IGNORE_RESULT = True
+# Two workers never downsample at once: the lock lives in a cache they share.
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    },
+}
+METRICS_LOCK_CACHE = "default"
+# -- end of Celery -----------------------------------------------------------------------
