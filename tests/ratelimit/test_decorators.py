@@ -12,6 +12,7 @@ from ratelimit_app import limits, responses
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.exceptions import Ratelimited
+from ratelimit_app.testing import frozen_clock
 
 pytestmark = [pytest.mark.urls("tests.ratelimit.urls"), pytest.mark.usefixtures("backend_kind")]
 
@@ -199,11 +200,17 @@ def unlimited(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
+@ratelimit(key="ip", rate="5/m")
+def five_a_minute(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
 urlpatterns = [
     path("per-address/", per_address),
     path("per-account/", per_account),
     path("per-named/", per_named),
     path("by-rule/", unlimited),
+    path("five-a-minute/", five_a_minute),
 ]
 
 BY_ADDRESS = "Too many requests came from your network address"
@@ -245,3 +252,23 @@ def test_the_429_page_says_whom_the_limit_counted(client: Client, db: Any) -> No
     assert BY_ACCOUNT in pages[0].content.decode()
     assert len({page.content for page in pages}) == 1
     assert responses._rendered.cache_info().hits == 2
+
+
+# -- Retry-After: 61 for '5/m' (docs/concepts.rst) ------------------------------------------
+
+
+@pytest.mark.urls(__name__)
+@override_settings(**MIDDLEWARE_429)
+def test_retry_after_61_for_5_a_minute_is_the_first_moment_it_admits(client: Client) -> None:
+    """Five hits at the start of a second, refused the same moment: the oldest hit's
+    one-second bucket counts in full until it leaves the window, 61 s later (W + W/G). A
+    Retry-After of 60 would send the client back to a refusal."""
+    with frozen_clock(1_700_000_040.0) as clock:  # the start of a second
+        assert statuses(client, "/five-a-minute/", 5) == [200] * 5
+        refused = client.get("/five-a-minute/")
+        assert (refused.status_code, refused["Retry-After"]) == (429, "61")
+        clock.advance(60)  # the period: still one bucket too early
+        early = client.get("/five-a-minute/")
+        assert (early.status_code, early["Retry-After"]) == (429, "1")
+        clock.advance(1)
+        assert client.get("/five-a-minute/").status_code == 200
