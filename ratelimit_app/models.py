@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured, ValidationError
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -137,8 +137,14 @@ class Rule(models.Model):
         try:
             rules.parse_rule(self.as_dict(), trusted=False)
         except rules.RuleError as exc:
-            field = exc.field if exc.field in {f.name for f in self._meta.fields} else None
-            raise ValidationError({field: exc.problem} if field else exc.problem) from exc
+            # Every mistake at once, each under its field (a field the form does not show:
+            # above the form).
+            own = {f.name for f in self._meta.fields}
+            found: dict[str, list[str]] = {}
+            for error in exc.errors:
+                where = error.field if error.field in own else NON_FIELD_ERRORS
+                found.setdefault(where, []).append(error.problem)
+            raise ValidationError(found) from exc
 
 
 class AccessEntry(models.Model):

@@ -10,6 +10,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.core.cache import caches
+from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -270,3 +271,16 @@ def test_limited_requests_become_a_metrics_series(client: Client) -> None:
         assert [client.get("/rules/named/").status_code for _ in range(4)] == [200, 429, 429, 429]
     metrics_app.flush()
     assert Series.objects.get(name="ratelimit:metered").total == 3
+
+
+def test_a_rule_with_several_mistakes_shows_each_under_its_field() -> None:
+    """The admin's form shows every mistake of a rule at once (the system checks do too)."""
+    rule = Rule(name="bad", path="", key="os.system", rate="ten/m")
+    with pytest.raises(ValidationError) as caught:
+        rule.full_clean()
+    errors = caught.value.message_dict
+    assert {"key", "rate"} <= set(errors), errors
+    assert any(
+        "path" in message or "url_name" in message
+        for message in errors.get("__all__", errors.get("path", []))
+    )

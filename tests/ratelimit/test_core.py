@@ -264,8 +264,8 @@ async def test_an_unbuildable_backend_fails_like_a_dead_one(cache: dict[str, Any
         usage = get_usage(rf.get("/"), group="g", key="ip", rate="3/m", increment=True)
         assert usage is not None
         assert usage["should_limit"]  # fail closed, as django-ratelimit
-        with pytest.raises(views.Ratelimited):
-            await views.async_view(rf.get("/"))
+        response = await views.async_view(rf.get("/"))
+        assert response.status_code == 503  # the counters' outage, not the client's doing
     reset_backends()
 
 
