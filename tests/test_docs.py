@@ -46,15 +46,6 @@ def test_readme_has_exactly_the_two_setup_commands() -> None:
     assert commands == ["make demo", "make test"]
 
 
-def test_readme_links_point_at_real_files() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    links = re.findall(r"\]\(([^)#]+)\)", readme)
-    local = [link for link in links if "://" not in link]
-    assert local
-    for link in local:
-        assert (ROOT / link).is_file(), link
-
-
 @pytest.mark.parametrize("target", ["demo", "test", "venv", "servers", "lint", "docs", "bench"])
 def test_makefile_has_target(target: str) -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
