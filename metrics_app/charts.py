@@ -55,7 +55,7 @@ LABEL_SPACING = 60
 MINUTE, HOUR, DAY, WEEK = 60, 3600, 86400, 7 * 86400
 
 #: Time-label intervals in seconds, finest first; weeks start on Mondays.
-_FIXED_INTERVALS = (
+ROUND_INTERVALS = (
     MINUTE,
     5 * MINUTE,
     10 * MINUTE,
@@ -170,7 +170,7 @@ def time_ticks(lo: int, hi: int, most: int) -> tuple[list[int], str]:
     ``"month"`` or ``"year"``; :func:`_time_label` formats each kind.
     """
     most = max(most, 2)
-    for seconds in _FIXED_INTERVALS:
+    for seconds in ROUND_INTERVALS:
         ticks = _ticks_every(lo, hi, seconds)
         if len(ticks) <= most:
             return ticks, "time" if seconds < DAY else "day"

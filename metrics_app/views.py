@@ -59,7 +59,7 @@ MAX_BARS = 150
 #: Bar widths a chart chooses from, in seconds, finest first: the round intervals of the time
 #: axis's labels (so bars start where labels stand), and two and three days and four weeks,
 #: for long ranges of hourly buckets.
-BAR_STEPS = tuple(sorted({*charts._FIXED_INTERVALS, 2 * DAY, 3 * DAY, 4 * WEEK}))
+BAR_STEPS = tuple(sorted({*charts.ROUND_INTERVALS, 2 * DAY, 3 * DAY, 4 * WEEK}))
 #: What a zoomed chart shows: one hour, in the finest buckets stored for it.
 ZOOM = HOUR
 #: How ``?zoom=`` writes the hour (UTC), minutes included so that the URL reads as a time.

@@ -49,6 +49,9 @@ class TestLogin:
             assert [log_in(client, "alice", "wrong") for _ in range(5)] == [200] * 5
             refused = client.post("/accounts/login/", {"username": "alice", "password": PASSWORD})
             assert_demo_429(refused, "login-account")
+            # A per-account limit: the page blames the account, not the client's address.
+            assert "were made for this account or address" in refused.content.decode()
+            assert "came from" not in refused.content.decode()
             assert log_in(client, " ALICE ", "wrong") == 429  # the same account
             assert log_in(client, "bob", "wrong") == 200  # another account
             clock.advance(61)
