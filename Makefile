@@ -102,9 +102,12 @@ servers:
 	@$(PYTHON3) -m tests.servers --ensure
 
 # Run every step even when an earlier one fails, so one run shows every problem; the summary
-# names the failed steps and the exit status is non-zero if any failed.
+# names the failed steps and the exit status is non-zero if any failed. Each step says how
+# long it took: CI's whole `make test` should stay under 15 minutes.
 STEPS_BEGIN := failed=""; \
-	step() { name=$$1; shift; printf '\n==> %s\n' "$$name"; "$$@" || failed="$$failed $$name"; }
+	step() { name=$$1; shift; printf '\n==> %s\n' "$$name"; start=$$(date +%s); \
+	  "$$@" || failed="$$failed $$name"; \
+	  printf '==> %s took %ss\n' "$$name" $$(($$(date +%s) - start)); }
 STEPS_END = if [ -n "$$failed" ]; then printf '\nmake $@: FAILED:%s\n' "$$failed"; exit 1; fi; \
 	printf '\nmake $@: all steps passed\n'
 

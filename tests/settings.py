@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 SECRET_KEY = "django-bucketry-tests-not-secret"
 DEBUG = False
 ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
@@ -50,12 +53,23 @@ TEMPLATES = [
     },
 ]
 
-# In-memory SQLite by default; `pytest --db=postgres` swaps in a throwaway PostgreSQL
-# (see django_db_modify_db_settings in tests/conftest.py).
+# SQLite by default; `pytest --db=postgres` swaps in a throwaway PostgreSQL (see
+# django_db_modify_db_settings in tests/conftest.py).
+#
+# The test database is a file, not SQLite's memory: Django ignores close() on an in-memory
+# database (closing its last connection would destroy it), so the connections that our
+# background threads close when they finish (the rules loader, the metrics flusher) stayed
+# open until garbage-collected, which Python 3.13 reports as an unclosed database. One file
+# per test process (engineers and CI may run several suites at once), which Django creates
+# and deletes; synchronous=OFF since a crash may lose it whole.
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": ":memory:",
+        "OPTIONS": {"init_command": "PRAGMA synchronous=OFF"},
+        "TEST": {
+            "NAME": os.path.join(tempfile.gettempdir(), f"bucketry-tests-{os.getpid()}.sqlite3")
+        },
     },
 }
 
