@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django
+
 from demo_site import env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -192,7 +194,10 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "shortener:index"
 LOGOUT_REDIRECT_URL = "shortener:index"
 # Password-reset emails are printed by the web server (in the `make demo` terminal).
-EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+if django.VERSION >= (6, 1):  # MAILERS replaces EMAIL_BACKEND (which 6.1 warns about)
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
 DEFAULT_FROM_EMAIL = "demo@localhost"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

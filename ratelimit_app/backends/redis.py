@@ -103,7 +103,9 @@ end
 #: new values of its increments (in the order above), then the value of every bucket read
 #: ("0" for none), in the order of the reads above. One string, because redis-py parses a
 #: reply element by element in Python.
-SCRIPT = DROP_STALE + """
+SCRIPT = (
+    DROP_STALE
+    + """
 local out = {}
 local expiring = {}
 local function increment(key, field, ttl)
@@ -170,6 +172,7 @@ for o = 0, #ARGV - 1, 9 do
 end
 return table.concat(out, ' ')
 """
+)
 
 
 #: Every leaky bucket of a request, atomically: KEYS[i] is the i-th subject's TAT key,
@@ -234,10 +237,13 @@ return reply
 #: :meth:`RedisBackend._transaction`), which cannot decide on a reply inside the round trip:
 #: KEYS[1] routes the call, ARGV[1] is the key base, ARGV[2] "hash fine coarse ...", as
 #: ARGV[7] of :data:`SCRIPT`.
-TRIM_SCRIPT = DROP_STALE + """
+TRIM_SCRIPT = (
+    DROP_STALE
+    + """
 drop_stale(ARGV[1], ARGV[2])
 return 0
 """
+)
 
 #: A transaction's first and last commands.
 MULTI = b"*1\r\n$5\r\nMULTI\r\n"

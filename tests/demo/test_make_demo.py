@@ -25,6 +25,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import closing
 from http.cookiejar import CookieJar
 from pathlib import Path
 from types import SimpleNamespace
@@ -235,7 +236,7 @@ def test_start_use_stop_and_start_again(tmp_path: Path, demos: list[Demo]) -> No
 
     # The two visits reached the database: flushed by the web server at the latest as it
     # stopped (Ctrl-C ends it through its normal exit, which flushes the buffer).
-    with sqlite3.connect(state / "db.sqlite3") as db:
+    with closing(sqlite3.connect(state / "db.sqlite3")) as db:  # "with" alone never closes it
         total = db.execute(
             "SELECT total FROM metrics_app_series WHERE name = ?", (f"shorturl:{key.group(1)}",)
         ).fetchone()
