@@ -368,9 +368,7 @@ def render(rows: list[Row], found: list[Concurrency], rounds: int, calls: int) -
             r.ours_p90,
             r.peer_median,
             r.peer_p90,
-            f"{r.ratio:.2f}x",
-            "-" if r.target is None else f"<= {r.target}x",
-            {None: "-", True: "yes", False: "NO"}[r.met],
+            *latency.verdict_cells(r),
             f"{r.ours_failed} ours, {r.peer_failed} DRF" if r.ours_failed or r.peer_failed else 0,
         ]
         for r in rows

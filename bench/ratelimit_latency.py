@@ -536,6 +536,16 @@ def _failed_cell(ours: int, peers: int, samples: int) -> str:
     return f"{ours}/{samples} ours, {peers} peer" if ours or peers else "0"
 
 
+def verdict_cells(r: Row) -> list[str]:
+    """A row's ratio, target and whether it is met, as table cells (shared with the other
+    benches whose rows are :class:`Row`)."""
+    return [
+        f"{r.ratio:.2f}x",
+        "-" if r.target is None else f"<= {r.target}x",
+        {None: "-", True: "yes", False: "NO"}[r.met],
+    ]
+
+
 def render(report: Report, rounds: int, calls: int) -> str:
     """Both tables: against django-ratelimit, and against the fastest peer."""
     headers = [
@@ -558,9 +568,7 @@ def render(report: Report, rounds: int, calls: int) -> str:
             r.ours_p90,
             r.peer_median,
             r.peer_p90,
-            f"{r.ratio:.2f}x",
-            "-" if r.target is None else f"<= {r.target}x",
-            {None: "-", True: "yes", False: "NO"}[r.met],
+            *verdict_cells(r),
             _failed_cell(r.ours_failed, r.peer_failed, r.samples),
         ]
         for r in report.rows
