@@ -13,6 +13,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     # login/, logout/, password_reset/, reset/<uidb64>/<token>/, password_change/...
     path("accounts/", include("django.contrib.auth.urls")),
     path("limits/", views.limits, name="limits"),
+    path("site.css", views.stylesheet, name="stylesheet"),
     # The JSON API (Django REST framework, on ratelimit_app.throttling).
     path("api/", include("demo_site.api")),
     path("admin/", admin.site.urls),

@@ -41,6 +41,11 @@ def assert_demo_429(response: Any, rule: str) -> None:
     assert "<h1>Slow down</h1>" in text
     assert f"<code>{rule}</code>" in text
     assert 'aria-label="Main"' in text  # the site's own layout, not the library's page
+    # A flood is answered with this page: it links the site's stylesheet rather than carrying
+    # it (7 KB a refusal before, sent and read on every refused request).
+    assert '<link rel="stylesheet" href="/site.css">' in text
+    assert "<style" not in text
+    assert len(response.content) < 2048
 
 
 class TestLogin:
