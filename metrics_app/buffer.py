@@ -38,12 +38,16 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
 from metrics_app import clock
+from metrics_app.conf import conf
+from metrics_app.names import MAX_NAME_LENGTH, check_name
+
+__all__ = ["MAX_NAME_LENGTH", "flush", "record", "reset", "stats"]
 
 logger = logging.getLogger("metrics_app")
-
-#: Longest series name :func:`record` accepts.
-MAX_NAME_LENGTH = 200
 
 
 @dataclass
@@ -79,13 +83,10 @@ def record(name: str, count: int = 1, at: datetime | float | None = None) -> Non
     Thread-safe and free of I/O (unless ``METRICS_BUFFER = "redis"``): the counts reach the
     database at the next flush. ``at`` is an aware datetime or Unix seconds.
     """
-    if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH:
-        raise ValueError(
-            f"metric names are strings of 1 to {MAX_NAME_LENGTH} characters, got {name!r:.60}"
-        )
-    if "\x00" in name or (not name.isprintable() and not _storable(name)):
-        # A name the database refuses would fail its whole flush batch, again and again.
-        raise ValueError(f"metric names cannot hold NUL or lone surrogates, got {name!r:.60}")
+    if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable():
+        # Three cheap tests pass the usual name without a call (this runs on every counted
+        # request); check_name rules on the rest, and raises for what it refuses.
+        check_name(name)
     if count != 1 and (type(count) is not int or count < 0):
         raise ValueError(f"count must be a non-negative int, got {count!r}")
     if at is None:
@@ -121,14 +122,6 @@ def record(name: str, count: int = 1, at: datetime | float | None = None) -> Non
     _report_drop(name, count)
 
 
-def _storable(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 _redis_failure_logged = 0.0
 
 
@@ -162,8 +155,6 @@ def _report_drop(name: str, count: int) -> None:
 
 def _refresh_settings() -> float:
     global _max_keys, _redis_mode
-    from metrics_app.conf import conf
-
     _max_keys = conf.MAX_BUFFERED_KEYS
     _redis_mode = conf.BUFFER == "redis"
     return conf.FLUSH_INTERVAL
@@ -190,9 +181,15 @@ def _start_thread() -> None:
     _thread.start()
 
 
-def settings_changed() -> None:
-    """Re-read the cached settings (``setting_changed`` receiver in :mod:`conf`)."""
-    if _started:
+#: The settings this module caches once started (the rest are read where they are used).
+_CACHED_SETTINGS = frozenset(
+    {"METRICS_BUFFER", "METRICS_FLUSH_INTERVAL", "METRICS_MAX_BUFFERED_KEYS"}
+)
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if _started and setting in _CACHED_SETTINGS:
         interval = _refresh_settings()
         if interval > 0 and not _redis_mode:
             _start_thread()
@@ -211,8 +208,6 @@ def _run() -> None:
 
 
 def _loop() -> None:
-    from metrics_app.conf import conf
-
     delay = conf.FLUSH_INTERVAL
     while True:
         _wakeup.wait(delay)
@@ -369,8 +364,6 @@ def _install_exit_hooks() -> None:
         return
     _hooks_pid = os.getpid()
     atexit.register(_flush_at_exit)
-    from metrics_app.conf import conf
-
     if conf.HANDLE_SIGTERM and threading.current_thread() is threading.main_thread():
         current = signal.getsignal(signal.SIGTERM)
         if current is not _on_sigterm:

@@ -114,8 +114,5 @@ def _parsed_retention(value: str) -> Retention:
 
 @receiver(setting_changed)
 def _clear_caches(*, setting: str, **kwargs: Any) -> None:
-    if setting.startswith("METRICS_"):
+    if setting == "METRICS_RETENTION":
         _parsed_retention.cache_clear()
-        from metrics_app import buffer
-
-        buffer.settings_changed()

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from metrics_app.buffer import MAX_NAME_LENGTH
+from metrics_app.names import MAX_NAME_LENGTH
 
 
 class Series(models.Model):
