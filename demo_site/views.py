@@ -12,6 +12,7 @@ from django.shortcuts import render
 from django.views.decorators.http import etag, require_safe
 
 from demo_site.shortener.views import CREATE_RATE
+from ratelimit_app import declared
 from ratelimit_app.conf import conf
 
 #: How to reach each rule's 429 from a browser (docs/demo.rst says the same).
@@ -42,7 +43,7 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
 def limits(request: HttpRequest) -> HttpResponse:
     """``/limits/``: the rules of ``RATELIMIT_RULES`` and the decorator, with how to try them."""
     rules = []
-    for rule in conf.SETTINGS_RULES:
+    for rule in declared.rules():
         described = rule.describe()
         rules.append(
             {

@@ -31,8 +31,7 @@ from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import core
-from ratelimit_app.conf import conf
+from ratelimit_app import core, declared, store
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
 from ratelimit_app.models import AccessEntry, Rule
@@ -99,7 +98,7 @@ class UsageForm(forms.Form):
         super().__init__(*args, **kwargs)
         choices = [
             (r.name, f"{r.name} — key {r.key if isinstance(r.key, str) else 'callable'}, {r.rate}")
-            for r in conf.RULES.rules
+            for r in store.current().rules.rules
         ]
         # Django REST framework's throttle scopes, when the project uses our throttles (the
         # module is imported by then; this admin never imports DRF itself).
@@ -176,7 +175,7 @@ class RuleAdmin(admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         settings_rules = [
-            {**rule.describe(), "chart": chart_url(rule.name)} for rule in conf.SETTINGS_RULES
+            {**rule.describe(), "chart": chart_url(rule.name)} for rule in declared.rules()
         ]
         context = {"settings_rules": settings_rules, **(extra_context or {})}
         return super().changelist_view(request, extra_context=context)

@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
-from ratelimit_app.conf import DEFAULTS
+from ratelimit_app.conf import DEFAULTS, THROTTLING, drf_throttles_named
 
 MESSAGES: dict[str, str] = {
     "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
@@ -235,25 +235,9 @@ def check_decorators(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     ]
 
 
-#: Our DRF throttles' module (importing it imports Django REST framework).
-THROTTLING = "ratelimit_app.throttling"
-
-
-def throttles_named() -> list[str]:
-    """The classes of :data:`THROTTLING` that ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]``
-    names, as dotted paths."""
-    config = getattr(settings, "REST_FRAMEWORK", None)
-    if not isinstance(config, dict):
-        return []
-    named = config.get("DEFAULT_THROTTLE_CLASSES") or ()
-    if isinstance(named, str):
-        named = [named]
-    return [c for c in named if isinstance(c, str) and c.startswith(THROTTLING + ".")]
-
-
 @checks.register(checks.Tags.urls)
 def check_throttling(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    named = throttles_named()
+    named = drf_throttles_named()
     if importlib.util.find_spec("rest_framework") is None:
         if not named:
             return []

@@ -2,8 +2,15 @@
 
 Nothing is read at import. A value is read from ``django.conf.settings`` on first use and
 remembered as a plain attribute, because the limiter reads about ten settings per request and
-Django's settings object is slow to ask; the ``setting_changed`` receiver below forgets
-everything, so ``override_settings`` and pytest-django's ``settings`` fixture just work.
+Django's settings object is slow to ask; the ``setting_changed`` receiver below forgets them,
+so ``override_settings`` and pytest-django's ``settings`` fixture just work.
+
+A leaf: this module reads settings and imports nothing else of the package. What is built
+from settings keeps its own cache and forgets it with its own receiver, on the settings
+:func:`affects_limiter` names: the declared rules and lists (:mod:`ratelimit_app.declared`),
+the configuration in force (:mod:`ratelimit_app.store`), the backends
+(:mod:`ratelimit_app.backends`), the hashed subjects (:mod:`ratelimit_app.keys`) and the
+refusals remembered (:mod:`ratelimit_app.engine`).
 """
 
 from __future__ import annotations
@@ -11,10 +18,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
-import logging
 from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -22,13 +28,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-if TYPE_CHECKING:
-    from ratelimit_app.access import AccessList
-    from ratelimit_app.rules import Rule, RuleSet
-    from ratelimit_app.store import Snapshot
-
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-logger = logging.getLogger("ratelimit_app")
 
 DEFAULTS: dict[str, Any] = {
     "RATELIMIT_ENABLE": True,
@@ -61,8 +61,33 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _get(name: str) -> Any:
+def read(name: str) -> Any:
+    """The setting ``name`` (one of :data:`DEFAULTS`), or its default."""
     return getattr(settings, name, DEFAULTS[name])
+
+
+def affects_limiter(setting: str) -> bool:
+    """True when a change of ``setting`` may change what the limiter built from settings:
+    any ``RATELIMIT_*`` setting, the caches (the backends) and ``SECRET_KEY`` (the salt of
+    hashed subjects). Every module that caches such things forgets them on these."""
+    return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY")
+
+
+def drf_throttles_named() -> list[str]:
+    """The classes of :mod:`ratelimit_app.throttling` that
+    ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]`` names, as dotted paths (read without
+    importing Django REST framework)."""
+    config = getattr(settings, "REST_FRAMEWORK", None)
+    if not isinstance(config, dict):
+        return []
+    named = config.get("DEFAULT_THROTTLE_CLASSES") or ()
+    if isinstance(named, str):
+        named = [named]
+    return [c for c in named if isinstance(c, str) and c.startswith(THROTTLING + ".")]
+
+
+#: Our DRF throttles' module (importing it imports Django REST framework).
+THROTTLING = "ratelimit_app.throttling"
 
 
 class Settings:
@@ -70,45 +95,44 @@ class Settings:
 
     A setting is computed on first use and then kept as a plain attribute of the instance
     (``functools.cached_property``), so the request path reads it without a call; the
-    ``setting_changed`` receiver forgets them all. ``RULES``, ``ALLOW`` and ``DENY`` come
-    from the snapshot of :mod:`ratelimit_app.store`, refreshed while the process runs.
+    ``setting_changed`` receiver forgets them all.
     """
 
     @functools.cached_property
     def ENABLE(self) -> bool:
-        return bool(_get("RATELIMIT_ENABLE"))
+        return bool(read("RATELIMIT_ENABLE"))
 
     @functools.cached_property
     def USE_CACHE(self) -> str:
-        return str(_get("RATELIMIT_USE_CACHE"))
+        return str(read("RATELIMIT_USE_CACHE"))
 
     @functools.cached_property
     def VIEW(self) -> str | Callable[..., Any] | None:
-        return _get("RATELIMIT_VIEW")
+        return read("RATELIMIT_VIEW")
 
     @functools.cached_property
     def FAIL_OPEN(self) -> bool:
-        return bool(_get("RATELIMIT_FAIL_OPEN"))
+        return bool(read("RATELIMIT_FAIL_OPEN"))
 
     @functools.cached_property
     def IP_META_KEY(self) -> str | Callable[..., Any] | None:
-        return _get("RATELIMIT_IP_META_KEY")
+        return read("RATELIMIT_IP_META_KEY")
 
     @functools.cached_property
     def IPV4_MASK(self) -> int:
-        return _get("RATELIMIT_IPV4_MASK")
+        return read("RATELIMIT_IPV4_MASK")
 
     @functools.cached_property
     def IPV6_MASK(self) -> int:
-        return _get("RATELIMIT_IPV6_MASK")
+        return read("RATELIMIT_IPV6_MASK")
 
     @functools.cached_property
     def HASH(self) -> Callable[[bytes], Any]:
-        return _hash_function(_get("RATELIMIT_HASH_ALGORITHM"))
+        return _hash_function(read("RATELIMIT_HASH_ALGORITHM"))
 
     @functools.cached_property
     def CACHE_PREFIX(self) -> str:
-        return str(_get("RATELIMIT_CACHE_PREFIX"))
+        return str(read("RATELIMIT_CACHE_PREFIX"))
 
     @functools.cached_property
     def SALT(self) -> str:
@@ -120,143 +144,68 @@ class Settings:
         return _salt(secret)
 
     @functools.cached_property
-    def NAMESPACES(self) -> dict[tuple[str, str, str], str]:
-        """Memo of hashed subjects, ``(scope, kind, value) -> namespace``, for
-        :func:`ratelimit_app.core.namespace`; forgotten when a setting changes (the salt
-        and the hash come from settings)."""
-        return {}
-
-    @functools.cached_property
     def EXCEPTION_CLASS(self) -> type[Exception]:
-        value = _get("RATELIMIT_EXCEPTION_CLASS")
+        value = read("RATELIMIT_EXCEPTION_CLASS")
         return import_string(value) if isinstance(value, str) else value
 
     @functools.cached_property
     def TRUSTED_PROXIES(self) -> tuple[IPNetwork, ...]:
-        return _networks(tuple(_get("RATELIMIT_TRUSTED_PROXIES")))
+        return _networks(tuple(read("RATELIMIT_TRUSTED_PROXIES")))
 
     @functools.cached_property
     def BUCKETS_PER_WINDOW(self) -> int:
-        return _get("RATELIMIT_BUCKETS_PER_WINDOW")
+        return read("RATELIMIT_BUCKETS_PER_WINDOW")
 
     @functools.cached_property
     def HIERARCHICAL(self) -> bool:
-        return bool(_get("RATELIMIT_HIERARCHICAL"))
+        return bool(read("RATELIMIT_HIERARCHICAL"))
 
     @functools.cached_property
     def SOCKET_TIMEOUT(self) -> float:
-        return float(_get("RATELIMIT_SOCKET_TIMEOUT"))
+        return float(read("RATELIMIT_SOCKET_TIMEOUT"))
 
     @functools.cached_property
     def DEAD_RETRY(self) -> float:
-        return float(_get("RATELIMIT_DEAD_RETRY"))
+        return float(read("RATELIMIT_DEAD_RETRY"))
 
     @functools.cached_property
     def BACKEND(self) -> str | None:
-        return _get("RATELIMIT_BACKEND")
-
-    @property
-    def RULES(self) -> RuleSet:
-        """The rules in force: ``RATELIMIT_RULES`` and the enabled rules of the database
-        (:mod:`ratelimit_app.store`), validated and compiled."""
-        return _current().rules
-
-    @property
-    def CURRENT(self) -> Snapshot:
-        """The snapshot in force: ``RULES``, ``ALLOW`` and ``DENY`` in one read."""
-        return _current()
-
-    @property
-    def ALLOW(self) -> AccessList:
-        """``RATELIMIT_ALLOW`` and the database's allow list."""
-        return _current().allow
-
-    @property
-    def DENY(self) -> AccessList:
-        """``RATELIMIT_DENY`` and the database's deny list."""
-        return _current().deny
-
-    @functools.cached_property
-    def SETTINGS_RULES(self) -> tuple[Rule, ...]:
-        """``RATELIMIT_RULES`` alone, validated (invalid rules are left out and logged; the
-        system checks report them)."""
-        from ratelimit_app.rules import parse_rules
-
-        found, errors = parse_rules(_get("RATELIMIT_RULES"))
-        for error in errors:
-            logger.error("ratelimit: %s (rule left out)", error)
-        return tuple(found)
-
-    @functools.cached_property
-    def SETTINGS_ALLOW(self) -> AccessList:
-        return _access("RATELIMIT_ALLOW")
-
-    @functools.cached_property
-    def SETTINGS_DENY(self) -> AccessList:
-        return _access("RATELIMIT_DENY")
+        return read("RATELIMIT_BACKEND")
 
     @functools.cached_property
     def DB_RULES(self) -> bool:
-        return bool(_get("RATELIMIT_DB_RULES"))
+        return bool(read("RATELIMIT_DB_RULES"))
 
     @functools.cached_property
     def CONFIG_REFRESH(self) -> float:
-        return float(_get("RATELIMIT_CONFIG_REFRESH"))
+        return float(read("RATELIMIT_CONFIG_REFRESH"))
 
     @functools.cached_property
     def FAILURE_STATUSES(self) -> frozenset[int]:
-        return frozenset(_get("RATELIMIT_FAILURE_STATUSES"))
+        return frozenset(read("RATELIMIT_FAILURE_STATUSES"))
 
     @functools.cached_property
     def HEADERS(self) -> bool:
-        return bool(_get("RATELIMIT_HEADERS"))
+        return bool(read("RATELIMIT_HEADERS"))
 
     @functools.cached_property
     def FAIL_CLOSED_STATUS(self) -> int:
-        return int(_get("RATELIMIT_FAIL_CLOSED_STATUS"))
+        return int(read("RATELIMIT_FAIL_CLOSED_STATUS"))
 
     @functools.cached_property
     def REFUSAL_MEMORY(self) -> float:
-        return float(_get("RATELIMIT_REFUSAL_MEMORY"))
+        return float(read("RATELIMIT_REFUSAL_MEMORY"))
 
     @functools.cached_property
     def REFUSAL_MEMORY_SIZE(self) -> int:
-        return int(_get("RATELIMIT_REFUSAL_MEMORY_SIZE"))
+        return int(read("RATELIMIT_REFUSAL_MEMORY_SIZE"))
 
     @functools.cached_property
     def CACHE_PAGES(self) -> bool:
-        return bool(_get("RATELIMIT_CACHE_PAGES"))
-
-
-def _current() -> Snapshot:
-    # Read on every request: the function is looked up once, not imported each time.
-    global _current_fn
-    if _current_fn is None:
-        from ratelimit_app.store import current
-
-        _current_fn = current
-    return _current_fn()
-
-
-_current_fn: Callable[[], Snapshot] | None = None
-
-
-def _access(name: str) -> AccessList:
-    from ratelimit_app.access import EMPTY, compile_list
-
-    try:
-        return compile_list(_get(name))
-    except ImproperlyConfigured as exc:  # the system checks report it
-        logger.error("ratelimit: %s: %s (list ignored)", name, exc)
-        return EMPTY
+        return bool(read("RATELIMIT_CACHE_PAGES"))
 
 
 conf = Settings()
-
-
-def settings_rule_names() -> set[str]:
-    """Names of the rules in ``RATELIMIT_RULES`` (a database rule may not reuse one)."""
-    return {rule.name for rule in conf.SETTINGS_RULES}
 
 
 @lru_cache(maxsize=8)
@@ -282,17 +231,7 @@ def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
 
 @receiver(setting_changed)
 def _clear_caches(*, setting: str, **kwargs: Any) -> None:
-    if setting == "ROOT_URLCONF":
-        from ratelimit_app.rules import clear_caches
-
-        clear_caches()
-    if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
+    if affects_limiter(setting):
         vars(conf).clear()
-        from ratelimit_app.store import forget
-
-        forget()
         _hash_function.cache_clear()
         _networks.cache_clear()
-        from ratelimit_app.backends import reset_backends
-
-        reset_backends()

@@ -22,13 +22,13 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, limits, rates, refusals, windows
+from ratelimit_app import ALL, UNSAFE, clock, gcra, keys, limits, rates, refusals, store, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import MeterOp, MeterReply, Op
-from ratelimit_app.conf import conf
+from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
-from ratelimit_app.keys import get_header, user_or_ip  # django-ratelimit's public helpers
+from ratelimit_app.keys import get_header, namespace, user_or_ip
 from ratelimit_app.limits import Limit, Method, method_set
 from ratelimit_app.rules import Rule
 from ratelimit_app.signals import backend_failed, ratelimited
@@ -63,29 +63,6 @@ def group_name(fn: Callable[..., Any]) -> str:
         parts.append(type(owner).__name__)
     parts.append(getattr(fn, "__qualname__", repr(fn)))
     return ".".join(p for p in parts if p)
-
-
-#: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
-#: the memo starts over when full.
-NAMESPACE_MEMO = 8192
-
-
-def namespace(group: str, kind: str, value: str) -> str:
-    """The hashed, hash-tagged part of a key: no raw IP or email ever reaches the cache.
-
-    The hash is salted with a value derived from ``SECRET_KEY``, so a key read off the cache
-    cannot be reversed by hashing every IPv4 address. Recent subjects are remembered in the
-    process (:attr:`~ratelimit_app.conf.Settings.NAMESPACES`), never stored elsewhere.
-    """
-    memo = conf.NAMESPACES
-    found = memo.get((group, kind, value))
-    if found is None:
-        raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
-        found = "{" + conf.HASH(raw).hexdigest()[:32] + "}"
-        if len(memo) >= NAMESPACE_MEMO:
-            memo.clear()
-        memo[group, kind, value] = found
-    return found
 
 
 def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
@@ -370,7 +347,7 @@ def _counted_down(elapsed: float, r: Result) -> Result:
 @receiver(setting_changed)
 def _forget_refusals(*, setting: str, **kwargs: Any) -> None:
     # Rules, backends and keys may mean something else now.
-    if setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY"):
+    if affects_limiter(setting):
         REFUSALS.clear()
 
 
@@ -613,7 +590,7 @@ def find_limit(
     if isinstance(rule_or_group, Rule):
         return rule_or_group.limit
     if key is None:
-        found = conf.RULES.by_name.get(rule_or_group)
+        found = store.current().rules.by_name.get(rule_or_group)
         if found is None and rule_or_group.startswith("drf:"):
             # A DRF throttle's scope, when the project uses our throttles (imported by
             # then: this module never imports DRF itself).

@@ -27,10 +27,12 @@ from functools import lru_cache
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from ratelimit_app.conf import conf
+from ratelimit_app.conf import affects_limiter, conf
 
 #: Values longer than this (after normalising) are kept as a hash of themselves
 #: (:func:`derived`): a person's email or name is never this long.
@@ -460,3 +462,34 @@ def normalize_value(spec: KeySpec, value: str) -> str | None:
     if isinstance(spec, str) and is_email_kind(spec):
         return normalize_email(value)
     return _clean(value)
+
+
+# --- namespaces: a subject as the counters store it ------------------------------------------
+
+#: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
+#: the memo starts over when full.
+NAMESPACE_MEMO = 8192
+_namespaces: dict[tuple[str, str, str], str] = {}
+
+
+def namespace(group: str, kind: str, value: str) -> str:
+    """The hashed, hash-tagged part of a key: no raw IP or email ever reaches the cache.
+
+    The hash is salted with a value derived from ``SECRET_KEY``, so a key read off the cache
+    cannot be reversed by hashing every IPv4 address. Recent subjects are remembered in the
+    process, never stored elsewhere (forgotten when the salt or the hash may have changed).
+    """
+    found = _namespaces.get((group, kind, value))
+    if found is None:
+        raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
+        found = "{" + conf.HASH(raw).hexdigest()[:32] + "}"
+        if len(_namespaces) >= NAMESPACE_MEMO:
+            _namespaces.clear()
+        _namespaces[group, kind, value] = found
+    return found
+
+
+@receiver(setting_changed)
+def _forget_namespaces(*, setting: str, **kwargs: Any) -> None:
+    if affects_limiter(setting):
+        _namespaces.clear()

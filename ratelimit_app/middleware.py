@@ -40,7 +40,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import clock, keys, responses
+from ratelimit_app import clock, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.core import (
@@ -132,7 +132,7 @@ def _take_back_all_if_blocked(used: Sequence[Rule]) -> Callable[..., set[int]]:
 def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending | None:
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do)."""
-    current = conf.CURRENT
+    current = store.current()
     allow, deny = current.allow, current.deny
     if allow.networks or allow.users or deny.networks or deny.users:
         # The connection's address and the session's user are the client's own: an allowed
@@ -260,7 +260,8 @@ def settle(provisional: list[tuple[Check, Result]]) -> None:
 
 def _async_inline(rules: list[Rule]) -> bool:
     """True when the checks of ``rules`` may run on the event loop (see the module doc)."""
-    if conf.ALLOW.users or conf.DENY.users or not all(r.limit.async_safe for r in rules):
+    current = store.current()
+    if current.allow.users or current.deny.users or not all(r.limit.async_safe for r in rules):
         return False
     try:
         return get_backend().inline_ok
@@ -285,10 +286,11 @@ class RatelimitMiddleware:
         """The matching rules, or None when nothing applies (the fast path)."""
         if not conf.ENABLE:
             return None
-        rules = conf.RULES.match(request)
+        current = store.current()
+        rules = current.rules.match(request)
         if rules:
             return rules
-        deny = conf.DENY
+        deny = current.deny
         if deny.networks or deny.users:
             return rules
         return None

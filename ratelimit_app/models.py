@@ -18,7 +18,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import access, gcra, rules
+from ratelimit_app import access, declared, gcra, rules
 
 
 def _lines(text: str) -> list[str]:
@@ -130,9 +130,7 @@ class Rule(models.Model):
 
     def clean(self) -> None:
         """Validate as the system checks validate a settings rule; name the field."""
-        from ratelimit_app.conf import settings_rule_names
-
-        if self.name in settings_rule_names():
+        if self.name in declared.rule_names():
             raise ValidationError({"name": _("RATELIMIT_RULES already has a rule of this name.")})
         try:
             rules.parse_rule(self.as_dict(), trusted=False)

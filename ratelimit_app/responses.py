@@ -37,6 +37,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
 
+from ratelimit_app import store
 from ratelimit_app.conf import conf
 from ratelimit_app.limits import Limit
 
@@ -238,7 +239,7 @@ def _limit_of(exception: Exception, rule: str | None) -> Limit | None:
     limit = getattr(exception, "limit", None)
     if isinstance(limit, Limit):
         return limit
-    found = conf.RULES.by_name.get(rule) if rule else None
+    found = store.current().rules.by_name.get(rule) if rule else None
     return found.limit if found is not None else None
 
 

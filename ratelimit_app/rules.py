@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
@@ -275,6 +277,12 @@ def _view_name(path: str, urlconf: str | None) -> str | None:
 def clear_caches() -> None:
     """Forget resolved URL names (the URLconf changed)."""
     _view_name.cache_clear()
+
+
+@receiver(setting_changed)
+def _urlconf_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "ROOT_URLCONF":
+        clear_caches()
 
 
 class RuleSet:

@@ -22,9 +22,16 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ratelimit_app import declared
 from ratelimit_app.access import AccessList, merge
-from ratelimit_app.conf import conf
+from ratelimit_app.backends import get_backend
+from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.keys import namespace
 from ratelimit_app.rules import Rule, RuleError, RuleSet, parse_rule
 from ratelimit_app.windows import Plan
 
@@ -82,6 +89,12 @@ def forget() -> None:
     _snapshot = None
 
 
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if affects_limiter(setting):
+        forget()
+
+
 def bump() -> None:
     """A database rule or entry changed: a new version for every process, and this process
     reloads on its next request."""
@@ -100,9 +113,6 @@ VERSION_PLAN = Plan(writes=((":h0:0", 400 * 86400),), reads=(":h0:0",), rates=()
 
 
 def _version_op(increment: bool) -> str:
-    from ratelimit_app.backends import get_backend
-    from ratelimit_app.core import namespace
-
     ns = namespace("ratelimit-config", VERSION_KEY, "")
     return str(get_backend().run(ns, VERSION_PLAN, increment)[0])
 
@@ -116,7 +126,11 @@ def _read_version() -> str | None:
 
 
 def settings_only() -> Snapshot:
-    return Snapshot(RuleSet(conf.SETTINGS_RULES), conf.SETTINGS_ALLOW, conf.SETTINGS_DENY)
+    return Snapshot(
+        RuleSet(declared.rules()),
+        declared.access_list("RATELIMIT_ALLOW"),
+        declared.access_list("RATELIMIT_DENY"),
+    )
 
 
 def _refresh(snap: Snapshot | None) -> Snapshot:
@@ -190,7 +204,8 @@ def _load(version: str | None) -> Snapshot:
         snap.version = version
         _snapshot = snap.looked(checked)
         return snap
-    taken = {rule.name for rule in conf.SETTINGS_RULES}
+    settings_rules = declared.rules()
+    taken = {rule.name for rule in settings_rules}
     db_rules = []
     for row in rows:
         try:
@@ -202,11 +217,17 @@ def _load(version: str | None) -> Snapshot:
             logger.error("ratelimit: database rule %r has a settings rule's name", rule.name)
             continue
         db_rules.append(rule)
-    allow = merge(conf.SETTINGS_ALLOW, [e.value for e in entries if e.list == AccessEntry.ALLOW])
-    deny = merge(conf.SETTINGS_DENY, [e.value for e in entries if e.list == AccessEntry.DENY])
+    allow = merge(
+        declared.access_list("RATELIMIT_ALLOW"),
+        [e.value for e in entries if e.list == AccessEntry.ALLOW],
+    )
+    deny = merge(
+        declared.access_list("RATELIMIT_DENY"),
+        [e.value for e in entries if e.list == AccessEntry.DENY],
+    )
     expiries = [e.expires.timestamp() for e in entries if e.expires is not None]
     snap = Snapshot(
-        RuleSet((*conf.SETTINGS_RULES, *db_rules)),
+        RuleSet((*settings_rules, *db_rules)),
         allow,
         deny,
         version,

@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
     ) from exc
 
 from ratelimit_app import ALL, clock, core, keys, limits, rates, responses
-from ratelimit_app.conf import conf
+from ratelimit_app.conf import conf, drf_throttles_named
 from ratelimit_app.core import REFUSALS, Check, Result, check_many, recall_many, usage_dict
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import SLIDING_WINDOW
@@ -594,10 +594,8 @@ def problems(patterns: Sequence[Any] | None = None) -> list[str]:
     no rate for its scope, or a rate, algorithm or burst that make no limit."""
     from django.utils.module_loading import import_string
 
-    from ratelimit_app.checks import throttles_named
-
     found = []
-    for path in throttles_named():
+    for path in drf_throttles_named():
         try:
             import_string(path)
         except ImportError as exc:

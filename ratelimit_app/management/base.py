@@ -25,8 +25,7 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates
-from ratelimit_app.conf import conf
+from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates, store
 from ratelimit_app.core import Target, target
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.limits import Limit, LimitError, Method
@@ -134,7 +133,7 @@ def _unknown_rule(name: str) -> CommandError:
                 f"Rule {name!r} is invalid and is left out of RATELIMIT_RULES: {error.problem} "
                 f"(field {error.field!r})."
             )
-    names = sorted(conf.RULES.by_name)
+    names = sorted(store.current().rules.by_name)
     configured = (
         f"Configured rules: {', '.join(names)}." if names else "RATELIMIT_RULES has no rules."
     )
@@ -184,7 +183,7 @@ def limit_from_options(options: dict[str, Any]) -> Named:
             "--method is for a @ratelimit group (with --key and --rate): a rule counts every "
             "method it covers in one counter."
         )
-    rule = conf.RULES.by_name.get(name)
+    rule = store.current().rules.by_name.get(name)
     if rule is None:
         raise _unknown_rule(name)
     if rate is None:

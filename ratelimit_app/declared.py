@@ -1,0 +1,55 @@
+"""What the settings declare: ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMIT_DENY``,
+validated and compiled once, and again after a setting changes.
+
+Invalid rules and lists are left out and logged here; the system checks
+(:mod:`ratelimit_app.checks`) report them with their codes. The database's rules and entries
+are merged with these by :mod:`ratelimit_app.store`, which holds the configuration in force.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ratelimit_app.access import EMPTY, AccessList, compile_list
+from ratelimit_app.conf import affects_limiter, read
+from ratelimit_app.rules import Rule, parse_rules
+
+logger = logging.getLogger("ratelimit_app")
+
+
+@functools.cache
+def rules() -> tuple[Rule, ...]:
+    """``RATELIMIT_RULES``, validated (invalid rules are left out and logged)."""
+    found, errors = parse_rules(read("RATELIMIT_RULES"))
+    for error in errors:
+        logger.error("ratelimit: %s (rule left out)", error)
+    return tuple(found)
+
+
+def rule_names() -> set[str]:
+    """Names of the rules in ``RATELIMIT_RULES`` (a database rule may not reuse one)."""
+    return {rule.name for rule in rules()}
+
+
+@functools.cache
+def access_list(name: str) -> AccessList:
+    """``RATELIMIT_ALLOW`` or ``RATELIMIT_DENY``, compiled (an invalid list is logged and
+    ignored)."""
+    try:
+        return compile_list(read(name))
+    except ImproperlyConfigured as exc:
+        logger.error("ratelimit: %s: %s (list ignored)", name, exc)
+        return EMPTY
+
+
+@receiver(setting_changed)
+def _forget(*, setting: str, **kwargs: Any) -> None:
+    if affects_limiter(setting):
+        rules.cache_clear()
+        access_list.cache_clear()
