@@ -17,8 +17,7 @@ from metrics_app.testing import FrozenClock
 
 
 def buffered() -> dict[tuple[str, int], int]:
-    with buffer._lock:
-        return dict(buffer._counts)
+    return buffer.current().aggregator.live_counts()
 
 
 def test_record_counts_by_event_minute(clock: FrozenClock) -> None:
@@ -90,12 +89,12 @@ def test_bound_drops_new_keys_loudly(clock: FrozenClock, caplog: pytest.LogCaptu
 
 def test_forked_child_starts_empty_and_parent_keeps_its_counts() -> None:
     metrics_app.record("before-fork", 5)
-    parent_id = buffer._process_id
+    parent_id = buffer.current().aggregator.process_id
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover  (child)
         try:
-            ok = buffered() == {} and buffer._process_id != parent_id
+            ok = buffered() == {} and buffer.current().aggregator.process_id != parent_id
             metrics_app.record("child")
             ok = ok and list(buffered()) == [("child", next(iter(buffered()))[1])]
             os.write(write, b"1" if ok else b"0")
@@ -112,9 +111,9 @@ def test_forked_child_starts_empty_and_parent_keeps_its_counts() -> None:
 def test_flusher_thread_starts_lazily_on_first_record() -> None:
     with override_settings(METRICS_FLUSH_INTERVAL=3600):
         buffer.reset()
-        assert buffer._thread is None
+        assert buffer.current().flusher.thread is None
         metrics_app.record("a")
-        thread = buffer._thread
+        thread = buffer.current().flusher.thread
         assert thread is not None
         assert thread.daemon
         assert thread.is_alive()

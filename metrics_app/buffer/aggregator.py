@@ -1,0 +1,143 @@
+"""Counts per ``(series, minute)`` in memory, sealed into batches for the flusher.
+
+**Adding** takes one lock and adds to a dict keyed by ``(name, minute)``: no I/O, no setting
+read.
+
+**Sealing** (:meth:`Aggregator.seal`) swaps the dict for an empty one under the lock and
+queues it as a :class:`Batch` with an id ``<process uuid>:<sequence>``. A batch leaves the
+queue only once it is written (:meth:`Aggregator.written`), so a batch that failed keeps its
+id for the retry, and the flush ledger knows a retry whose first commit succeeded.
+
+**The bound.** Buffered keys (the live dict plus queued batches) never exceed ``max_keys``.
+At the bound, counts for keys already buffered are still added; a count for a *new*
+``(name, minute)`` is dropped, the first drop until the next seal is logged at ERROR and sent
+as the ``buffer_full`` signal, and :meth:`Aggregator.take_dropped` hands the totals to the
+flusher, which logs them. Memory therefore stays bounded while the database is down, and what
+is lost is said out loud.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from metrics_app.signals import buffer_full
+
+logger = logging.getLogger("metrics_app")
+
+#: ``{(series name, minute index): count}``; minute index = Unix seconds // 60.
+CountsDict = dict[tuple[str, int], int]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Counts sealed together, written in one transaction under ``flush_id``."""
+
+    flush_id: str
+    counts: CountsDict
+
+
+class Aggregator:
+    """This process's counts: the live dict, the queue of sealed batches, what was dropped."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        #: Keys (live and queued) past which a new key is dropped.
+        self.max_keys = max_keys
+        #: The first part of every flush id: unique to this aggregator, so to this process.
+        self.process_id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._counts: CountsDict = {}
+        self._pending: deque[Batch] = deque()
+        self._pending_keys = 0
+        self._sequence = 0
+        self._dropped_events = 0
+        self._dropped_keys = 0
+        self._drop_reported = False
+
+    def add(self, name: str, minute: int, count: int) -> None:
+        """Add ``count`` to ``(name, minute)``, or drop it at the bound (see the module)."""
+        key = (name, minute)
+        with self._lock:
+            counts = self._counts
+            old = counts.get(key)
+            if old is not None:
+                counts[key] = old + count
+                return
+            if len(counts) + self._pending_keys < self.max_keys:
+                counts[key] = count
+                return
+            self._dropped_events += count
+            self._dropped_keys += 1
+        self._report_drop(name, count)
+
+    def drop(self, count: int) -> None:
+        """Count ``count`` events that could not be buffered elsewhere as dropped."""
+        with self._lock:
+            self._dropped_events += count
+            self._dropped_keys += 1
+
+    def _report_drop(self, name: str, count: int) -> None:
+        if self._drop_reported:
+            return
+        self._drop_reported = True
+        logger.error(
+            "metrics buffer full (METRICS_MAX_BUFFERED_KEYS=%d): dropping counts for new keys "
+            "such as %r until a flush succeeds",
+            self.max_keys,
+            name,
+        )
+        buffer_full.send(sender=None, name=name, count=count, max_keys=self.max_keys)
+
+    def seal(self, blocking: bool = True) -> bool:
+        """Queue the live counts as a new batch (if any). False if the lock was busy."""
+        if not self._lock.acquire(blocking):
+            return False
+        try:
+            counts, self._counts = self._counts, {}
+            if counts:
+                self._sequence += 1
+                self._pending.append(Batch(f"{self.process_id}:{self._sequence}", counts))
+                self._pending_keys += len(counts)
+        finally:
+            self._lock.release()
+        return True
+
+    def take_dropped(self) -> tuple[int, int]:
+        """Events and keys dropped since the last call; the next drop is reported again."""
+        with self._lock:
+            dropped = self._dropped_events, self._dropped_keys
+            self._dropped_events = self._dropped_keys = 0
+            self._drop_reported = False
+        return dropped
+
+    def oldest(self) -> Batch | None:
+        """The batch to write next, or None when the queue is empty."""
+        return self._pending[0] if self._pending else None
+
+    def written(self, batch: Batch) -> None:
+        """Take ``batch``, the oldest, off the queue: it is in the database."""
+        self._pending.popleft()
+        with self._lock:
+            self._pending_keys -= len(batch.counts)
+
+    @property
+    def pending_keys(self) -> int:
+        """Keys in the queued batches (what a failed flush still holds)."""
+        return self._pending_keys
+
+    def live_counts(self) -> CountsDict:
+        """A copy of the counts not yet sealed into a batch."""
+        with self._lock:
+            return dict(self._counts)
+
+    def stats(self) -> dict[str, int]:
+        """Buffered keys, queued batches and events dropped since the last flush."""
+        with self._lock:
+            return {
+                "buffered_keys": len(self._counts) + self._pending_keys,
+                "pending_batches": len(self._pending),
+                "dropped_events": self._dropped_events,
+            }

@@ -1,0 +1,188 @@
+"""This process's buffer behind :func:`metrics_app.record`, and the functions that reach it.
+
+All the state lives in one :class:`ProcessBuffer`: its aggregator, its flusher and the target
+``record()`` hands counts to. A forked child and :func:`reset` replace that one instance, so
+what they start from cannot drift apart.
+
+Importing this module starts nothing. The first ``record()`` of a process starts its
+buffer: it reads the settings, installs the exit hooks (:mod:`.lifecycle`), chooses the
+target (the in-memory aggregator, or Redis with ``METRICS_BUFFER = "redis"``) and starts the
+flusher thread for the memory target. A change to a setting the buffer caches chooses again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from metrics_app import clock, redis_buffer
+from metrics_app.buffer import lifecycle
+from metrics_app.buffer.aggregator import Aggregator
+from metrics_app.buffer.flusher import Flusher
+from metrics_app.conf import conf
+from metrics_app.names import MAX_NAME_LENGTH, check_name
+
+logger = logging.getLogger("metrics_app")
+
+
+class Target(Protocol):
+    """Where ``record()`` adds a count once the buffer has started."""
+
+    def add(self, name: str, minute: int, count: int) -> None: ...
+
+
+class RedisTarget:
+    """``METRICS_BUFFER = "redis"``: one ``HINCRBY`` per count (:mod:`metrics_app.redis_buffer`).
+
+    When Redis fails, the count is lost, not the request: it is counted as dropped in the
+    aggregator's stats, and logged at most once a minute.
+    """
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self._aggregator = aggregator
+        self._logged_at: float | None = None
+
+    def add(self, name: str, minute: int, count: int) -> None:
+        try:
+            redis_buffer.record(name, minute, count)
+        except Exception as exc:
+            self._aggregator.drop(count)
+            now = time.monotonic()
+            if self._logged_at is None or now - self._logged_at > 60:
+                self._logged_at = now
+                logger.error(
+                    "metrics: the Redis buffer failed, counts of %r dropped: %s", name, exc
+                )
+
+
+class ProcessBuffer:
+    """What this process has buffered, the thread that flushes it, and where counts go."""
+
+    def __init__(self) -> None:
+        self.aggregator = Aggregator()
+        self.flusher = Flusher(self.aggregator)
+        self.redis = RedisTarget(self.aggregator)
+        # Until the first record() the target is this object: its add() starts the buffer,
+        # which chooses the real target, and hands the count on.
+        self.target: Target = self
+        self.started = False
+        self._start_lock = threading.Lock()
+
+    def add(self, name: str, minute: int, count: int) -> None:
+        """Start, then add through the target just chosen."""
+        self.start()
+        self.target.add(name, minute, count)
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self.started:
+                return
+            _exit_hooks.install(sigterm=conf.HANDLE_SIGTERM)
+            self.started = True
+            self.configure()
+
+    def configure(self) -> None:
+        """Read the settings this buffer caches: choose the target, start or stop the thread."""
+        if not self.started:
+            return
+        self.aggregator.max_keys = conf.MAX_BUFFERED_KEYS
+        in_memory = conf.BUFFER != "redis"
+        self.target = self.aggregator if in_memory else self.redis
+        if in_memory and conf.FLUSH_INTERVAL > 0:
+            self.flusher.start()
+        else:
+            self.flusher.stop()
+
+    def stats(self) -> dict[str, int]:
+        return {**self.aggregator.stats(), "failures": self.flusher.failures}
+
+
+_buffer = ProcessBuffer()
+
+
+def current() -> ProcessBuffer:
+    """This process's buffer (for tests and introspection; it is replaced on fork)."""
+    return _buffer
+
+
+def record(name: str, count: int = 1, at: datetime | float | None = None) -> None:
+    """Count ``count`` events of series ``name`` in the minute of ``at`` (default now).
+
+    Thread-safe and free of I/O (unless ``METRICS_BUFFER = "redis"``): the counts reach the
+    database at the next flush. ``at`` is an aware datetime or Unix seconds.
+    """
+    if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable():
+        # Three cheap tests pass the usual name without a call (this runs on every counted
+        # request); check_name rules on the rest, and raises for what it refuses.
+        check_name(name)
+    if count != 1 and (type(count) is not int or count < 0):
+        raise ValueError(f"count must be a non-negative int, got {count!r}")
+    if at is None:
+        minute = int(clock.now() // 60)
+    elif isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise ValueError("record(at=...) needs an aware datetime")
+        minute = int(at.timestamp() // 60)
+    else:
+        minute = int(at // 60)
+    _buffer.target.add(name, minute, count)
+
+
+def flush(*, raise_errors: bool = True, blocking: bool = True) -> int | None:
+    """Write everything buffered in this process to the database, now.
+
+    Returns the number of ``(series, minute)`` keys written, or None when a batch failed (and
+    ``raise_errors`` is False); failed batches stay queued for the next flush.
+    """
+    return _buffer.flusher.flush(raise_errors=raise_errors, blocking=blocking)
+
+
+def stats() -> dict[str, int]:
+    """Buffered keys, queued batches, events dropped since the last flush, failures in a row."""
+    return _buffer.stats()
+
+
+def reset() -> None:
+    """Forget everything buffered and stop the thread (for tests)."""
+    global _buffer
+    old, _buffer = _buffer, ProcessBuffer()
+    old.flusher.stop(wait=True)
+
+
+def _renew_after_fork() -> None:
+    # The child owns nothing of its parent's buffer: not its counts (the parent flushes
+    # them), not its locks (another thread may have held one at the fork), not its thread
+    # (fork copies only the calling thread), not its process id (flush ids must differ).
+    global _buffer
+    _buffer = ProcessBuffer()
+
+
+def connect_celery_shutdown() -> None:
+    """Flush in each Celery pool process as it shuts down (prefork children skip atexit)."""
+    lifecycle.on_celery_child_shutdown(_flush_if_started)
+
+
+def _flush_if_started() -> None:
+    if _buffer.started:
+        flush(raise_errors=False)
+
+
+_exit_hooks = lifecycle.ExitHooks(flush, kept_keys=lambda: _buffer.aggregator.pending_keys)
+lifecycle.on_fork_in_child(_renew_after_fork)
+
+#: The settings a started buffer caches (the others are read where they are used).
+_CACHED_SETTINGS = frozenset(
+    {"METRICS_BUFFER", "METRICS_FLUSH_INTERVAL", "METRICS_MAX_BUFFERED_KEYS"}
+)
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in _CACHED_SETTINGS:
+        _buffer.configure()
