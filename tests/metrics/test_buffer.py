@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -121,12 +124,10 @@ def test_flusher_thread_starts_lazily_on_first_record() -> None:
     assert not thread.is_alive()
 
 
-def test_redis_buffer_down_drops_the_count_not_the_request(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port where nothing listens
+@contextmanager
+def redis_buffer_down() -> Iterator[None]:
+    """``METRICS_BUFFER = "redis"`` on a port where nothing listens."""
+    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dead = {
@@ -136,9 +137,31 @@ def test_redis_buffer_down_drops_the_count_not_the_request(
             "LOCATION": f"redis://127.0.0.1:{port}/0",
         },
     }
-    before = buffer.stats()["dropped_events"]
     with override_settings(CACHES=dead, METRICS_BUFFER="redis", METRICS_REDIS_CACHE="buffer"):
+        yield
+
+
+def test_redis_buffer_down_drops_the_count_not_the_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    before = buffer.stats()["dropped_events"]
+    with redis_buffer_down():
         metrics_app.record("shorturl:abc", 3)  # no exception: a view counting visits stays up
         metrics_app.record("shorturl:abc")
     assert buffer.stats()["dropped_events"] == before + 4
     assert caplog.text.count("the Redis buffer failed") == 1  # logged once, not per call
+
+
+def test_reset_starts_a_buffer_as_fresh_as_a_forked_childs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """reset() and a fork make the same new buffer: nothing of the old one carries over.
+
+    Here, the once-a-minute limit on logging Redis failures: a buffer that has just logged
+    one must not silence the first failure of the next test's buffer.
+    """
+    with redis_buffer_down():
+        metrics_app.record("shorturl:abc")
+        buffer.reset()
+        metrics_app.record("shorturl:abc")
+    assert caplog.text.count("the Redis buffer failed") == 2
