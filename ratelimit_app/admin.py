@@ -31,7 +31,7 @@ from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import core, declared, store
+from ratelimit_app import declared, operations, store
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
 from ratelimit_app.models import AccessEntry, Rule
@@ -114,7 +114,7 @@ class UsageForm(forms.Form):
         data = super().clean() or {}
         if "rule" in data and "subject" in data:
             try:
-                found = core.target(data["rule"], data["subject"])
+                found = operations.target(data["rule"], data["subject"])
             except ValueError as exc:
                 raise forms.ValidationError(str(exc)) from exc
             if found is None:
@@ -188,13 +188,13 @@ class RuleAdmin(admin.ModelAdmin):
         form = UsageForm(request.POST if request.method == "POST" else None)
         usage = None
         if form.is_bound and form.is_valid():
-            found: core.Target = form.cleaned_data["target"]
+            found: operations.Target = form.cleaned_data["target"]
             rule = form.cleaned_data["rule"]
             try:
                 if "reset" in request.POST:
                     if not can_reset:
                         raise PermissionDenied
-                    core.reset(rule, form.cleaned_data["subject"])
+                    operations.reset(rule, form.cleaned_data["subject"])
                     self._log_reset(request, rule, found.value)
                     messages.success(
                         request,
@@ -204,7 +204,7 @@ class RuleAdmin(admin.ModelAdmin):
                             "rule": rule,
                         },
                     )
-                usage = readable(core.lookup(rule, form.cleaned_data["subject"]))
+                usage = readable(operations.lookup(rule, form.cleaned_data["subject"]))
             except BackendError as exc:
                 messages.error(request, _("The counter backend failed: %s") % exc)
         context = {

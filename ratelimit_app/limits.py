@@ -4,7 +4,7 @@
 Everything that limits builds on :class:`Limit`: rules from settings and from the database
 (:mod:`ratelimit_app.rules`), the ``@ratelimit`` decorator, ``get_usage`` /
 ``is_ratelimited``, and the admin's and the commands' lookups and resets
-(:func:`ratelimit_app.core.target`). What a limit derives from its parts (its scope, whether
+(:func:`ratelimit_app.operations.target`). What a limit derives from its parts (its scope, whether
 it may be checked on an event loop) is derived here, once, so those users cannot drift apart.
 
 Two levels of trust:

@@ -9,13 +9,13 @@ Per request:
    the rules keyed on an email: a denied one gets 403, an allowed one skips those rules (the
    email is what the request claims, so the IP and user rules still apply).
 3. Every matching rule is checked in **one** backend round trip
-   (:func:`~ratelimit_app.core.check_many`; leaky-bucket rules on memcached add a
+   (:func:`~ratelimit_app.engine.check_many`; leaky-bucket rules on memcached add a
    compare-and-set round trip), and every one counts the request. A limited blocking rule
    answers 429 (:mod:`~ratelimit_app.responses`) without calling the view, and the request
    then counts nowhere (the other rules' hits are taken back in the same second round trip
    that times the wait).
 4. A ``count: "failures"`` rule's hit is provisional: after the view it is taken back
-   (:func:`~ratelimit_app.core.take_back`, one round trip) unless the request failed: a
+   (:func:`~ratelimit_app.engine.take_back`, one round trip) unless the request failed: a
    status in ``RATELIMIT_FAILURE_STATUSES`` or ``user_login_failed`` sent during the request
    (Django's ``LoginView`` answers a wrong password with 200). Counting before the view is
    what keeps concurrent attempts within the limit: a rule that only looked before the view
@@ -43,7 +43,7 @@ from django.http import HttpRequest, HttpResponse
 from ratelimit_app import clock, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.core import (
+from ratelimit_app.engine import (
     REFUSALS,
     Check,
     Result,

@@ -7,10 +7,10 @@ limit **from memory**, with no round trip, until R has passed or
 ``RATELIMIT_REFUSAL_MEMORY`` seconds have (whichever comes first). That keeps the limiter
 *never lenient*. The cap bounds what memory cannot see: a reset made in another process, or
 a rule changed in the admin, reaches this process within that many seconds; a reset made in
-this process (:func:`ratelimit_app.core.reset`) is seen at once.
+this process (:func:`ratelimit_app.operations.reset`) is seen at once.
 
 When the cap has run out but the wait has not, the refusal is **due**: the caller confirms
-it with a look that counts nothing (:func:`ratelimit_app.core.recall_many`: one round trip
+it with a look that counts nothing (:func:`ratelimit_app.engine.recall_many`: one round trip
 with no writes, where a counted check that is refused makes two) and remembers it again, or
 forgets it when the window has room after all.
 

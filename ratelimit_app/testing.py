@@ -49,8 +49,8 @@ def forget_refusals() -> None:
     A test suite that clears the counter cache between tests (``cache.clear()``) should call
     this too: otherwise a subject refused by an earlier test may be refused from memory for
     up to ``RATELIMIT_REFUSAL_MEMORY`` seconds. (Overriding any ``RATELIMIT_*`` setting, and
-    :func:`ratelimit_app.core.reset`, forget them already.)
+    :func:`ratelimit_app.operations.reset`, forget them already.)
     """
-    from ratelimit_app.core import REFUSALS
+    from ratelimit_app.engine import REFUSALS
 
     REFUSALS.clear()

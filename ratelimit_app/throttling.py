@@ -16,7 +16,7 @@ a change of module path::
 What a view's throttles of this module do, per request:
 
 * the first one that DRF asks checks **all** of them, in one backend round trip
-  (:func:`ratelimit_app.core.check_many`), and leaves the results on the request for the
+  (:func:`ratelimit_app.engine.check_many`), and leaves the results on the request for the
   others;
 * each counts the request where the counts are kept atomically (never more than N in any
   window of W seconds, whatever the concurrency); when one refuses, none of them counts
@@ -53,9 +53,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "ratelimit_app.throttling needs Django REST framework: pip install 'django-bucketry[drf]'"
     ) from exc
 
-from ratelimit_app import ALL, clock, core, keys, limits, rates, responses
+from ratelimit_app import ALL, clock, engine, keys, limits, operations, rates, responses
 from ratelimit_app.conf import conf, drf_throttles_named
-from ratelimit_app.core import REFUSALS, Check, Result, check_many, recall_many, usage_dict
+from ratelimit_app.engine import REFUSALS, Check, Result, check_many, recall_many, usage_dict
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.gcra import SLIDING_WINDOW
 from ratelimit_app.limits import Limit
@@ -80,7 +80,7 @@ __all__ = [
 PREFIX = "drf:"
 #: The kind every throttle's subject is filed under: its ident (a user's primary key or a
 #: masked IP address) or, for a ``get_cache_key`` of another shape, the whole key. With this
-#: kind, :func:`ratelimit_app.core.lookup` finds a subject from what a person types.
+#: kind, :func:`ratelimit_app.operations.lookup` finds a subject from what a person types.
 SUBJECT_KIND = "user_or_ip"
 #: Where the throttles of one request leave what they share (:class:`_Dispatch`).
 STASH = "_ratelimit_throttling"
@@ -498,7 +498,7 @@ def _take_back_all(checks: Sequence[Check], results: list[Result]) -> set[int]:
 
 def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
     """Check ``checks`` in one round trip at ``t``, or refuse from memory (as the
-    middleware does: :func:`ratelimit_app.core.recall_many`)."""
+    middleware does: :func:`ratelimit_app.engine.recall_many`)."""
     if REFUSALS:
         remembered: list[Outcome] = list(recall_many(checks, t))
         if any(remembered):
@@ -506,7 +506,7 @@ def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
     try:
         return list(check_many(checks, take_back=_take_back_all, at=None if own_timer else t))
     except BackendError as exc:
-        core.report_failure(exc)
+        engine.report_failure(exc)
         return [FAILED] * len(checks)
 
 
@@ -532,8 +532,8 @@ def _show(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
 
 
 def throttle_limit(throttle: type[SimpleRateThrottle] | str, scope: str | None = None) -> Limit:
-    """The limit a throttle counts with, for :func:`ratelimit_app.core.lookup` and
-    :func:`ratelimit_app.core.reset`: a class of ours (a ``ScopedRateThrottle`` with the
+    """The limit a throttle counts with, for :func:`ratelimit_app.operations.lookup` and
+    :func:`ratelimit_app.operations.reset`: a class of ours (a ``ScopedRateThrottle`` with the
     view's ``scope``), or a scope of ``DEFAULT_THROTTLE_RATES`` (``"user"`` or
     ``"drf:user"``: a sliding window at its rate). Raises ``ValueError`` when there is no
     such limit (no rate, or a rate that cannot make one)."""
@@ -573,15 +573,15 @@ def scope_limits() -> dict[str, Limit]:
 def lookup(
     throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None
 ) -> dict[str, Any] | None:
-    """The usage of one client of a throttle (as :func:`ratelimit_app.core.lookup` gives
+    """The usage of one client of a throttle (as :func:`ratelimit_app.operations.lookup` gives
     it): ``ident`` is a user id or an IP address (a ``get_cache_key`` of another shape: the
     whole key). See :func:`throttle_limit` for ``throttle`` and ``scope``."""
-    return core.lookup(throttle_limit(throttle, scope), ident)
+    return operations.lookup(throttle_limit(throttle, scope), ident)
 
 
 def reset(throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None) -> bool:
     """Clear one client's counters of a throttle (arguments as for :func:`lookup`)."""
-    return core.reset(throttle_limit(throttle, scope), ident)
+    return operations.reset(throttle_limit(throttle, scope), ident)
 
 
 # -- the system checks (ratelimit_app.E021) --------------------------------------------------

@@ -3,7 +3,7 @@
 A limit is either a rule of ``RATELIMIT_RULES`` (by its name) or the group of a
 ``@ratelimit`` decorator, named with the decorator's ``key`` and ``rate`` (and ``method``,
 ``algorithm`` and ``burst``):
-:func:`ratelimit_app.core.target` finds the counters either way. Every mistake a person can
+:func:`ratelimit_app.operations.target` finds the counters either way. Every mistake a person can
 make on the command line becomes a :class:`~django.core.management.CommandError` that says
 what to type instead, never a traceback.
 """
@@ -26,9 +26,9 @@ from django.core.management.base import (
 )
 
 from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates, store
-from ratelimit_app.core import Target, target
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.limits import Limit, LimitError, Method
+from ratelimit_app.operations import Target, target
 from ratelimit_app.rules import parse_rules
 
 #: Shared by both commands' ``--help``.
@@ -71,8 +71,8 @@ class Named:
         return self.limit.kind
 
     def apply(self, fn: Callable[[Limit, str], T], subject: str) -> T:
-        """``fn(limit, subject)``: :func:`~ratelimit_app.core.target`,
-        :func:`~ratelimit_app.core.lookup` or :func:`~ratelimit_app.core.reset`."""
+        """``fn(limit, subject)``: :func:`~ratelimit_app.operations.target`,
+        :func:`~ratelimit_app.operations.lookup` or :func:`~ratelimit_app.operations.reset`."""
         return fn(self.limit, subject)
 
     def find(self, subject: str) -> Target:

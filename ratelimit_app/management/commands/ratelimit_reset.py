@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from ratelimit_app.core import reset
 from ratelimit_app.management.base import LimitCommand, backend_errors, limit_from_options
+from ratelimit_app.operations import reset
 
 
 class Command(LimitCommand):

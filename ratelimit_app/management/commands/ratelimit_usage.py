@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ratelimit_app.core import Target, lookup
 from ratelimit_app.gcra import LEAKY_BUCKET
 from ratelimit_app.management.base import LimitCommand, Named, backend_errors, limit_from_options
+from ratelimit_app.operations import Target, lookup
 
 COLUMNS = ("rate", "count", "limit", "remaining", "reset (s)", "state")
 #: A leaky bucket's columns: its level (fractional: it drains continuously), its capacity,
