@@ -15,8 +15,9 @@ flush that adds to a fine row concurrently either commits before the DELETE take
 next run folds ("late writes are folded next run").
 
 On PostgreSQL a batch is set-based: one data-modifying CTE per range of ``start`` for all
-series at once (:func:`_pg_batches`). On SQLite the rows go through Python by id (SQLite
-writes are serialised anyway).
+series at once (:func:`_pg_batches`). On any other database (SQLite) a batch is the ids of the
+next due rows, deleted with ``RETURNING`` and summed in Python (:func:`_batches_by_id`);
+SQLite serialises writes anyway.
 
 Idempotent (a second run finds nothing due), catches up (tiers are processed finest first,
 so rows folded into tier ``i+1`` are themselves folded further in the same run), and one run
@@ -37,7 +38,8 @@ from django.db import connections, transaction
 from metrics_app import clock, storage
 from metrics_app.conf import conf
 from metrics_app.models import Bucket, FlushLedger, Series
-from metrics_app.retention import EPOCH_MONDAY
+from metrics_app.retention import EPOCH_MONDAY, align
+from metrics_app.signals import downsampled
 
 LOCK_KEY = "metrics_app:downsample:lock"
 
@@ -99,6 +101,23 @@ def downsample(
         lock.release()
 
 
+@dataclass(frozen=True)
+class _Sweep:
+    """One tier's pass over database ``alias``: what is due, where it goes, how much at once.
+
+    Rows of resolution ``fine`` starting before ``cutoff`` are folded into buckets of
+    ``coarse`` seconds, or deleted when ``coarse`` is 0 (past the last tier); at most
+    ``size`` rows per transaction; only the rows of ``series_ids`` when it is not None.
+    """
+
+    alias: str
+    fine: int
+    coarse: int
+    cutoff: int
+    series_ids: tuple[int, ...] | None
+    size: int
+
+
 def _downsample(
     now: float | None,
     series_names: Sequence[str] | None,
@@ -111,27 +130,28 @@ def _downsample(
     retention = conf.RETENTION
     size = batch_size or conf.DOWNSAMPLE_BATCH_SIZE
     result = DownsampleResult()
-    series_ids: list[int] | None = None
+    series_ids: tuple[int, ...] | None = None
     if series_names is not None:
-        series_ids = list(
+        series_ids = tuple(
             Series.objects.using(alias).filter(name__in=series_names).values_list("id", flat=True)
         )
         if not series_ids:
             return result
     tiers = retention.tiers
-    postgres = connections[alias].vendor == "postgresql"
+    batches_of = _pg_batches if connections[alias].vendor == "postgresql" else _batches_by_id
     for i, tier in enumerate(tiers):
         last = i == len(tiers) - 1
-        cutoff = retention.expiry_cutoff(now) if last else retention.fold_cutoff(i, now)
-        coarse = 0 if last else tiers[i + 1].precision
+        sweep = _Sweep(
+            alias=alias,
+            fine=tier.precision,
+            coarse=0 if last else tiers[i + 1].precision,
+            cutoff=retention.expiry_cutoff(now) if last else retention.fold_cutoff(i, now),
+            series_ids=series_ids,
+            size=size,
+        )
         what = "expired" if last else f"folded into {tiers[i + 1]}"
         done_here = 0
-        batches = (
-            _pg_batches(alias, tier.precision, coarse, cutoff, series_ids, size)
-            if postgres
-            else _sqlite_batches(alias, tier.precision, coarse, cutoff, series_ids, size)
-        )
-        for n in batches:
+        for n in batches_of(sweep):
             if last:
                 result.expired += n
             else:
@@ -146,42 +166,24 @@ def _downsample(
         result.ledger_pruned, _ = (
             FlushLedger.objects.using(alias).filter(created__lt=horizon).delete()
         )
-    from metrics_app.signals import downsampled
-
     downsampled.send(sender=None, result=result)
     return result
 
 
-def _sqlite_batches(
-    alias: str,
-    fine: int,
-    coarse: int,
-    cutoff: int,
-    series_ids: list[int] | None,
-    size: int,
-) -> Iterator[int]:
-    """Fold (``coarse``) or expire (``coarse == 0``) by batches of ``size`` rows, by id."""
+def _batches_by_id(sweep: _Sweep) -> Iterator[int]:
+    """Any database: each batch deletes the ids of the next ``size`` due rows, oldest first,
+    and (when folding) adds up their counts in Python, one transaction per batch."""
     floor: int | None = None  # keyset: batches walk ``start`` upwards
     while True:
-        with transaction.atomic(using=alias):
-            if coarse:
-                n, floor = _fold_batch(alias, fine, coarse, cutoff, floor, series_ids, size)
-            else:
-                n, floor = _expire_batch(alias, fine, cutoff, floor, series_ids, size)
+        with transaction.atomic(using=sweep.alias):
+            n, floor = _batch_by_id(sweep, floor)
         if n:
             yield n
-        if n < size:
+        if n < sweep.size:
             return
 
 
-def _pg_batches(
-    alias: str,
-    fine: int,
-    coarse: int,
-    cutoff: int,
-    series_ids: list[int] | None,
-    size: int,
-) -> Iterator[int]:
+def _pg_batches(sweep: _Sweep) -> Iterator[int]:
     """Set-based PostgreSQL path: one statement per batch, a batch is a range of ``start``.
 
     A batch takes every due row of ``fine`` resolution whose start lies in ``[lo, hi)``, for
@@ -195,17 +197,21 @@ def _pg_batches(
     read first and passed as a constant, so the ``DELETE`` is a plain index range scan, and
     the next batch starts at ``hi`` (no re-scan of deleted index entries).
     """
-    connection = connections[alias]
+    fine, coarse, cutoff = sweep.fine, sweep.coarse, sweep.cutoff
+    connection = connections[sweep.alias]
     qn = connection.ops.quote_name
     table = qn(Bucket._meta.db_table)
     start, sid, cnt, res = qn("start"), qn("series_id"), qn("count"), qn("resolution")
-    only = "" if series_ids is None else f" AND {sid} = ANY(%s)"
-    only_params: list[Any] = [] if series_ids is None else [series_ids]
+    only = "" if sweep.series_ids is None else f" AND {sid} = ANY(%s)"
+    # A list, which the driver sends as an array (a tuple would be a row).
+    only_params: list[Any] = [] if sweep.series_ids is None else [list(sweep.series_ids)]
     due = f"FROM {table} WHERE {res} = %s AND {start} >= %s AND {start} < %s{only}"
     first = f"SELECT MIN({start}) {due}"
     bound = f"SELECT {start} {due} ORDER BY {start} OFFSET %s LIMIT 1"
     delete = f"DELETE {due}"
     if coarse:
+        # The coarse start is retention.align(start, coarse), in SQL: every start lies after
+        # EPOCH_MONDAY, where SQL's % (which truncates) and Python's (which floors) agree.
         statement = (
             f"WITH moved AS ({delete} RETURNING {sid}, {start}, {cnt}), "
             f"ins AS (INSERT INTO {table} ({sid}, {res}, {start}, {cnt}) "
@@ -222,11 +228,11 @@ def _pg_batches(
         cursor.execute(first, [fine, -(2**62), cutoff, *only_params])
         (lo,) = cursor.fetchone()
         while lo is not None and lo < cutoff:
-            cursor.execute(bound, [fine, lo, cutoff, *only_params, size])
+            cursor.execute(bound, [fine, lo, cutoff, *only_params, sweep.size])
             row = cursor.fetchone()
             # ``lo`` and ``cutoff`` are multiples of ``fine``: lo + fine <= cutoff.
             hi = cutoff if row is None else max(int(row[0]), lo + fine)
-            with transaction.atomic(using=alias):
+            with transaction.atomic(using=sweep.alias):
                 cursor.execute(statement, [fine, lo, hi, *only_params, *extra])
                 n = int(cursor.fetchone()[0]) if coarse else cursor.rowcount
             if n:
@@ -235,13 +241,7 @@ def _pg_batches(
 
 
 def _select_ids(
-    qn: Callable[[str], str],
-    table: str,
-    resolution: int,
-    cutoff: int,
-    floor: int | None,
-    series_ids: list[int] | None,
-    size: int,
+    sweep: _Sweep, qn: Callable[[str], str], table: str, floor: int | None
 ) -> tuple[str, list[Any]]:
     """The ids of the next batch, oldest first.
 
@@ -250,72 +250,42 @@ def _select_ids(
     deleted, which makes a long catch-up quadratic on PostgreSQL.
     """
     sql = f"SELECT {qn('id')} FROM {table} WHERE {qn('resolution')} = %s AND {qn('start')} < %s"
-    params: list[Any] = [resolution, cutoff]
+    params: list[Any] = [sweep.fine, sweep.cutoff]
     if floor is not None:
         sql += f" AND {qn('start')} >= %s"
         params.append(floor)
-    if series_ids is not None:
-        sql += f" AND {qn('series_id')} IN ({', '.join(['%s'] * len(series_ids))})"
-        params += series_ids
+    if sweep.series_ids is not None:
+        sql += f" AND {qn('series_id')} IN ({', '.join(['%s'] * len(sweep.series_ids))})"
+        params += sweep.series_ids
     sql += f" ORDER BY {qn('start')} LIMIT %s"
-    return sql, [*params, size]
+    return sql, [*params, sweep.size]
 
 
-def _delete_due(
-    cursor: Any,
-    connection: Any,
-    resolution: int,
-    cutoff: int,
-    floor: int | None,
-    series_ids: list[int] | None,
-    size: int,
-) -> list[tuple[int, int, int]]:
-    """Delete the next batch of due rows at ``resolution``; (series_id, start, count) each."""
+def _batch_by_id(sweep: _Sweep, floor: int | None) -> tuple[int, int | None]:
+    """Delete the next batch of due rows, and fold them when ``sweep.coarse`` is set.
+
+    Returns the rows taken and the greatest start among them (the next batch's floor).
+    """
+    connection = connections[sweep.alias]
     qn = connection.ops.quote_name
     table = qn(Bucket._meta.db_table)
-    select_ids, params = _select_ids(qn, table, resolution, cutoff, floor, series_ids, size)
-    cursor.execute(
-        f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
-        f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}",
-        params,
-    )
-    return cursor.fetchall()
-
-
-def _fold_batch(
-    alias: str,
-    fine: int,
-    coarse: int,
-    cutoff: int,
-    floor: int | None,
-    series_ids: list[int] | None,
-    size: int,
-) -> tuple[int, int | None]:
-    connection = connections[alias]
+    select_ids, params = _select_ids(sweep, qn, table, floor)
     with connection.cursor() as cursor:
-        moved = _delete_due(cursor, connection, fine, cutoff, floor, series_ids, size)
-        sums: dict[tuple[int, int], int] = {}
-        for series_id, start_s, count in moved:
-            key = (series_id, start_s - ((start_s - EPOCH_MONDAY) % coarse))
-            sums[key] = sums.get(key, 0) + count
-        rows = sorted(sums.items())
-        for part in storage.chunks(rows, conf.BATCH_SIZE):
-            flat: list[Any] = []
-            for (series_id, start_s), count in part:
-                flat += [series_id, coarse, start_s, count]
-            storage.upsert_buckets(cursor, connection, len(part), flat)
-        return len(moved), max((m[1] for m in moved), default=floor)
-
-
-def _expire_batch(
-    alias: str,
-    precision: int,
-    cutoff: int,
-    floor: int | None,
-    series_ids: list[int] | None,
-    size: int,
-) -> tuple[int, int | None]:
-    connection = connections[alias]
-    with connection.cursor() as cursor:
-        gone = _delete_due(cursor, connection, precision, cutoff, floor, series_ids, size)
-        return len(gone), max((row[1] for row in gone), default=floor)
+        cursor.execute(
+            f"DELETE FROM {table} WHERE {qn('id')} IN ({select_ids}) "
+            f"RETURNING {qn('series_id')}, {qn('start')}, {qn('count')}",
+            params,
+        )
+        moved: list[tuple[int, int, int]] = cursor.fetchall()
+        if sweep.coarse:
+            sums: dict[tuple[int, int], int] = {}
+            for series_id, start, count in moved:
+                key = (series_id, align(start, sweep.coarse))
+                sums[key] = sums.get(key, 0) + count
+            rows = sorted(sums.items())
+            for part in storage.chunks(rows, conf.BATCH_SIZE):
+                flat: list[Any] = []
+                for (series_id, start), count in part:
+                    flat += [series_id, sweep.coarse, start, count]
+                storage.upsert_buckets(cursor, connection, len(part), flat)
+    return len(moved), max((row[1] for row in moved), default=floor)
