@@ -95,7 +95,7 @@ CACHES = env.caches(MEMCACHED_SERVERS, REDIS_URL)
 # instead of warning on every start.
 SILENCED_SYSTEM_CHECKS = env.silenced_checks(CACHES)
 
-# -- Rate limits (docs/rules.rst): the seeds' scenarios, as rules the middleware applies. ----
+# -- Rate limits (docs/rules.rst): the demo's scenarios, as rules the middleware applies. ----
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
 # The demo's 429 page shows nothing of the request (templates/ratelimit_app/429.html): render

@@ -11,10 +11,11 @@ A rate of N per W seconds is a sliding window over bucket counters, in one of tw
   for G = 60 instead of 61. The oldest fine bucket is counted in full although part of it
   is older than the window, so the limiter is **never lenient** (no window of length W ever
   admits more than N) and blocks early by at most one fine bucket, ``W/G``.
-* **Hierarchical** (``RATELIMIT_HIERARCHICAL``): the seeds' second / minute / hour counters,
-  shared by every rate of a check: a hit increments one bucket of each level, and a check
-  covers ``[T - W, T]`` (whole seconds) the same way. A one-day window is exact to one
-  second in at most 84 reads (the seeds count 142 for their scheme).
+* **Hierarchical** (``RATELIMIT_HIERARCHICAL``): counters per second, per minute and per
+  hour, shared by every rate of a check: a hit increments one bucket of each level, and a
+  check covers ``[T - W, T]`` (whole seconds) the same way. A one-day window is exact to one
+  second in at most 84 reads (summing a day's seconds, minutes and hours naively reads 142:
+  59 + 59 + 24).
 
 Both also read a little past "now" (:func:`lookahead`): the rest of the current coarse
 bucket and the next one (the next minute, hierarchical). A check reads the clock before its
