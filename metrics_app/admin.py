@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from metrics_app import charts, clock, query, views
 from metrics_app.models import Series
 
-# The periods were first defined here, and sites import them from here (the demo's API).
+# Public here too: sites import the chart periods from the admin (demo_site/api.py does).
 from metrics_app.views import DEFAULT_PERIOD, PERIODS, Period, period_from, step_of
 
 __all__ = [

@@ -1,6 +1,6 @@
 """``count_visits``: count a view's successful responses as a series.
 
-Short URLs (the seeds' TinyURL)::
+A short-URL service counts each redirect of a key::
 
     @count_visits(series="shorturl:{key}")
     def follow(request, key): ...

@@ -168,7 +168,8 @@ def _step_seconds(step: int | timedelta, finest: int) -> int:
 
 
 def _too_fine(rows: list[tuple[int, int, int]], now: float) -> bool:
-    """True if some bucket outlived its tier (the seeds' read-triggered "slimming")."""
+    """True if some bucket outlived its tier: downsampling is late for this series, so the
+    read asks for it (:func:`schedule_downsample`)."""
     retention = conf.RETENTION
     cutoffs = {
         tier.precision: (
