@@ -395,7 +395,7 @@ def watchdog(pid: int, tmpdir: str) -> None:
     """Wait for ``pid`` to end, then stop the PostgreSQL cluster in ``tmpdir`` if it runs."""
     import shutil
 
-    from tests.servers import _as_postgres_user, find_binary
+    from tests.servers import as_postgres_user, find_binary
 
     while _alive(pid):
         time.sleep(0.5)
@@ -403,7 +403,7 @@ def watchdog(pid: int, tmpdir: str) -> None:
     pg_ctl = find_binary("pg_ctl")
     if pg_ctl and os.path.exists(os.path.join(datadir, "postmaster.pid")):
         subprocess.run(
-            _as_postgres_user([pg_ctl, "-D", datadir, "-m", "immediate", "-w", "stop"]),
+            as_postgres_user([pg_ctl, "-D", datadir, "-m", "immediate", "-w", "stop"]),
             capture_output=True,
             check=False,
             timeout=60,

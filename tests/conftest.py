@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from tests.servers import (
     MissingServerBinary,
-    Server,
     ServerStartError,
     start_memcached,
     start_postgres,
@@ -34,11 +33,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: What a starter returns: a :class:`Server`, or a server of its own kind (a Redis cluster, a
+#: restartable process of tests/reliability).
+S = TypeVar("S")
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
-def start_or_skip(starter: Callable[[], Server]) -> Server:
+def start_or_skip(starter: Callable[[], S]) -> S:
     """Start a server; skip (or, under CI, fail) when its binary is not installed."""
     try:
         return starter()

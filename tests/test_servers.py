@@ -11,6 +11,7 @@ from django.db.utils import ConnectionHandler
 
 from tests import servers
 from tests.conftest import start_or_skip
+from tests.servers import debian
 
 
 def _ask(address: str, request: bytes, until: bytes) -> bytes:
@@ -84,7 +85,7 @@ def test_server_stop_is_idempotent_and_frees_the_port() -> None:
 def test_missing_binary_names_the_debian_package(
     monkeypatch: pytest.MonkeyPatch, starter: Any, package: str
 ) -> None:
-    monkeypatch.setattr(servers, "find_binary", lambda name: None)
+    monkeypatch.setattr(debian, "find_binary", lambda name: None)
     with pytest.raises(servers.MissingServerBinary, match=f"'{package}'"):
         starter()
 
@@ -93,7 +94,7 @@ def test_missing_binary_names_the_debian_package(
 def test_missing_binary_fails_under_ci_and_skips_otherwise(
     monkeypatch: pytest.MonkeyPatch, ci: str, outcome: type[BaseException] | None
 ) -> None:
-    monkeypatch.setattr(servers, "find_binary", lambda name: None)
+    monkeypatch.setattr(debian, "find_binary", lambda name: None)
     monkeypatch.setenv("CI", ci)
     expected = outcome or pytest.skip.Exception
     with pytest.raises(expected, match="memcached"):
@@ -101,7 +102,7 @@ def test_missing_binary_fails_under_ci_and_skips_otherwise(
 
 
 def test_missing_packages_are_listed_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(servers, "find_binary", lambda name: None)
+    monkeypatch.setattr(debian, "find_binary", lambda name: None)
     assert servers.missing_packages() == [
         "memcached",
         "redis-server",

@@ -553,9 +553,9 @@ def more_memcached() -> Iterator[list[str]]:
 @pytest.fixture(scope="module")
 def redis_cluster() -> Iterator[Any]:
     """Three Redis nodes in cluster mode (the cluster of the cluster tests)."""
-    from tests.reliability.test_cluster_slots import Cluster
+    from tests.servers.redis_cluster import Cluster
 
-    cluster: Any = start_or_skip(Cluster)  # type: ignore[arg-type]
+    cluster = start_or_skip(Cluster)
     try:
         yield cluster
     finally:

@@ -21,13 +21,13 @@ from tests.servers import (
     HOST,
     START_ATTEMPTS,
     ServerStartError,
-    _accepts,
-    _as_postgres_user,
-    _run,
+    accepts,
+    as_postgres_user,
     free_port,
     memcached_argv,
     redis_argv,
     require_binary,
+    run_checked,
     start_postgres,
 )
 
@@ -92,7 +92,7 @@ class Restartable:
             )
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if _accepts(HOST, self.port):
+            if accepts(HOST, self.port):
                 return True
             time.sleep(0.02)
         self.kill()
@@ -166,8 +166,8 @@ class Postgres:
 
     def down(self) -> None:
         """Stop at once (``-m immediate``: open connections are cut, as in a crash)."""
-        _run(
-            _as_postgres_user([self.pg_ctl, "-D", self.datadir, "-m", "immediate", "-w", "stop"]),
+        run_checked(
+            as_postgres_user([self.pg_ctl, "-D", self.datadir, "-m", "immediate", "-w", "stop"]),
             "pg_ctl stop",
         )
 
@@ -176,7 +176,7 @@ class Postgres:
         options = f"-p {port} -k {tmpdir} -c listen_addresses={HOST} -c fsync=off"
         logfile = os.path.join(tmpdir, "postgres.log")
         argv = [self.pg_ctl, "-D", self.datadir, "-l", logfile, "-w", "-t", "30"]
-        _run(_as_postgres_user([*argv, "-o", options, "start"]), "pg_ctl start")
+        run_checked(as_postgres_user([*argv, "-o", options, "start"]), "pg_ctl start")
 
     def stop(self) -> None:
         self.server.stop()
