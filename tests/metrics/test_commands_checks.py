@@ -10,10 +10,12 @@ from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
+from django.test import Client
 from django.test.utils import override_settings
+from django.urls import path
 
 import metrics_app
-from metrics_app import query, rollup
+from metrics_app import buffer, query, rollup
 from metrics_app.checks import CHECK_IDS
 from metrics_app.decorators import count_visits
 from metrics_app.models import Bucket
@@ -160,3 +162,30 @@ def test_redis_buffer_is_shared_and_flushed_once(redis_server: str, clock: Froze
         assert redis_buffer.flush() == 1  # the pending hash was already applied
         assert query.total("r") == 19
         assert conn.scard("{t:buf}:pending") == 0
+
+
+@count_visits(series="page:{slug}")
+def _any_page(request: HttpRequest, slug: str) -> HttpResponse:
+    return HttpResponse(f"page {len(slug)}")
+
+
+urlpatterns = [path("page/<str:slug>/", _any_page)]
+
+
+@pytest.mark.parametrize(
+    "slug",
+    ["x" * 300, "a%00b"],  # too long; a NUL once decoded
+    ids=["too-long", "nul"],
+)
+@override_settings(ROOT_URLCONF=__name__)
+def test_count_visits_on_a_name_record_refuses_serves_the_page_uncounted(
+    slug: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The URL builds the series name: a visitor's bad name is not a 500, just not counted."""
+    response = Client(raise_request_exception=False).get(f"/page/{slug}/")
+    assert response.status_code == 200
+    assert response.content.startswith(b"page ")
+    assert buffer.current().aggregator.live_counts() == {}
+    assert "count_visits: a visit was not counted" in caplog.text
+    assert Client().get("/page/fine/").status_code == 200
+    assert [name for name, _ in buffer.current().aggregator.live_counts()] == ["page:fine"]
