@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sqlite3
 import subprocess
@@ -34,8 +35,17 @@ SCRIPT = textwrap.dedent(
             print("previous handler ran", flush=True)
             sys.exit(0)
         signal.signal(signal.SIGTERM, previous)
+    if mode == "forked":
+        # Like gunicorn --preload: the parent installed its hooks before the fork; the child
+        # inherits them and installs its own on its first record().
+        metrics_app.record("before-fork")
+        pid = os.fork()
+        if pid:
+            _, status = os.waitpid(pid, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     metrics_app.record("bye", 3)
     print("ready", flush=True)
+    print(os.getpid(), flush=True)
     if mode == "exit":
         sys.exit(0)
     time.sleep(30)
@@ -54,7 +64,9 @@ def run(tmp_path: Path, mode: str) -> tuple[int, str]:
     ) as proc:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        if mode != "exit":
+        if mode == "forked":
+            os.kill(int(proc.stdout.readline()), signal.SIGTERM)
+        elif mode != "exit":
             proc.send_signal(signal.SIGTERM)
         out = proc.stdout.read()
         code = proc.wait(timeout=30)
@@ -79,3 +91,10 @@ def test_sigterm_chains_the_previous_handler(tmp_path: Path) -> None:
     code, out = run(tmp_path, "chained")
     assert code == 0
     assert "previous handler ran" in out
+
+
+def test_sigterm_in_a_forked_child_flushes_the_childs_counts_then_exits_143(
+    tmp_path: Path,
+) -> None:
+    """The child's handler is the one it inherited, not chained to itself a second time."""
+    assert run(tmp_path, "forked")[0] == 128 + signal.SIGTERM
