@@ -80,6 +80,7 @@ class ProcessBuffer:
         self.target.add(name, minute, count)
 
     def start(self) -> None:
+        """Install the exit hooks, then choose the target and start the thread (once)."""
         with self._start_lock:
             if self.started:
                 return
@@ -100,6 +101,7 @@ class ProcessBuffer:
             self.flusher.stop()
 
     def stats(self) -> dict[str, int]:
+        """The aggregator's stats and the flusher's failures in a row."""
         return {**self.aggregator.stats(), "failures": self.flusher.failures}
 
 
