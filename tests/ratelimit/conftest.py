@@ -1,9 +1,12 @@
-"""Fixtures for ratelimit_app: one cache per backend, on real servers."""
+"""Fixtures for ratelimit_app: one cache per backend, on real servers; and the helpers
+several test modules share (:func:`rules`, :class:`ReferenceMeter`)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -105,3 +108,48 @@ def rules_site() -> Iterator[None]:
         yield
     store.forget()
     forget_refusals()
+
+
+def rules(*items: dict[str, Any], **settings: Any) -> Any:
+    """``override_settings`` with ``items`` as ``RATELIMIT_RULES`` (and any other settings)."""
+    return override_settings(RATELIMIT_RULES=list(items), **settings)
+
+
+class ReferenceMeter:
+    """A leaky bucket as a level that drains, in exact fractions: the reference that
+    :mod:`ratelimit_app.gcra` must agree with on every decision and every figure.
+
+    Written independently of that module, as the algorithm is usually stated: a level and
+    the time it was last set, draining continuously at the leak rate; a request is admitted
+    when the level plus one does not exceed the capacity, and only an admitted request fills
+    the bucket.
+    """
+
+    def __init__(self, count: int, seconds: int, capacity: int) -> None:
+        self.leak = Fraction(count, seconds)  # requests per second
+        self.capacity = capacity
+        self.level = Fraction(0)
+        self.since: Fraction | None = None
+
+    def level_at(self, t: Fraction) -> Fraction:
+        """The level at ``t``; a clock behind ``since`` sees a fuller bucket."""
+        if self.since is None:
+            return Fraction(0)
+        return max(Fraction(0), self.level - (t - self.since) * self.leak)
+
+    def fits(self, t: Fraction) -> bool:
+        return self.leak > 0 and self.level_at(t) + 1 <= self.capacity
+
+    def request(self, t: Fraction, count: bool = True) -> bool:
+        """Admit (and fill) when one more fits; a look or a refusal changes nothing."""
+        ok = self.fits(t)
+        if ok and count:
+            self.level, self.since = self.level_at(t) + 1, t
+        return ok
+
+    def figures(self, t: Fraction) -> tuple[Fraction, int, Fraction, Fraction]:
+        """(level, whole requests that fit, seconds until one fits, seconds until empty)."""
+        level = self.level_at(t)
+        remaining = max(0, math.floor(self.capacity - level))
+        wait = max(Fraction(0), (level + 1 - self.capacity) / self.leak)
+        return level, remaining, wait, level / self.leak

@@ -1,8 +1,8 @@
 """The leaky bucket's pure logic (:mod:`ratelimit_app.gcra`) against a reference meter.
 
-The reference is written here independently of the module, as the issue states the meter:
-a level and the time it was last set, draining continuously at the leak rate, in exact
-rational arithmetic; a request is admitted when the level plus one does not exceed the
+The reference (:class:`tests.ratelimit.conftest.ReferenceMeter`) is written independently of
+the module: a level and the time it was last set, draining continuously at the leak rate, in
+exact rational arithmetic; a request is admitted when the level plus one does not exceed the
 capacity, and only an admitted request fills the bucket. GCRA keeps a single number (the
 theoretical arrival time) instead; the two must agree on every decision and every figure.
 """
@@ -19,41 +19,9 @@ from hypothesis import strategies as st
 
 from ratelimit_app import gcra
 from ratelimit_app.rates import MAX_SECONDS, Rate, parse
+from tests.ratelimit.conftest import ReferenceMeter
 
 T0_US = 1_700_000_000 * gcra.MICROS
-
-
-class ReferenceMeter:
-    """A leaky bucket as a level that drains: the issue's meter, exact (fractions)."""
-
-    def __init__(self, count: int, seconds: int, capacity: int) -> None:
-        self.leak = Fraction(count, seconds)  # requests per second
-        self.capacity = capacity
-        self.level = Fraction(0)
-        self.since: Fraction | None = None
-
-    def level_at(self, t: Fraction) -> Fraction:
-        """The level at ``t``; a clock behind ``since`` sees a fuller bucket."""
-        if self.since is None:
-            return Fraction(0)
-        return max(Fraction(0), self.level - (t - self.since) * self.leak)
-
-    def fits(self, t: Fraction) -> bool:
-        return self.leak > 0 and self.level_at(t) + 1 <= self.capacity
-
-    def request(self, t: Fraction, count: bool = True) -> bool:
-        """Admit (and fill) when one more fits; a look or a refusal changes nothing."""
-        ok = self.fits(t)
-        if ok and count:
-            self.level, self.since = self.level_at(t) + 1, t
-        return ok
-
-    def figures(self, t: Fraction) -> tuple[Fraction, int, Fraction, Fraction]:
-        """(level, whole requests that fit, seconds until one fits, seconds until empty)."""
-        level = self.level_at(t)
-        remaining = max(0, math.floor(self.capacity - level))
-        wait = max(Fraction(0), (level + 1 - self.capacity) / self.leak)
-        return level, remaining, wait, level / self.leak
 
 
 def seconds(us: int) -> Fraction:

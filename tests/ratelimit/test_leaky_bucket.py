@@ -1,10 +1,10 @@
 """The leaky bucket (``algorithm="leaky_bucket"``) on local memory, real memcached and Redis.
 
-Every decision is compared with the reference meter of ``test_gcra`` (exact fractions, the
-same clock) on random and bursty traces; then the decorator, rules through the middleware
-(the seed's three cases: per user id, per IP, per device type), the 429 and its headers,
-lookups, resets and the command, and concurrency: 4 processes x 8 threads against one
-subject never get more than the capacity admitted.
+Every decision is compared with the reference meter (``ReferenceMeter`` in this directory's
+conftest: exact fractions, the same clock) on random and bursty traces; then the decorator,
+rules through the middleware (docs/rules' worked examples: a bucket per user id, per IP, per
+device type), the 429 and its headers, lookups, resets and the command, and concurrency:
+4 processes x 8 threads against one subject never get more than the capacity admitted.
 """
 
 from __future__ import annotations
@@ -41,19 +41,13 @@ from ratelimit_app.exceptions import BackendError
 from ratelimit_app.rates import parse
 from ratelimit_app.rules import RuleError, parse_rule
 from ratelimit_app.testing import frozen_clock
-from tests.ratelimit.conftest import several_memcached
-from tests.ratelimit.test_gcra import ReferenceMeter
+from tests.ratelimit.conftest import MIDDLEWARE, ReferenceMeter, rules, several_memcached
 
 T0 = 1_800_000_000.0
 T0_US = int(T0) * gcra.MICROS
 #: A fresh group for each hypothesis example (the fixture's is one per test).
 EXAMPLES = itertools.count()
 LEAKY = gcra.LEAKY_BUCKET
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "ratelimit_app.middleware.RatelimitMiddleware",
-]
 
 
 # -- views and URLs of this module ---------------------------------------------------------
@@ -94,10 +88,6 @@ urlpatterns = [
 def site() -> Iterator[None]:
     with override_settings(ROOT_URLCONF=__name__, MIDDLEWARE=MIDDLEWARE):
         yield
-
-
-def rules(*items: dict[str, Any], **extra: Any) -> Any:
-    return override_settings(RATELIMIT_RULES=list(items), **extra)
 
 
 def bucket(name: str, **fields: Any) -> dict[str, Any]:
@@ -683,7 +673,7 @@ async def test_an_async_request(backend_kind: str, async_client: Any) -> None:
     assert codes == [200, 200, 200, 429]
 
 
-# -- the seed's three cases: per user id, per IP, per device type ----------------------------
+# -- docs/rules' worked examples: a bucket per user id, per IP, per device type --------------
 
 
 @pytest.mark.django_db

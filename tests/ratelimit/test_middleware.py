@@ -18,13 +18,9 @@ from ratelimit_app import core, store
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.signals import backend_failed, ratelimited
 from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.conftest import MIDDLEWARE, rules
 
 T0 = 1_800_000_000.0
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "ratelimit_app.middleware.RatelimitMiddleware",
-]
 
 
 def rule(name: str, path: str = "/rules/named/", **fields: Any) -> dict[str, Any]:
@@ -35,10 +31,6 @@ def rule(name: str, path: str = "/rules/named/", **fields: Any) -> dict[str, Any
 def site() -> Iterator[None]:
     with override_settings(ROOT_URLCONF="tests.ratelimit.urls", MIDDLEWARE=MIDDLEWARE):
         yield
-
-
-def rules(*items: dict[str, Any], **settings: Any) -> Any:
-    return override_settings(RATELIMIT_RULES=list(items), **settings)
 
 
 def statuses(client: Client, path: str, n: int, **extra: Any) -> list[int]:

@@ -19,15 +19,12 @@ from django.test import Client, RequestFactory, override_settings
 from ratelimit_app import core, refusals, signals
 from ratelimit_app.backends import get_backend
 from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.conftest import rules
 
 T0 = 1_800_000_000.0
 
 
 pytestmark = pytest.mark.usefixtures("rules_site")
-
-
-def rules(*items: dict[str, Any], **settings: Any) -> Any:
-    return override_settings(RATELIMIT_RULES=list(items), **settings)
 
 
 def rule(name: str = "flood", **fields: Any) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import redis as redis_py
 
 from tests.reliability import clients, procs
 from tests.reliability.common import ROOT, end, env, report
-from tests.reliability.test_scale import PROCESSES, THREADS, load, stop
+from tests.reliability.conftest import PROCESSES, THREADS, load, stop
 from tests.servers import gunicorn_argv, wait_for
 
 pytestmark = pytest.mark.slow

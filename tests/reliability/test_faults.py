@@ -24,7 +24,8 @@ from django.test import Client, override_settings
 from ratelimit_app.backends import reset_backends
 from tests.conftest import start_or_skip
 from tests.reliability import procs, worker
-from tests.reliability.common import ROOT, end, env, ms, report, summary
+from tests.reliability.common import ROOT, end, ms, report, summary
+from tests.reliability.conftest import finish, run, spawn, worker_env
 from tests.servers import wait_for
 
 #: The limit of the open rule: small, so the subject is over it within a few requests.
@@ -227,39 +228,6 @@ def test_fault_helpers_measure_latency() -> None:
 
 
 # -- the database: stopped while visits flow, a lost commit reply, downsampling killed -------
-
-
-def worker_env(pg: procs.Postgres, **extra: str) -> dict[str, str]:
-    return env(
-        DJANGO_SETTINGS_MODULE="tests.reliability.worker_settings",
-        RELIABILITY_DB=json.dumps(pg.database),
-        **extra,
-    )
-
-
-def spawn(pg: procs.Postgres, *args: str, **extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.worker", *args],
-        cwd=ROOT,
-        env=worker_env(pg, **extra),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 120) -> list[dict[str, Any]]:
-    """The JSON lines of a worker that must exit 0 within ``timeout``."""
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    finally:
-        end(proc)
-    assert proc.returncode == 0, f"worker failed ({proc.returncode}):\n{stderr[-3000:]}"
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
-
-
-def run(pg: procs.Postgres, *args: str, **extra: str) -> dict[str, Any]:
-    return finish(spawn(pg, *args, **extra))[-1]
 
 
 @pytest.fixture(scope="module")

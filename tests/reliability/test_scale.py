@@ -1,4 +1,4 @@
-"""Many processes (issue 7): gunicorn with 4 workers on real memcached, Redis and PostgreSQL.
+"""Many processes: gunicorn with 4 workers on real memcached, Redis and PostgreSQL.
 
 Clients are 4 processes of 8 threads. The limit of one subject holds across workers; visit
 counts are exact after a graceful stop (each worker flushes on SIGTERM); ``kill -9`` of a
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -24,12 +23,10 @@ import pytest
 
 from tests.reliability import clients, procs, site_urls
 from tests.reliability.common import ROOT, end, env, report
-from tests.reliability.test_faults import run
+from tests.reliability.conftest import PROCESSES, THREADS, load, run, stop
 from tests.servers import gunicorn_argv, wait_for
 
 pytestmark = pytest.mark.slow
-
-PROCESSES, THREADS = 4, 8
 
 
 @pytest.fixture(scope="module")
@@ -70,34 +67,6 @@ def gunicorn(pg: procs.Postgres, **settings: str) -> Iterator[tuple[subprocess.P
     finally:
         end(proc, timeout=30)
         log.close()
-
-
-def load(
-    port: int,
-    path: str,
-    requests: int,
-    seconds: float = 60.0,
-    form: dict[str, str] | None = None,
-) -> list[tuple[int, int, float]]:
-    """PROCESSES x THREADS clients, ``requests`` each (POSTs of ``form`` if given, see
-    :func:`clients.hammer`), all starting together."""
-    # After the client processes have started (and, for a form, fetched its page).
-    start = time.time() + (1.5 if form is None else 2.0)
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(PROCESSES) as pool:
-        parts = [
-            pool.apply_async(
-                clients.hammer, (port, path, THREADS, requests, start, start + seconds, form)
-            )
-            for _ in range(PROCESSES)
-        ]
-        return [hit for part in parts for hit in part.get(timeout=seconds + 90)]
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """A graceful stop: SIGTERM to the master, which stops every worker."""
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
 
 
 def visits(pg: procs.Postgres) -> int:
