@@ -234,8 +234,10 @@ def check_many(
 
 
 #: This process's refusals (:mod:`ratelimit_app.refusals`), shared by the middleware, the
-#: decorator, ``get_usage`` and the DRF throttles.
-REFUSALS: refusals.Memory[Result] = refusals.Memory()
+#: decorator, ``get_usage`` and the DRF throttles: each check refused, and its result.
+REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory()
+#: Checks one look confirms at most: the request's due refusals and others due soon.
+LOOK_BATCH = 256
 refusals.after_fork(REFUSALS)
 
 
@@ -254,7 +256,7 @@ def _remember(timed: list[_Job], t: float) -> None:
         c, r = job.check, job.result
         if c.increment and r.limited:
             wait = r.binding().retry_after
-            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), r, t + wait)
+            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), (c, r), t + wait)
 
 
 def recall(c: Check, t: float) -> Result | None:
@@ -263,7 +265,8 @@ def recall(c: Check, t: float) -> Result | None:
     found = REFUSALS.recall(refusal_key(c), t)
     if found is None:
         return None
-    return _counted_down(*found)
+    elapsed, (_, r) = found
+    return _counted_down(elapsed, r)
 
 
 def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]:
@@ -274,33 +277,43 @@ def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]
     round trip that only looks (no writes, where a counted check that is refused makes two:
     count, then take back): still no room, and they are refused and remembered again with
     the waits they had; room after all (a reset or a rule changed elsewhere), and they are
-    forgotten, for the caller's counted check. So a botnet of subjects each over its limit
-    costs one look per subject per process per ``RATELIMIT_REFUSAL_MEMORY``. A look that
-    fails confirms nothing: the caller's check decides (and meets the outage).
+    forgotten, for the caller's counted check. The same look confirms the other refusals
+    whose caps run out within half a cap (:meth:`~ratelimit_app.refusals.Memory.soon`, up
+    to :data:`LOOK_BATCH` checks in all): confirming early is as safe as on time (a fresh
+    read), and their next caps then run out together. So a botnet of subjects each over its
+    limit costs a few looks per process per ``RATELIMIT_REFUSAL_MEMORY``, not one per
+    subject. A look that fails confirms nothing: the caller's check decides (and meets the
+    outage).
     """
     if not REFUSALS:  # the common case: nothing refused lately, nothing to look up
         return [None] * len(checks)
     found = [None if c is None else recall(c, t) for c in checks]
     if any(found):
         return found
-    due: list[tuple[int, Check, float, float, Result]] = []
+    due: list[tuple[int | None, Check, float, float, Result]] = []
     for i, c in enumerate(checks):
         if c is not None and c.increment:
             entry = REFUSALS.due(refusal_key(c), t)
             if entry is not None:
-                due.append((i, c, *entry))
+                elapsed, left, (_, r) = entry
+                due.append((i, c, elapsed, left, r))
     if not due:
         return found
+    cap = conf.REFUSAL_MEMORY
+    mine = [refusal_key(c) for _, c, *_ in due]
+    for _, elapsed, left, (c, r) in REFUSALS.soon(t, cap / 2, LOOK_BATCH - len(due), mine):
+        due.append((None, c, elapsed, left, r))
     looks = [c._replace(increment=False) for _, c, *_ in due]
     try:
         seen = check_many(looks, exact=False, at=t)
     except BackendError:
         return found
-    cap = conf.REFUSAL_MEMORY
-    for (i, c, elapsed, left, r), look in zip(due, seen, strict=True):
+    for (slot, c, elapsed, left, r), look in zip(due, seen, strict=True):
         if look.limited:
-            found[i] = now = _counted_down(elapsed, r)
-            REFUSALS.remember(refusal_key(c), t, t + min(left, cap), now, t + left)
+            now = _counted_down(elapsed, r)
+            REFUSALS.remember(refusal_key(c), t, t + min(left, cap), (c, now), t + left)
+            if slot is not None:  # this request's own check (not one due soon)
+                found[slot] = now
         else:
             REFUSALS.forget([refusal_key(c)])
     return found

@@ -12,7 +12,9 @@ this process (:func:`ratelimit_app.operations.reset`) is seen at once.
 When the cap has run out but the wait has not, the refusal is **due**: the caller confirms
 it with a look that counts nothing (:func:`ratelimit_app.engine.recall_many`: one round trip
 with no writes, where a counted check that is refused makes two) and remembers it again, or
-forgets it when the window has room after all.
+forgets it when the window has room after all. The same look confirms the refusals that
+will be due **soon** (:meth:`Memory.soon`), so a botnet of many refused subjects costs a few
+looks per cap, not one per subject.
 
 The memory is a bounded least-recently-used map (``RATELIMIT_REFUSAL_MEMORY_SIZE`` subjects),
 O(1) and thread-safe, and a forked child starts with its own lock (the parent's refusals
@@ -94,6 +96,27 @@ class Memory(Generic[T]):
         if entry is None or now < entry[1]:
             return None
         return now - entry[0], entry[2] - now, entry[3]
+
+    def soon(
+        self, now: float, within: float, limit: int, besides: Iterable[Hashable] = ()
+    ) -> list[tuple[Hashable, float, float, T]]:
+        """Up to ``limit`` refusals (but those of ``besides``) whose cap runs out before
+        ``now + within`` while their wait goes on: ``(key, seconds since the refusal,
+        seconds until its wait ends, what it was)``, the soonest due first. One pass over
+        the memory: for a caller that confirms a due refusal and may as well confirm these
+        in the same round trip."""
+        if limit <= 0:
+            return []
+        skip = set(besides)
+        horizon = now + within
+        with self._lock:
+            found = [
+                (key, entry)
+                for key, entry in self._entries.items()
+                if entry[1] < horizon and entry[0] <= now < entry[2] and key not in skip
+            ]
+        found.sort(key=lambda item: item[1][1])
+        return [(key, now - e[0], e[2] - now, e[3]) for key, e in found[:limit]]
 
     def forget(self, keys: Iterable[Hashable]) -> None:
         """Forget the refusals of ``keys`` (their counters were reset)."""

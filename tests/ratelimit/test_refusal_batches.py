@@ -1,0 +1,145 @@
+"""Due refusals are confirmed in batches: a botnet costs a few looks per cap, not one per
+subject (ratelimit_app.engine.recall_many, ratelimit_app.refusals.Memory.soon)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from ratelimit_app import refusals, windows
+from ratelimit_app.backends import get_backend
+from ratelimit_app.engine import LOOK_BATCH
+from ratelimit_app.keys import namespace
+from ratelimit_app.operations import target
+from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.conftest import rules
+
+T0 = 1_800_000_000.0
+CAP = 2.0
+
+pytestmark = pytest.mark.usefixtures("rules_site")
+
+RULE = {"name": "botnet", "path": "/rules/named/", "key": "ip", "rate": "1/h"}
+
+
+class Trips:
+    """The backend's round trips (``exchange`` calls), and those that write."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.trips = self.writing = 0
+        backend = get_backend()
+        exchange = backend.exchange
+
+        def counting(ops: Any, meters: Any, now_us: int) -> Any:
+            self.trips += 1
+            self.writing += any(op.increment or op.undo is not None for op in ops)
+            return exchange(ops, meters, now_us)
+
+        monkeypatch.setattr(backend, "exchange", counting)
+
+
+def refuse(client: Client, addresses: list[str]) -> None:
+    """Each address: admitted once, then refused (a counted check: remembered)."""
+    for ip in addresses:
+        assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 200
+        assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 429
+
+
+def statuses(client: Client, addresses: list[str]) -> list[int]:
+    return [client.get("/rules/named/", REMOTE_ADDR=ip).status_code for ip in addresses]
+
+
+def test_one_look_confirms_every_due_refusal(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = Client()
+    addresses = [f"198.51.100.{i}" for i in range(1, 41)]  # locmem keeps 300 keys
+    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+        refuse(client, addresses)
+        clock.advance(CAP + 1)  # every cap has run out; no wait has
+        trips = Trips(monkeypatch)
+        assert statuses(client, addresses) == [429] * len(addresses)
+        # The first request's look confirmed all forty, writing nothing.
+        assert (trips.trips, trips.writing) == (1, 0)
+        clock.advance(CAP / 2)
+        assert statuses(client, addresses) == [429] * len(addresses)
+        assert trips.trips == 1  # remembered again for a whole cap from the look
+
+
+def test_refusals_due_soon_join_the_look(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = Client()
+    early = [f"198.51.100.{i}" for i in range(1, 11)]
+    late = [f"198.51.100.{i}" for i in range(11, 21)]
+    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+        refuse(client, early)
+        clock.advance(0.6 * CAP)
+        refuse(client, late)  # their caps run out 0.6 cap later
+        clock.advance(0.6 * CAP)  # the early ones are due; the late ones within half a cap
+        trips = Trips(monkeypatch)
+        assert statuses(client, early) == [429] * len(early)
+        assert trips.trips == 1
+        clock.advance(0.7 * CAP)  # the late ones' first caps have run out (0.1 cap ago)
+        assert statuses(client, late) == [429] * len(late)
+        assert trips.trips == 1  # confirmed by the early ones' look, with a new cap
+
+
+def test_a_look_forgets_a_batched_refusal_that_has_room(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subject reset behind this process's back (another process's reset) is forgotten
+    by the look another subject's due refusal makes, and then counted and admitted."""
+    client = Client()
+    first, second = "198.51.100.1", "198.51.100.2"
+    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+        refuse(client, [first, second])
+        found = target("botnet", second)
+        assert found is not None
+        get_backend().delete(
+            namespace(found.scope, "ip", second),
+            sorted(windows.stored_suffixes(found.rates, clock(), 60)),
+        )
+        clock.advance(CAP + 1)
+        trips = Trips(monkeypatch)
+        assert statuses(client, [first]) == [429]  # its look also looked at the second
+        assert trips.trips == 1
+        assert statuses(client, [second]) == [200]  # forgotten: counted, and admitted
+        assert (trips.trips, trips.writing) == (2, 1)
+
+
+def test_soon_lists_the_refusals_due_before_the_horizon_soonest_first() -> None:
+    memory: refusals.Memory[str] = refusals.Memory()
+    memory.remember("due", 0, 5, "D", ends=100)  # the cap ran out at 5
+    memory.remember("soon", 3, 8, "S", ends=100)
+    memory.remember("later", 6, 11, "L", ends=100)
+    memory.remember("ending", 0, 5, "E", ends=6)  # its wait ends before the look
+    memory.remember("mine", 0, 5, "M", ends=100)
+    found = memory.soon(6, 3, 10, besides=["mine"])
+    assert found == [("due", 6, 94, "D"), ("soon", 3, 94, "S")]
+    assert memory.soon(6, 3, 1) == [("due", 6, 94, "D")]
+    assert memory.soon(6, 3, 0) == []
+
+
+def test_a_look_is_bounded(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most LOOK_BATCH checks a look (a memcached multi-get, a Redis transaction)."""
+    sizes: list[int] = []
+    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+        monkeypatch.setattr("ratelimit_app.engine.LOOK_BATCH", 7)
+        client = Client()
+        addresses = [f"198.51.100.{i}" for i in range(1, 21)]
+        refuse(client, addresses)
+        clock.advance(CAP + 1)
+        backend = get_backend()
+        exchange = backend.exchange
+
+        def sizing(ops: Any, meters: Any, now_us: int) -> Any:
+            sizes.append(len(ops))
+            return exchange(ops, meters, now_us)
+
+        monkeypatch.setattr(backend, "exchange", sizing)
+        assert statuses(client, addresses) == [429] * len(addresses)
+    assert sizes == [7, 7, 6]
+    assert LOOK_BATCH == 256
