@@ -1,19 +1,21 @@
 """``python -m bench`` (``make bench``): every benchmark, one table each.
 
+That is every module of :mod:`bench.claims` but two that take their own arguments:
+``load_ab`` (it compares two revisions) and ``figures`` (it draws the docs' figure).
 Options: ``--quick`` for a short run (fewer rounds, shorter simulated time).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import time
 
-from bench import (
+from bench.claims import (
     accuracy,
     drf_throttle,
     leaky_bucket,
     load,
+    metrics,
     ratelimit_latency,
     ratelimit_middleware,
 )
@@ -51,13 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     # `make servers`): 3 rounds of 10 s per case, or 1 round of 2 s with --quick.
     load_rounds, load_seconds, load_warmup = (1, 2, 1) if args.quick else (3, 10, 3)
     print(load.render(load.run(load_rounds, load_seconds, load_warmup)), end="\n\n")
-    try:
-        bench_metrics = importlib.import_module("bench.bench_metrics")
-    except ModuleNotFoundError as exc:
-        if exc.name != "bench.bench_metrics":
-            raise
-    else:
-        bench_metrics.main()
+    metrics.main()
     print(f"\n(all benchmarks: {time.monotonic() - started:.0f} s)")
 
 

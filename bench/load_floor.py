@@ -8,8 +8,8 @@ headers of the same length as the three rules' (fixed strings). It decides nothi
 
 What a request of this case costs over the plain view is what any limiter that keeps the
 guarantees of ``docs/concepts`` (every request counted in shared memory before it is
-admitted) pays on this machine before its own Python: the part of the issue's 25% budget
-that is not ours to spend.
+admitted) pays on this machine before its own Python: the part of any budget for the
+limiter (docs/performance: the 25% first asked of the three rules) that is not ours to spend.
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
-"""Settings of the load bench (``bench/load.py``): demo_site's, plus a few bench URLs and rules.
+"""Settings of the load bench (``bench/claims/load.py``): demo_site's, plus bench URLs and rules.
 
 Everything of the demo stays as it is (its middleware, its rules, its database and caches from
 the environment: ``DATABASE_URL``, ``MEMCACHED_SERVERS``, ``REDIS_URL``, ``DEBUG``); the bench
 adds its own URLconf (:mod:`bench.load_urls`, which includes the demo's) and three rules on
 ``/bench/rules/``. Every limit is huge: wrk sends every request from one address, one subject,
 and nothing may be refused, so that each request does a check's full work.
+
+The site's modules (this one, :mod:`bench.load_urls`, :mod:`bench.load_floor`) keep these
+names in every revision: ``bench/claims/load_ab.py`` serves an older revision's tree with this
+tree's ``DJANGO_SETTINGS_MODULE``.
 """
 
 from __future__ import annotations
@@ -39,5 +43,5 @@ RATELIMIT_RULES = [
 ]
 
 # wrk (the botnet case) names its clients in X-Forwarded-For; every other case sends none,
-# so its client is the connection's address, as before.
+# so its client is the connection's address (127.0.0.1, one subject).
 RATELIMIT_TRUSTED_PROXIES = ["127.0.0.1"]

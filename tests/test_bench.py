@@ -10,9 +10,9 @@ import pathlib
 
 import pytest
 
-from bench import (
+from bench import common
+from bench.claims import (
     accuracy,
-    common,
     drf_throttle,
     figures,
     leaky_bucket,
@@ -244,8 +244,10 @@ def test_max_in_window() -> None:
 
 
 def test_the_algorithms_figure_is_up_to_date() -> None:
-    """docs/_static/algorithms.svg is what bench/figures.py draws from the real logic."""
-    assert figures.PATH.read_text(encoding="utf-8") == figures.svg(), "python -m bench.figures"
+    """docs/_static/algorithms.svg is what bench/claims/figures.py draws from the real logic."""
+    assert figures.PATH.read_text(encoding="utf-8") == figures.svg(), (
+        "python -m bench.claims.figures"
+    )
 
 
 def test_the_figure_shows_both_algorithms_at_work() -> None:
@@ -287,7 +289,8 @@ def _need_wrk() -> None:
 def test_load_ab_bench_times_two_revisions_side_by_side(
     memcached_server: str, redis_server: str, tmp_path: pathlib.Path
 ) -> None:
-    """A tiny run of bench/load_ab.py: this tree against its own HEAD, real gunicorn and wrk."""
+    """A tiny run of bench/claims/load_ab.py: this tree against its own HEAD, real gunicorn,
+    real wrk."""
     with pytest.raises(ValueError, match="unknown case"):
         load_ab.run(cases=["plain", "no-such-case"])
     tree = load_ab.export("HEAD", str(tmp_path))
@@ -311,7 +314,7 @@ def test_load_ab_bench_times_two_revisions_side_by_side(
 def test_load_bench_through_gunicorn(
     memcached_server: str, redis_server: str, tmp_path: pathlib.Path
 ) -> None:
-    """A tiny run of bench/load.py: real gunicorn, real wrk, real servers, an SQLite file."""
+    """A tiny run of bench/claims/load.py: real gunicorn, wrk and servers, an SQLite file."""
     parsed = load.parse_wrk(WRK_OUTPUT)
     assert parsed == load.WrkResult(
         rps=1230.55, p50_ms=0.85, p99_ms=1200.0, requests=1234, non_2xx=4, socket_errors=3

@@ -1,6 +1,6 @@
 """4 processes x 8 threads against one user at 200 a minute: never more than 200.
 
-Through DRF views (:func:`bench.drf_throttle.concurrency`): 1,280 requests within a second
+Through DRF views (:func:`bench.claims.drf_throttle.concurrency`): 1,280 requests within a second
 or two, our ``UserRateThrottle`` and DRF's side by side on the same server. DRF's reads its
 list of timestamps and writes it back without a lock, so concurrent requests lose each
 other's updates; ours counts atomically. On Redis a check is one transaction on the server,
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from bench import drf_throttle
+from bench.claims import drf_throttle
 
 
 @pytest.mark.parametrize("kind", ["memcached", "redis"])

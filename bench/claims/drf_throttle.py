@@ -4,7 +4,7 @@ Two measurements, in one run, on the same throwaway servers:
 
 **Cost per request** on memcached: what ``APIView.check_throttles`` costs for a request
 (DRF's entry to throttling: it makes the view's throttles and asks each), our
-``UserRateThrottle`` against DRF's, interleaved as in :mod:`bench.ratelimit_latency` (whose
+``UserRateThrottle`` against DRF's, interleaved as in :mod:`bench.claims.ratelimit_latency` (whose
 interleaving this follows: each round times ``calls`` requests of each contender in turn, the
 order alternating). Anonymous requests from distinct client addresses; every timed request
 is admitted, on a **busy** subject (one that no timed request takes over its limit):
@@ -25,7 +25,7 @@ with DRF's. DRF's reads its list, appends and writes it back without a lock, so 
 requests lose each other's timestamps and it admits more than 200; ours counts atomically
 and admits at most 200.
 
-Run: ``python -m bench.drf_throttle [--rounds 20 --calls 300]``.
+Run: ``python -m bench.claims.drf_throttle [--rounds 20 --calls 300]``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
-from bench import ratelimit_latency as latency
+from bench.claims import ratelimit_latency as latency
+from bench.claims.ratelimit_latency import SOCKET_TIMEOUT, Contender, caches_for, requests
 from bench.common import (
     Servers,
     configure_django,
@@ -51,7 +52,6 @@ from bench.common import (
     throwaway_servers,
     timing_parser,
 )
-from bench.ratelimit_latency import SOCKET_TIMEOUT, Contender, caches_for, requests
 
 #: Targets: our median cost / DRF's, per case (None: no target).
 TARGETS: dict[str, float | None] = {
@@ -152,7 +152,7 @@ def view_for(classes: list[type]) -> Any:
 
 def checker(view: Any) -> Callable[[Any], Any]:
     """``check(request)``: ``view.check_throttles`` for a Django request, as DRF's dispatch
-    calls it; the outcome in the shape :mod:`bench.ratelimit_latency` reads."""
+    calls it; the outcome in the shape :mod:`bench.claims.ratelimit_latency` reads."""
     from rest_framework.exceptions import Throttled
     from rest_framework.request import Request
 
@@ -255,7 +255,7 @@ def interleaved(
     from django.test import override_settings
 
     clock = time.perf_counter_ns
-    # As bench/ratelimit_latency: a stall of this shared machine is not a server outage.
+    # As bench/claims/ratelimit_latency: a stall of this shared machine is not a server outage.
     with override_settings(RATELIMIT_USE_CACHE=BACKEND, RATELIMIT_SOCKET_TIMEOUT=SOCKET_TIMEOUT):
         for r in range(rounds):
             for c in contenders if r % 2 == 0 else contenders[::-1]:

@@ -1,10 +1,10 @@
 """Two revisions of demo_site under gunicorn side by side: is a change faster under load?
 
-:mod:`bench.load` compares cases within one site, and on a shared machine its shares move by
+:mod:`bench.claims.load` compares cases within one site, and on a shared machine its shares move by
 several points between runs: too much to see a change of a few percent. This bench starts
 two sites at once on the same throwaway servers and database: **base**, the code of a git
 revision (``git archive``, default ``HEAD``), and **head**, this working tree, each
-gunicorn with :data:`bench.load.WORKERS` sync workers. wrk drives one site at a time, the
+gunicorn with :data:`bench.claims.load.WORKERS` sync workers. wrk drives one site at a time, the
 two alternating case by case (the order reversed every other round), so both see the same
 machine within seconds of each other. For each case the table gives the medians over the
 rounds of rps and of the site's CPU per answered request (its gunicorn workers, from
@@ -13,7 +13,7 @@ is cheaper).
 
 Both revisions must share the database schema (the migrations of this tree are applied).
 
-Run: ``python -m bench.load_ab [--base REV] [--cases plain,rules+counted] [--rounds 8]
+Run: ``python -m bench.claims.load_ab [--base REV] [--cases plain,rules+counted] [--rounds 8]
 [--db postgres|sqlite]``.
 """
 
@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import load
+from bench.claims import load
 from bench.common import Servers, table, throwaway_servers
 from tests.servers import require_binary
 

@@ -37,7 +37,8 @@ own time drifts by more than the middleware's cost between rounds, much less wit
 Targets: the three rules add at most 0.5x what the three decorators add (median); a request
 no rule covers pays under 5 microseconds.
 
-Run: ``python -m bench.ratelimit_middleware [--rounds 20 --calls 300 --ips 100 --batch 100]``.
+Run: ``python -m bench.claims.ratelimit_middleware [--rounds 20 --calls 300 --ips 100
+--batch 100]``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from bench.claims.ratelimit_latency import caches_for
 from bench.common import (
     Servers,
     configure_django,
@@ -58,7 +60,6 @@ from bench.common import (
     throwaway_servers,
     timing_parser,
 )
-from bench.ratelimit_latency import caches_for
 
 PATH = "/login/"
 OTHER_PATH = "/other/"

@@ -20,7 +20,7 @@ The peers, each called the fastest correct way its users can call it:
   window, three round trips for a busy subject (``get`` of the window's end, ``add``,
   ``incr``), four for a new one.
 
-Cases, against django-ratelimit (its rows and targets as before), on a **busy** subject:
+Cases, against django-ratelimit (the first table, with its targets), on a **busy** subject:
 
 * one rate ``1000000/m`` (never limited, so every check does its full work);
 * three rates on one key, ``1000000/m;1000000/h;1000000/d``, against django-ratelimit called
@@ -40,7 +40,7 @@ are made to exist. A check that fails (the backend raised; ``limit`` 0 in the us
 counted in the ``failed`` column. ``RATELIMIT_SOCKET_TIMEOUT`` is 2 s while timing: a stall of
 a shared machine is not a server outage (the peers' clients wait 5 s or for ever).
 
-Run: ``python -m bench.ratelimit_latency [--rounds 20 --calls 300]``.
+Run: ``python -m bench.claims.ratelimit_latency [--rounds 20 --calls 300]``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Limiters:
   django-ratelimit's counter does, and what ratelimit_app did before it took them back), with
   its exact reference, **sliding log, refused hits counted**.
 
-Run: ``python -m bench.accuracy``.
+Run: ``python -m bench.claims.accuracy``.
 """
 
 from __future__ import annotations

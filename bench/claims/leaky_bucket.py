@@ -1,7 +1,7 @@
 """Per-check cost of the leaky bucket beside the sliding window and django-ratelimit 4.1.
 
 One run, one process, the same throwaway memcached and Redis; the three contenders are
-interleaved exactly as in :mod:`bench.ratelimit_latency` (whose rounds this reuses), and the
+interleaved exactly as in :mod:`bench.claims.ratelimit_latency` (whose rounds this reuses), and the
 table gives the medians and their ratios. Cases:
 
 * **admitted**: ``1000000/m`` (never limited): the leaky bucket (burst: the rate's count)
@@ -14,7 +14,7 @@ table gives the medians and their ratios. Cases:
 On memcached an admitted leaky-bucket check is two round trips (read with the CAS id, then
 compare-and-set), a refused one a single read; on Redis both are one script call.
 
-Run: ``python -m bench.leaky_bucket [--rounds 20 --calls 300]``.
+Run: ``python -m bench.claims.leaky_bucket [--rounds 20 --calls 300]``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bench.claims.ratelimit_latency import Contender, time_backends
 from bench.common import Servers, quantile, table, timing_parser
-from bench.ratelimit_latency import Contender, time_backends
 
 ADMITTED_RATE = "1000000/m"
 REFUSED_RATE = "1/h"
