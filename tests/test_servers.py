@@ -66,6 +66,22 @@ def test_default_database_follows_db_option(request: pytest.FixtureRequest) -> N
     assert User.objects.filter(username="matrix").count() == 1
 
 
+@pytest.mark.parametrize("fixture", ["memcached_server", "redis_server", "postgres_server"])
+def test_servers_listen_on_127_0_0_1_only(fixture: str, request: pytest.FixtureRequest) -> None:
+    """A throwaway server has no password (PostgreSQL trusts every login), so no other host may
+    reach it: it listens on 127.0.0.1 alone. 127.0.0.2 is loopback too, on every Linux
+    machine, and stands in for any other address of this one: a server bound to all
+    interfaces would accept there."""
+    server = request.getfixturevalue(fixture)
+    if isinstance(server, dict):  # postgres_server is a DATABASES entry
+        port = int(server["PORT"])
+    else:
+        port = int(server.removeprefix("redis://").removesuffix("/0").rsplit(":", 1)[1])
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", port), timeout=5).close()
+
+
 def test_server_stop_is_idempotent_and_frees_the_port() -> None:
     server = start_or_skip(servers.start_redis)
     server.stop()
