@@ -88,7 +88,8 @@ def meter_result(state: gcra.State, ns: str) -> Result:
 
 
 class Check(NamedTuple):
-    """One subject's limit to check: its scope (:func:`scope`), subject, rates, and whether
+    """One subject's limit to check: its scope (:meth:`~ratelimit_app.limits.Limit.scope_for`),
+    subject, rates, and whether
     this request counts (``increment``) or only looks; the ``algorithm``, and the ``burst``
     (capacity) of a leaky bucket (None: the rate's count)."""
 
@@ -113,23 +114,33 @@ TakeBack = Callable[[Sequence[Check], list[Result]], set[int]]
 
 class _Job:
     """One check on its way through :func:`check_many`: what it needs from the first round
-    trip to the last."""
+    trip to the last (:class:`_Windowed` or :class:`_Metered`)."""
 
-    __slots__ = ("admitted", "check", "detail", "meter", "namespace", "plan", "result", "undo")
+    __slots__ = ("check", "namespace", "result", "undo")
+    check: Check
+    namespace: str
+    #: Set after the first round trip.
+    result: Result
+    #: Its hit is to be taken back (see ``take_back`` in :func:`check_many`).
+    undo: bool
 
-    def __init__(self, check: Check, namespace: str) -> None:
-        self.check = check
-        self.namespace = namespace
-        #: Sliding windows: the buckets to count and read. Leaky bucket: its meter.
-        self.plan: windows.Plan | None = None
-        self.meter: gcra.Meter | None = None
-        self.result: Result = None  # type: ignore[assignment]  # set after the round trip
-        #: A leaky bucket's admitted hit, as stored (what a take-back compares against).
-        self.admitted: MeterReply | None = None
-        #: The hit is to be taken back (see ``take_back`` in :func:`check_many`).
-        self.undo = False
-        #: A refused sliding window's fine buckets, read to time its wait exactly.
+
+class _Windowed(_Job):
+    __slots__ = ("detail", "plan")
+
+    def __init__(self, check: Check, namespace: str, plan: windows.Plan) -> None:
+        self.check, self.namespace, self.plan, self.undo = check, namespace, plan, False
+        #: A refused check's fine buckets, read to time its wait exactly.
         self.detail: windows.Plan | None = None
+
+
+class _Metered(_Job):
+    __slots__ = ("admitted", "meter")
+
+    def __init__(self, check: Check, namespace: str, meter: gcra.Meter) -> None:
+        self.check, self.namespace, self.meter, self.undo = check, namespace, meter, False
+        #: Its admitted hit, as stored (what a take-back compares against).
+        self.admitted: MeterReply | None = None
 
 
 def check_many(
@@ -155,33 +166,34 @@ def check_many(
     now_us = gcra.micros(t)
     per_window, hierarchical = conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL
     jobs: list[_Job] = []
-    windowed: list[_Job] = []
-    metered: list[_Job] = []
+    windowed: list[_Windowed] = []
+    metered: list[_Metered] = []
+    ops: list[Op] = []
+    meter_ops: list[MeterOp] = []
     for c in checks:
-        job = _Job(c, namespace(c.scope, *c.subject))
+        ns = namespace(c.scope, *c.subject)
         if c.algorithm == LEAKY_BUCKET:
-            job.meter = gcra.meter(c.rates, c.burst)
-            metered.append(job)
+            m = _Metered(c, ns, gcra.meter(c.rates, c.burst))
+            meter_ops.append(MeterOp(ns, m.meter, c.increment))
+            metered.append(m)
+            jobs.append(m)
         else:
-            job.plan = windows.plan(c.rates, t, per_window, hierarchical)
-            windowed.append(job)
-        jobs.append(job)
+            w = _Windowed(c, ns, windows.plan(c.rates, t, per_window, hierarchical))
+            ops.append(Op(ns, w.plan, c.increment))
+            windowed.append(w)
+            jobs.append(w)
     backend = get_backend()
-    values, replies = backend.exchange(
-        [Op(j.namespace, j.plan, j.check.increment) for j in windowed],  # type: ignore[arg-type]
-        [MeterOp(j.namespace, j.meter, j.check.increment) for j in metered],  # type: ignore[arg-type]
-        now_us,
-    )
-    for job, v in zip(windowed, values, strict=True):
-        counted = job.check.increment
-        job.result = r = Result(windows.evaluate(job.plan, v, t, counted), job.namespace)  # type: ignore[arg-type]
+    values, replies = backend.exchange(ops, meter_ops, now_us)
+    for w, v in zip(windowed, values, strict=True):
+        counted = w.check.increment
+        w.result = r = Result(windows.evaluate(w.plan, v, t, counted), w.namespace)
         if counted:
-            r.plan = job.plan
-    for job, reply in zip(metered, replies, strict=True):
-        state = gcra.outcome(job.meter, reply.read, reply.written, now_us, job.check.increment)  # type: ignore[arg-type]
-        job.result = r = meter_result(state, job.namespace)
+            r.plan = w.plan
+    for m, reply in zip(metered, replies, strict=True):
+        state = gcra.outcome(m.meter, reply.read, reply.written, now_us, m.check.increment)
+        m.result = r = meter_result(state, m.namespace)
         if reply.written is not None:
-            job.admitted = r.reply = reply
+            m.admitted = r.reply = reply
     results = [job.result for job in jobs]
     limited = [job for job in jobs if job.result.limited]
     if not limited:
@@ -201,24 +213,25 @@ def check_many(
     # check saw them. (Hierarchical: waits stay conservative by up to one coarse bucket.)
     coarse = hierarchical or windows.coarse_factor(per_window) > 1
     if exact and coarse and not hierarchical:
-        for job in limited:
-            if job.plan is not None:
-                job.detail = windows.plan(job.check.rates, t, per_window, fine_only=True)
+        for w in windowed:
+            if w.result.limited:
+                w.detail = windows.plan(w.check.rates, t, per_window, fine_only=True)
     # The refusals whose waits are exact: a leaky bucket's, a sliding window's read from fine
     # buckets alone (a single-level layout), and those the detail read below times.
-    timed = [j for j in limited if j.meter is not None or not coarse or j.detail is not None]
-    second = [j for j in windowed if j.undo or j.detail is not None]
-    untake = [j for j in metered if j.undo and j.admitted is not None]
+    timed: list[_Job] = [m for m in metered if m.result.limited]
+    timed += [w for w in windowed if w.result.limited and (not coarse or w.detail is not None)]
+    second = [w for w in windowed if w.undo or w.detail is not None]
+    untake = [m for m in metered if m.undo and m.admitted is not None]
     if not second and not untake:
         _remember(timed, t)
         return results
     try:
         values, _ = backend.exchange(
             [
-                Op(j.namespace, j.detail or j.plan, False, j.plan if j.undo else None)  # type: ignore[arg-type]
-                for j in second
+                Op(w.namespace, w.detail or w.plan, False, w.plan if w.undo else None)
+                for w in second
             ],
-            [MeterOp(j.namespace, j.meter, take_back=j.admitted) for j in untake],  # type: ignore[arg-type]
+            [MeterOp(m.namespace, m.meter, take_back=m.admitted) for m in untake],
             now_us,
         )
     except BackendError as exc:
@@ -226,9 +239,9 @@ def check_many(
         # (trying again could take them back twice, which would be lenient).
         logger.info("ratelimit: could not take back refused hits: %s", exc)
         return results
-    for job, v in zip(second, values, strict=True):
-        if job.detail is not None:
-            job.result = Result(windows.refine(job.result.usages, job.detail, v, t), job.namespace)
+    for w, v in zip(second, values, strict=True):
+        if w.detail is not None:
+            w.result = Result(windows.refine(w.result.usages, w.detail, v, t), w.namespace)
     _remember(timed, t)
     return [job.result for job in jobs]
 
