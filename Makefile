@@ -104,6 +104,9 @@ servers:
 # Run every step even when an earlier one fails, so one run shows every problem; the summary
 # names the failed steps and the exit status is non-zero if any failed. Each step says how
 # long it took: CI's whole `make test` should stay under 15 minutes.
+# The steps call make through SUBMAKE, not $(MAKE) itself: make runs every recipe line that
+# names $(MAKE) even under `make -n`, and here that line is the whole test run.
+SUBMAKE = $(MAKE) --no-print-directory
 STEPS_BEGIN := failed=""; \
 	step() { name=$$1; shift; printf '\n==> %s\n' "$$name"; start=$$(date +%s); \
 	  "$$@" || failed="$$failed $$name"; \
@@ -120,12 +123,12 @@ lint: venv
 
 test: venv servers
 	@$(STEPS_BEGIN); \
-	step lint $(MAKE) --no-print-directory lint; \
+	step lint $(SUBMAKE) lint; \
 	step pytest-sqlite $(BIN)/pytest; \
 	step pytest-postgres sh -c '$(BIN)/pytest -m db_matrix --db=postgres; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "(no db_matrix tests collected: fine)"; exit 0; fi; exit $$rc'; \
-	step pytest-newest $(MAKE) --no-print-directory test-newest; \
-	step docs $(MAKE) --no-print-directory docs; \
+	step pytest-newest $(SUBMAKE) test-newest; \
+	step docs $(SUBMAKE) docs; \
 	$(STEPS_END)
 
 test-newest: venv-newest servers
