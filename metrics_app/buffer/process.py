@@ -113,18 +113,25 @@ def current() -> ProcessBuffer:
     return _buffer
 
 
+#: The most events one call may count: the database's 64-bit counts must hold a bucket's
+#: sum and a series' total, and a count no batch can write would block every later batch.
+MAX_COUNT = 2**48
+
+
 def record(name: str, count: int = 1, at: datetime | float | None = None) -> None:
     """Count ``count`` events of series ``name`` in the minute of ``at`` (default now).
 
     Thread-safe and free of I/O (unless ``METRICS_BUFFER = "redis"``): the counts reach the
-    database at the next flush. ``at`` is an aware datetime or Unix seconds.
+    database at the next flush. ``at`` is an aware datetime or Unix seconds. Raises
+    ``ValueError`` for a name no database can store, or a count that is not an int from 0
+    to :data:`MAX_COUNT`.
     """
     if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable():
         # Three cheap tests pass the usual name without a call (this runs on every counted
         # request); check_name rules on the rest, and raises for what it refuses.
         check_name(name)
-    if count != 1 and (type(count) is not int or count < 0):
-        raise ValueError(f"count must be a non-negative int, got {count!r}")
+    if count != 1 and (type(count) is not int or not 0 <= count <= MAX_COUNT):
+        raise ValueError(f"count must be a non-negative int up to 2**48, got {count!r:.40}")
     if at is None:
         minute = int(clock.now() // 60)
     elif isinstance(at, datetime):

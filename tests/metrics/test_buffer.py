@@ -50,6 +50,8 @@ def test_name_of_200_characters_is_fine() -> None:
 def test_bad_count_and_naive_datetime() -> None:
     with pytest.raises(ValueError, match="non-negative int"):
         metrics_app.record("a", -1)
+    with pytest.raises(ValueError, match="up to 2\\*\\*48"):
+        metrics_app.record("a", 2**48 + 1)
     with pytest.raises(ValueError, match="aware"):
         metrics_app.record("a", at=datetime(2024, 1, 1))
 
@@ -165,3 +167,18 @@ def test_reset_starts_a_buffer_as_fresh_as_a_forked_childs(
         buffer.reset()
         metrics_app.record("shorturl:abc")
     assert caplog.text.count("the Redis buffer failed") == 2
+
+
+@pytest.mark.django_db
+def test_a_count_no_database_can_hold_is_refused_and_later_batches_still_flush(
+    clock: FrozenClock,
+) -> None:
+    """A count past 64 bits would fail its batch on every flush, and batches are written
+    oldest first: refused when recorded, it never reaches a batch."""
+    with pytest.raises(ValueError, match="count"):
+        metrics_app.record("huge", 2**63)
+    metrics_app.record("huge", 2**48)
+    metrics_app.record("after", 3)
+    metrics_app.flush()
+    assert metrics_app.query.total("huge") == 2**48
+    assert metrics_app.query.total("after") == 3
