@@ -13,7 +13,7 @@ Limiters:
   django-ratelimit shifts each key's boundaries by ``crc32(key) % period``; that only moves
   the edges, so edges are simulated at multiples of W and bursts are placed on them.
 * **ours** (uniform and hierarchical layouts): the real bucket logic of
-  :mod:`ratelimit_app.windows`, run over an in-memory dict of counters, as ``core.check``
+  :mod:`ratelimit_app.windows`, run over an in-memory dict of counters, as ``engine.check``
   runs it: increment, read, evaluate, and take the increment back when the hit is refused.
 * **ours, refused hits counted**: the same without taking refused hits back (what
   django-ratelimit's counter does, and what ratelimit_app did before it took them back), with
@@ -95,7 +95,7 @@ class FixedWindow(Limiter):
         return self.count <= self.limit
 
 
-#: ratelimit_app takes back the increment of a refused hit (``core.check_many``'s second
+#: ratelimit_app takes back the increment of a refused hit (``engine.check_many``'s second
 #: round trip, an ``Op`` with ``undo``): refused requests do not use up the quota.
 UNDOES_REFUSED = True
 
@@ -103,7 +103,7 @@ UNDOES_REFUSED = True
 class Buckets(Limiter):
     """ratelimit_app's bucket counters (windows.plan / windows.evaluate) over a dict.
 
-    Like ``core.check``: increment the plan's write buckets, read its buckets, evaluate, and
+    Like ``engine.check``: increment the plan's write buckets, read its buckets, evaluate, and
     take the increments back when the hit is refused (``undo``) if ``refund``.
     """
 

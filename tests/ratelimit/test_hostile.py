@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from ratelimit_app import keys
-from ratelimit_app.core import namespace
+from ratelimit_app.keys import namespace
 from ratelimit_app.middleware import RatelimitMiddleware
 from ratelimit_app.signals import ratelimited
 

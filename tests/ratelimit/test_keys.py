@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratelimit_app import keys
-from ratelimit_app.core import namespace
+from ratelimit_app.keys import namespace
 
 rf = RequestFactory()
 

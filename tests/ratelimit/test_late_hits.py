@@ -20,7 +20,7 @@ import pytest
 from django.test import override_settings
 
 from ratelimit_app import windows
-from ratelimit_app.core import check
+from ratelimit_app.engine import check
 from ratelimit_app.rates import Rate, parse
 from ratelimit_app.testing import frozen_clock
 

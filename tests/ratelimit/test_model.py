@@ -4,7 +4,7 @@ The reference is pure: :mod:`ratelimit_app.windows` (which buckets a check write
 how the values read make a usage) and :mod:`ratelimit_app.gcra` (the leaky bucket). The
 **model** is a plain dict of bucket counters and leaky-bucket TATs that carries those plans
 itself: it applies a plan's writes, take-backs and reads to the dict and evaluates with the
-same pure functions, following what :func:`~ratelimit_app.core.check_many` does around the
+same pure functions, following what :func:`~ratelimit_app.engine.check_many` does around the
 backend (a second round trip that takes refused hits back and reads the fine buckets of the
 limited checks). :class:`LimiterMachine` sends the same random requests to
 ``check_many`` on a backend and to the model, and every result must be equal: counts,
@@ -87,8 +87,10 @@ from hypothesis.stateful import (
 
 from ratelimit_app import ALL, gcra, windows
 from ratelimit_app.backends import reset_backends
-from ratelimit_app.core import Check, Result, check_many, namespace, reset, scope
+from ratelimit_app.core import reset, scope
+from ratelimit_app.engine import Check, Result, check_many
 from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.keys import namespace
 from ratelimit_app.rates import Rate, parse
 from ratelimit_app.testing import FrozenClock, frozen_clock
 from tests.conftest import start_or_skip

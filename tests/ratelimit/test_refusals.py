@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core, refusals, signals
+from ratelimit_app import core, engine, keys, operations, refusals, signals
 from ratelimit_app.backends import get_backend
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import rules
@@ -82,9 +82,9 @@ def test_the_cap_bounds_what_memory_cannot_see(
         trips = RoundTrips(monkeypatch)
         statuses = [client.get("/rules/named/").status_code for _ in range(3)]
         assert statuses == [200, 200, 429]
-        target = core.target("flood", "127.0.0.1")
+        target = operations.target("flood", "127.0.0.1")
         assert target is not None
-        ns = core.namespace(target.scope, "ip", "127.0.0.1")
+        ns = keys.namespace(target.scope, "ip", "127.0.0.1")
         from ratelimit_app import windows
 
         get_backend().delete(
@@ -222,7 +222,7 @@ def test_a_conservative_wait_is_not_remembered(
         for _ in range(4):
             core.get_usage(request, "h", key="ip", rate="1/m", increment=True)
     assert trips.count == 1 + 2 * 3  # each refusal: the check, then the take-back
-    assert len(core.REFUSALS) == 0
+    assert len(engine.REFUSALS) == 0
 
 
 def test_zero_turns_the_memory_off(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:

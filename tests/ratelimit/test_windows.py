@@ -28,7 +28,7 @@ class Simulated:
         for suffix, _ttl in plan.writes:
             self.store[suffix] += 1
         usages = windows.evaluate(plan, [self.store[s] for s in plan.reads], t, counted=True)
-        if any(u.limited for u in usages):  # as core.check: a refused hit is taken back
+        if any(u.limited for u in usages):  # as engine.check: a refused hit is taken back
             for suffix, _ttl in plan.writes:
                 self.store[suffix] -= 1
             if not self.hierarchical:  # ... and the waits are timed from the fine buckets
