@@ -25,13 +25,9 @@ from django.test import Client, override_settings
 from django.urls import path
 
 from tests.ratelimit import urls as site_urls
+from tests.ratelimit.conftest import MIDDLEWARE
 
 _ids = itertools.count()
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "ratelimit_app.middleware.RatelimitMiddleware",
-]
 #: Over the 1,280 characters after which a value used to be dropped before stripping.
 PAD = " " * 2000
 ALICE = "alice@example.com"

@@ -1,4 +1,4 @@
-"""Hostile input for the key extractors and ``RatelimitMiddleware`` (issue 3).
+"""Hostile input for the key extractors and ``RatelimitMiddleware``.
 
 Unicode look-alikes, control and invisible characters, padding, 10 kB values, lone
 surrogates, malformed JSON and multipart bodies, spoofed ``X-Forwarded-For``, missing
@@ -39,6 +39,7 @@ from ratelimit_app import keys
 from ratelimit_app.keys import namespace
 from ratelimit_app.middleware import RatelimitMiddleware
 from ratelimit_app.signals import ratelimited
+from tests.ratelimit.conftest import MIDDLEWARE
 
 rf = RequestFactory()
 _ids = itertools.count()
@@ -625,12 +626,6 @@ def login(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [path("login/", login), path("search/", login)]
-
-MIDDLEWARE = [
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "ratelimit_app.middleware.RatelimitMiddleware",
-]
 
 
 @contextlib.contextmanager

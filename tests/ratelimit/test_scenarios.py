@@ -1,4 +1,4 @@
-"""The seeds' scenarios, each with the rules ``docs/rules.rst`` documents, on every backend.
+"""The abuse scenarios docs/rules.rst documents, each with its rules, on every backend.
 
 * at most 5 wrong passwords per email per minute and 10 per day;
 * at most 5 password resets per email per hour;

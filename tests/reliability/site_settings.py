@@ -1,7 +1,7 @@
 """A small site for gunicorn (``tests.reliability.site_wsgi``), configured from the environment.
 
-Self-contained on purpose: ``demo_site`` is being rewritten (issue 6) while these tests are
-written, and a test of the limiter across processes should not break with the demo's pages.
+Self-contained on purpose: a test of the limiter across processes should not break when the
+demo's pages change.
 The apps and the middleware are the ones a project installs.
 
 * ``RELIABILITY_DB``: a JSON ``DATABASES`` entry (PostgreSQL);

@@ -1,4 +1,4 @@
-"""Redis Cluster (issue 7), as far as one machine allows: hash tags and slots.
+"""Redis Cluster, as far as one machine allows: hash tags and slots.
 
 A Lua script on Redis Cluster may only touch keys of one hash slot, and the slot of a key is
 that of its hash tag (the text between its first ``{`` and the next ``}``). Every key the
@@ -223,11 +223,11 @@ def test_the_metrics_redis_buffer_keys_share_one_slot(
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    started = start_or_skip(Cluster)  # type: ignore[arg-type]
+    started = start_or_skip(Cluster)
     try:
-        yield started  # type: ignore[misc]
+        yield started
     finally:
-        started.stop()  # type: ignore[attr-defined]
+        started.stop()
 
 
 @pytest.fixture

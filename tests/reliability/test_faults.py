@@ -1,4 +1,4 @@
-"""Faults (issue 7): counter servers and the database die, hang and come back under load.
+"""Faults: counter servers and the database die, hang and come back under load.
 
 Every server here is the test's own (:mod:`tests.reliability.procs`), on a free loopback port,
 so killing it hurts no other test; every wait has a deadline. Measured numbers go to

@@ -1,5 +1,5 @@
 # ruff: noqa: PT017  (the property is "this error, or a valid result": asserted in except)
-"""Hostile configuration and names (issue 7), under hypothesis.
+"""Hostile configuration and names, under hypothesis.
 
 The rate parser, the retention parser, rule dicts and metric series names: each input ends
 in a clear error (``ImproperlyConfigured`` or ``ValueError`` whose message shows the input)
