@@ -30,9 +30,6 @@ from ratelimit_app.windows import Plan
 
 logger = logging.getLogger("ratelimit_app")
 
-#: memcached reads a TTL over 30 days as a Unix timestamp.
-MEMCACHED_MAX_RELATIVE_TTL = 30 * 86400
-
 
 class Op(NamedTuple):
     """One subject's part of a round trip: count (``increment``), take back (``undo``: the
@@ -104,10 +101,10 @@ class Encoded:
         read that found more (hits of other clients that came in between, on a server that
         does not run the round trip atomically) is kept: under concurrency a hit may then be
         refused where it would have fit, never admitted where it would not. (Deciding on the
-        reply alone was tried while a CI run saw 13 admitted of a limit of 10 across four
-        gunicorn workers on memcached; a race found since explains it: the clock-order race at
-        bucket boundaries that :func:`ratelimit_app.windows.lookahead` closes. This rule,
-        the stricter, stays.) ``written`` holds one reply per write, in the order of
+        increment's reply alone once let 13 requests through a limit of 10 across four
+        gunicorn workers on memcached. The clock-order race at bucket boundaries, which
+        :func:`ratelimit_app.windows.lookahead` now closes, explains that; this rule, the
+        stricter, stays.) ``written`` holds one reply per write, in the order of
         :attr:`writes`.
         """
         if len(written) != len(self.writes):
@@ -125,18 +122,63 @@ def cache_settings(alias: str) -> tuple[Any, dict[str, Any]]:
     return config.get("LOCATION", ""), dict(cast(dict[str, Any], config.get("OPTIONS") or {}))
 
 
+class Server:
+    """A server a backend talks to, and until when it is marked down.
+
+    A server that fails (a refused connection, a timeout, a reply that is no answer) is
+    marked down for ``RATELIMIT_DEAD_RETRY`` seconds: meanwhile the checks that need it fail
+    at once (or, with several memcached servers, their subjects move to the others) instead
+    of each waiting for a timeout. The first check after that asks it again. The memcached
+    backend has one per node, the Redis backends one for their server or cluster.
+    """
+
+    __slots__ = ("dead_until", "name")
+
+    def __init__(self, name: str) -> None:
+        #: How errors name it (never a URL: one may hold a password).
+        self.name = name
+        #: ``time.monotonic()`` until which it is skipped; 0.0 when it is not marked down.
+        self.dead_until = 0.0
+
+    def alive(self, now: float) -> bool:
+        """Whether it may be asked at ``now`` (``time.monotonic()``)."""
+        return self.dead_until <= now
+
+    def mark_down(self) -> None:
+        """Skip it for ``RATELIMIT_DEAD_RETRY`` seconds from now."""
+        self.dead_until = time.monotonic() + conf.DEAD_RETRY
+
+
 class Backend(ABC):
     """Counts bucket hits for subjects. One instance per cache alias and process.
 
-    The contract (``docs/backends.rst``, "Your own backend", states it for users):
+    The contract of every backend, the built-in ones and a third party's
+    (``RATELIMIT_BACKEND``; ``docs/backends.rst``, "Your own backend", states it for users):
 
-    * built as ``cls(alias, cache)``: the key of ``CACHES`` and Django's cache object for it
-      (:func:`ratelimit_app.backends.build`); call ``super().__init__(alias, cache)``, and
-      read the cache's ``LOCATION`` and ``OPTIONS`` with :func:`cache_settings` if needed;
-    * must implement :meth:`run_many` and :meth:`delete`;
-    * may override :meth:`meter_many` (leaky buckets; the default runs on the Django cache
-      under a process lock), :meth:`exchange` (both kinds in one round trip), :meth:`close`,
-      and set :attr:`inline_ok`.
+    **How it is built.** :func:`ratelimit_app.backends.build` makes every backend the same
+    way, once per process and cache alias (and again after a settings change):
+    ``cls(alias, cache)``, the key of ``CACHES`` that ``RATELIMIT_USE_CACHE`` names and
+    Django's cache object for it. A subclass that needs more calls
+    ``super().__init__(alias, cache)`` first, and reads the cache's ``LOCATION`` and
+    ``OPTIONS`` with :func:`cache_settings`. ``ImproperlyConfigured`` raised there is a
+    mistake in the settings and is raised as it is; any other exception is a backend
+    failure (``BackendError``), which fails open or closed. A subclass of a backend that
+    reads its settings in ``__init__`` keeps that constructor and replaces only the step
+    that differs (``RedisClusterBackend`` replaces how ``RedisBackend`` opens its client).
+
+    **What it implements.** :meth:`run_many` and :meth:`delete`. It may override
+    :meth:`meter_many` (leaky buckets; the default runs on the Django cache under a process
+    lock), :meth:`exchange` (both algorithms in one round trip), :meth:`close`, and set
+    :attr:`inline_ok` and :attr:`encoding`.
+
+    **What it gets.** :attr:`alias`; :attr:`cache_prefix`, :attr:`rl_prefix` and
+    :attr:`key_prefix`, both together (a bucket's key is ``key_prefix + namespace +
+    suffix``); :meth:`encoded`, a plan's
+    byte form computed once, whose :meth:`Encoded.merge` keeps a read from undercutting
+    what an increment answered; :meth:`run`, ``run_many`` for one subject (not to be
+    overridden); and for a backend that talks to servers itself, :class:`Server` with
+    :meth:`_check_alive`, :meth:`_failed` and :meth:`_succeeded`, which skip a server that
+    failed for ``RATELIMIT_DEAD_RETRY`` seconds.
     """
 
     #: True when a check is bounded loopback-class I/O an event loop may run inline.
@@ -149,9 +191,10 @@ class Backend(ABC):
         #: Prepended to every key: the cache's KEY_PREFIX and VERSION (as Django's key
         #: function writes them) and ``RATELIMIT_CACHE_PREFIX``.
         self.cache_prefix = str(cache.make_key(""))
-        #: ``RATELIMIT_CACHE_PREFIX``; keys are cache_prefix + rl_prefix + namespace + suffix.
+        #: ``RATELIMIT_CACHE_PREFIX``.
         self.rl_prefix = conf.CACHE_PREFIX
-        self._dead_until = 0.0
+        #: What every key starts with: a bucket's key is key_prefix + namespace + suffix.
+        self.key_prefix = self.cache_prefix + self.rl_prefix
         self._encodings: dict[int, Encoded] = {}
 
     def encoded(self, plan: Plan) -> Encoded:
@@ -231,17 +274,22 @@ class Backend(ABC):
     def close(self) -> None:  # noqa: B027  (optional hook: most backends hold nothing)
         """Release connections (settings changed, or the process is forking)."""
 
-    # -- circuit breaker: a dead server is skipped for RATELIMIT_DEAD_RETRY seconds ----------
+    # -- servers marked down (see Server) ----------------------------------------------------
 
-    def _check_alive(self) -> None:
-        if self._dead_until and time.monotonic() < self._dead_until:
-            raise BackendError(f"{self.alias}: server marked down, retrying later")
+    def _check_alive(self, server: Server) -> None:
+        """Raise BackendError at once while ``server`` is marked down."""
+        if server.dead_until and time.monotonic() < server.dead_until:
+            raise BackendError(f"{self.alias}: {server.name} marked down, retrying later")
 
-    def _failed(self, exc: BaseException) -> BackendError:
-        self._dead_until = time.monotonic() + conf.DEAD_RETRY
+    def _failed(self, exc: BaseException, server: Server | None) -> BackendError:
+        """``exc`` logged, as the BackendError to raise; ``server`` (None: a failure of the
+        data, not of a server) is marked down."""
+        if server is not None:
+            server.mark_down()
         logger.warning("ratelimit: backend %r failed: %s", self.alias, exc)
         return BackendError(f"{self.alias}: {exc}")
 
-    def _succeeded(self) -> None:
-        if self._dead_until:
-            self._dead_until = 0.0
+    def _succeeded(self, server: Server) -> None:
+        """``server`` answered: no longer marked down."""
+        if server.dead_until:
+            server.dead_until = 0.0

@@ -1,8 +1,11 @@
-"""Redis through django-redis: one atomic Lua script a check.
+"""Redis through django-redis: the checks of a request in one atomic round trip.
 
-The script increments the write buckets (setting their TTL on creation) and reads every
-bucket of the window, atomically, in one round trip. Keys of one subject share a hash tag
-(``{...}``), one Redis Cluster slot per subject: :class:`RedisClusterBackend` (redis-py's
+A check is one transaction of plain commands (``MULTI`` ... ``EXEC``: ``HINCRBY``,
+``EXPIRE``, ``HMGET``...) whose replies hiredis parses off the socket
+(:meth:`RedisBackend._transaction`); a check that also takes a refused hit back runs the Lua
+script :data:`SCRIPT`, which increments the write buckets (setting their TTL on creation)
+and reads every bucket of the window in one atomic call. Keys of one subject share a hash
+tag (``{...}``), one Redis Cluster slot per subject: :class:`RedisClusterBackend` (redis-py's
 cluster client; django-redis has none) runs one script call per slot. Connections come from
 django-redis's connection factory with bounded socket timeouts. Bucket indexes come from the
 client's clock (:func:`ratelimit_app.clock.now`), never the server's.
@@ -10,6 +13,9 @@ client's clock (:func:`ratelimit_app.clock.now`), never the server's.
 Leaky buckets (:mod:`ratelimit_app.gcra`) have a script of their own, :data:`METER_SCRIPT`:
 every leaky-bucket rule of a request in one atomic call. A request with rules of both
 algorithms sends both scripts in one pipelined round trip (each atomic on its own).
+
+The scripts are Lua files beside this module (``lua/``, package data), read once at import;
+each file's header comment says what it takes and answers.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any, cast
 
 from redis.crc import key_slot
@@ -30,6 +37,7 @@ from ratelimit_app.backends.base import (
     MeterOp,
     MeterReply,
     Op,
+    Server,
     cache_settings,
 )
 from ratelimit_app.conf import conf
@@ -41,209 +49,28 @@ try:  # in the redis extra: parses replies in C
 except ImportError:  # pragma: no cover
     hiredis = None  # type: ignore[assignment]
 
-#: Lua: drop the stale fields of a subject's hashes. ``spec`` is "hash fine coarse ...": in
-#: each hash, the fine fields (an index) before ``fine`` and the coarse ones (``x`` and an
-#: index) before ``coarse``. Shared by :data:`SCRIPT` and :data:`TRIM_SCRIPT`.
-DROP_STALE = """
-local function drop_stale(base, spec)
-  for hash, fine, coarse in string.gmatch(spec, "(%S+) (%S+) (%S+)") do
-    local key = base .. hash
-    local before, coarse_before = tonumber(fine), tonumber(coarse)
-    local dropped = {}
-    for _, field in ipairs(redis.call('HKEYS', key)) do
-      local old
-      if string.byte(field) == 120 then  -- "x": a coarse bucket
-        old = tonumber(string.sub(field, 2)) < coarse_before
-      else
-        old = tonumber(field) < before
-      end
-      if old then dropped[#dropped + 1] = field end
-    end
-    if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
-  end
-end
-"""
 
-#: One check of one or more subjects (the rules of a request), nine ARGV per subject, offset
-#: ``o``; below, ARGV[n] stands for ARGV[o + n]. ARGV[1] is the subject's key base; its KEYS
-#: entry carries the subject's hash tag, so the call is routed to the right node, and every key
-#: built for the subject shares that tag (one Redis Cluster slot per subject).
-#: A uniform window's buckets are the fields of one hash per window (``base:W/G``): a fine
-#: bucket's field is its index, a coarse bucket's ``x`` and its index. Hierarchical buckets are
-#: keys of their own (``base:hL:index``). One hash per window, not per level: a check makes
-#: one HMGET and (for a new subject) one EXPIRE per window, and each call inside a script
-#: costs a few microseconds of the server's time.
-#: Every part is a string of space-separated words, few and short: parsing them is a good
-#: share of the script's time.
-#:
-#: First of all, ARGV[2] "hash field ..." / ARGV[3] "suffix ..." to take back (a refused
-#: hit): decrement, and drop a bucket back at zero, or one that had vanished, which the
-#: decrement would otherwise recreate at -1 with no TTL.
-#: ARGV[4] "hash field ttl most ..." increments of each rate's coarsest level, ARGV[5]
-#: "hash field ttl ..." the other hash increments, ARGV[6] "suffix ttl ..." key increments.
-#: A hash's TTL is set when an increment creates one of its fields (returns 1), once per call:
-#: every write into one hash carries the same TTL, the longest any of its fields needs, and
-#: a bucket's first hit is its oldest, so that TTL outlives every later check that reads it;
-#: a hash lives as long as its newest field needs (the server's clock only moves forward: a
-#: later EXPIRE never shortens an earlier one's reach).
-#: ARGV[7] "hash fine coarse ...": when an increment creates a bucket of a coarsest level
-#: (once per coarse bucket: a sixth of a window with 60 buckets per window) and its hash then
-#: holds more than ``most`` fields (so some are stale; never for a new subject), every
-#: written hash of the subject is scanned (HKEYS) and its fine fields before ``fine``, its
-#: coarse ones before ``coarse``, dropped: two windows older than the oldest field a check at
-#: this time reads (:func:`_stale_before`), so a client whose clock runs up to two windows
-#: ahead cannot drop what others still count, and a hash holds at most about three windows of
-#: fields (its TTL drops it whole when the subject goes quiet). Checks read only the fields
-#: they need.
-#: ARGV[8] "hash prefix first last ..." ranges of hash fields to read (``prefix`` "x" for
-#: coarse fields, "." for fine ones): the fields a check reads at one level are consecutive,
-#: and the consecutive ranges of one hash are read by one HMGET. ARGV[9] "suffix ..." keys to
-#: read (MGET).
-#: The reply is one string for the whole call, numbers separated by spaces: per subject, the
-#: new values of its increments (in the order above), then the value of every bucket read
-#: ("0" for none), in the order of the reads above. One string, because redis-py parses a
-#: reply element by element in Python.
-SCRIPT = (
-    DROP_STALE
-    + """
-local out = {}
-local expiring = {}
-local function increment(key, field, ttl)
-  local v = redis.call('HINCRBY', key, field, 1)
-  if v == 1 and not expiring[key] then
-    redis.call('EXPIRE', key, ttl)
-    expiring[key] = true
-  end
-  out[#out + 1] = v
-  return v
-end
-local function read(key, names)
-  local values = redis.call('HMGET', key, unpack(names))
-  local n = #out
-  for i = 1, #names do out[n + i] = values[i] or '0' end
-end
-for o = 0, #ARGV - 1, 9 do
-  local base = ARGV[o + 1]
-  for hash, field in string.gmatch(ARGV[o + 2], "(%S+) (%S+)") do
-    local key = base .. hash
-    if redis.call('HINCRBY', key, field, -1) <= 0 then redis.call('HDEL', key, field) end
-  end
-  for suffix in string.gmatch(ARGV[o + 3], "%S+") do
-    local key = base .. suffix
-    if redis.call('DECR', key) <= 0 then redis.call('DEL', key) end
-  end
-  local trim = false
-  for hash, field, ttl, most in string.gmatch(ARGV[o + 4], "(%S+) (%S+) (%S+) (%S+)") do
-    local key = base .. hash
-    if increment(key, field, ttl) == 1 and redis.call('HLEN', key) > tonumber(most) then
-      trim = true
-    end
-  end
-  for hash, field, ttl in string.gmatch(ARGV[o + 5], "(%S+) (%S+) (%S+)") do
-    increment(base .. hash, field, ttl)
-  end
-  for suffix, ttl in string.gmatch(ARGV[o + 6], "(%S+) (%S+)") do
-    local key = base .. suffix
-    local v = redis.call('INCR', key)
-    if v == 1 then redis.call('EXPIRE', key, ttl) end
-    out[#out + 1] = v
-  end
-  if trim then drop_stale(base, ARGV[o + 7]) end
-  local hash, names = nil, {}
-  for h, prefix, first, last in string.gmatch(ARGV[o + 8], "(%S+) (%S+) (%S+) (%S+)") do
-    if h ~= hash then
-      if hash then read(base .. hash, names) end
-      hash, names = h, {}
-    end
-    local n = #names
-    if prefix == '.' then
-      for field = tonumber(first), tonumber(last) do n = n + 1; names[n] = field end
-    else
-      for field = tonumber(first), tonumber(last) do n = n + 1; names[n] = prefix .. field end
-    end
-  end
-  if hash then read(base .. hash, names) end
-  local keys = {}
-  for suffix in string.gmatch(ARGV[o + 9], "%S+") do keys[#keys + 1] = base .. suffix end
-  if #keys > 0 then
-    local values = redis.call('MGET', unpack(keys))
-    for i = 1, #keys do out[#out + 1] = values[i] or '0' end
-  end
-end
-return table.concat(out, ' ')
-"""
+def _lua(name: str) -> str:
+    """The Lua source ``lua/<name>.lua`` shipped beside this module (package data); its
+    header comment says what the script takes and answers."""
+    return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+#: A Lua fragment, not a script: ``drop_stale(base, spec)``, the stale fields of a subject's
+#: hashes dropped (lua/drop_stale.lua). Shared by :data:`SCRIPT` and :data:`TRIM_SCRIPT`.
+DROP_STALE = _lua("drop_stale")
+#: One check of one or more subjects (the rules of a request): take back, increment and
+#: read every bucket, trimming stale fields, atomically (lua/window.lua).
+SCRIPT = DROP_STALE + _lua("window")
+#: Every leaky bucket of a request, atomically (lua/meter.lua); a stored TAT lives until
+#: its bucket is empty plus :data:`ratelimit_app.gcra.TTL_MARGIN` seconds and a millisecond.
+METER_SCRIPT = _lua("meter").replace(
+    "local margin = MARGIN_MS", f"local margin = {gcra.TTL_MARGIN * 1000 + 1}"
 )
-
-
-#: Every leaky bucket of a request, atomically: KEYS[i] is the i-th subject's TAT key,
-#: ARGV[1] the client's time in microseconds ``t``, then seven ARGV per subject (offset
-#: ``o``; ARGV[n] stands for ARGV[o + n]): the rate's count ``n``; the interval ``T`` and the
-#: tolerance ``tau`` as (microseconds, ticks of 1/n microsecond) pairs, ARGV[2], ARGV[3] and
-#: ARGV[4], ARGV[5]; the mode, ARGV[6]: "c" counts (stores the new TAT when the request
-#: fits), "l" looks, "u" takes back the request that stored ARGV[7], if the TAT is still
-#: that. A TAT is stored as "<microseconds>:<ticks>" (see :mod:`ratelimit_app.gcra`): every
-#: number stays an exact integer in Lua's doubles. The reply, per subject: the TAT read ("" if
-#: none) and the TAT stored ("" if none).
-METER_SCRIPT = """
-local t = tonumber(ARGV[1])
-local margin = MARGIN_MS
-local function parse(text, n)
-  local a, r = string.match(text, '^(%d+):(%d+)$')
-  if not a or tonumber(r) >= n then
-    error('not a leaky-bucket TAT: ' .. string.sub(text, 1, 40))
-  end
-  return tonumber(a), tonumber(r)
-end
-local function store(key, a, r)
-  local text = string.format('%.0f:%.0f', a, r)
-  redis.call('SET', key, text, 'PX', math.floor((a - t) / 1000) + margin)
-  return text
-end
-local reply = {}
-for i = 1, #KEYS do
-  local o = 1 + (i - 1) * 7
-  local key, mode = KEYS[i], ARGV[o + 6]
-  local n = tonumber(ARGV[o + 1])
-  local q, rem = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])
-  local stored = redis.call('GET', key)
-  local written = ''
-  if stored then parse(stored, n) end
-  if mode == 'u' then
-    if stored == ARGV[o + 7] then
-      local a, r = parse(stored, n)
-      a, r = a - q, r - rem
-      if r < 0 then a, r = a - 1, r + n end
-      if a > t or (a == t and r > 0) then store(key, a, r) else redis.call('DEL', key) end
-    end
-  elseif mode == 'c' and n > 0 then
-    local a, r = t, 0
-    if stored then
-      local sa, sr = parse(stored, n)
-      if sa > t or (sa == t and sr > 0) then a, r = sa, sr end
-    end
-    a, r = a + q, r + rem
-    if r >= n then a, r = a + 1, r - n end
-    local tau_a, tau_r = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
-    if a - t < tau_a or (a - t == tau_a and r <= tau_r) then written = store(key, a, r) end
-  end
-  reply[#reply + 1] = stored or ''
-  reply[#reply + 1] = written
-end
-return reply
-""".replace("MARGIN_MS", str(gcra.TTL_MARGIN * 1000 + 1))
-
-
 #: Drops the stale fields of a subject's hashes, for the checks sent as a transaction (see
-#: :meth:`RedisBackend._transaction`), which cannot decide on a reply inside the round trip:
-#: KEYS[1] routes the call, ARGV[1] is the key base, ARGV[2] "hash fine coarse ...", as
-#: ARGV[7] of :data:`SCRIPT`.
-TRIM_SCRIPT = (
-    DROP_STALE
-    + """
-drop_stale(ARGV[1], ARGV[2])
-return 0
-"""
-)
+#: :meth:`RedisBackend._transaction`), which cannot decide on a reply inside the round trip
+#: (lua/trim.lua).
+TRIM_SCRIPT = DROP_STALE + _lua("trim")
 
 #: A transaction's first and last commands.
 MULTI = b"*1\r\n$5\r\nMULTI\r\n"
@@ -305,7 +132,7 @@ def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
 
 def _stale_before(hash_name: bytes, field: int, coarse: bool) -> int:
     """The first fine (or, ``coarse``, coarse) field of ``hash_name`` that a trim at a write of
-    ``field`` keeps (see :data:`SCRIPT`).
+    ``field`` keeps (see ARGV[7] in lua/window.lua).
 
     A check at the time of that write reads fields of this level from about one window
     back: ``field - G`` fine buckets, less up to one coarse bucket (``C``) subtracted at the
@@ -359,7 +186,7 @@ class RedisEncoded(Encoded):
             else:
                 hashed.append((n, *split, ttl))
                 undo_hash.append(b"%s %s" % split)
-        # Every write into one hash carries the longest TTL of them (see SCRIPT).
+        # Every write into one hash carries the longest TTL of them (see lua/window.lua).
         ttls: dict[bytes, int] = {}
         for _, name, _, ttl in hashed:
             ttls[name] = max(ttl, ttls.get(name, 0))
@@ -442,7 +269,7 @@ class RedisEncoded(Encoded):
         counted += [[b"EXPIRE", (KEY, name), b"%d" % ttl] for name, ttl in expiring.items()]
         #: (EXEC reply of the increment, of the HLEN, most fields, the trim's words) of
         #: each hash whose coarsest level is written: trimmed when the increment created
-        #: its bucket and the hash holds more than ``most`` fields (as in SCRIPT).
+        #: its bucket and the hash holds more than ``most`` fields (as lua/window.lua does).
         self.tx_tops = [
             (
                 writes_at[n],
@@ -478,6 +305,9 @@ class RedisEncoded(Encoded):
 
 
 class RedisBackend(Backend):
+    """Redis through django-redis's connection factory: the checks of a request in one
+    round trip on this thread's own connection."""
+
     inline_ok = True
     encoding = RedisEncoded
     #: Count and read as one transaction of plain commands (:meth:`_transaction`) rather
@@ -501,10 +331,17 @@ class RedisBackend(Backend):
         options.setdefault("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT)
         options.setdefault("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT)
         self.options = options
-        self._start()
+        #: Marked down for RATELIMIT_DEAD_RETRY seconds when a check fails. Named "server"
+        #: in errors: the URL may hold a password.
+        self.server = Server("server")
+        #: Each thread's connection for :meth:`_call`, and all of them, for :meth:`close`.
+        self._local = threading.local()
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._open_client()
 
-    def _start(self) -> None:
-        """Build the client (redis-py connects on its first command).
+    def _open_client(self) -> None:
+        """Build the client (redis-py connects on its first command): the one step of the
+        constructor a subclass that talks through another client replaces.
 
         django-redis's own connection factory (the cache's OPTIONS: password, parser, pool
         class...), on a pool of our own: django-redis shares one pool per URL, whose
@@ -514,16 +351,20 @@ class RedisBackend(Backend):
 
         factory = get_connection_factory(self.options)
         pool = factory.get_connection_pool(factory.make_connection_params(self.url))
-        self.client = factory.redis_client_cls(
-            connection_pool=pool,
-            **factory.redis_client_cls_kwargs,
+        self._use(
+            factory.redis_client_cls(connection_pool=pool, **factory.redis_client_cls_kwargs)
         )
-        self.script = self.client.register_script(SCRIPT)
-        self.meter_script = self.client.register_script(METER_SCRIPT)
-        self.trim_script = self.client.register_script(TRIM_SCRIPT)
-        #: Each thread's connection for :meth:`_call`, and all of them, for :meth:`close`.
-        self._local = threading.local()
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def _use(self, client: Any) -> None:
+        """Talk to the server through ``client``, with the scripts registered on it."""
+        self.client = client
+        self.script = client.register_script(SCRIPT)
+        self.meter_script = client.register_script(METER_SCRIPT)
+        self.trim_script = client.register_script(TRIM_SCRIPT)
+
+    def _close_client(self) -> None:
+        """Close the client's connections (the pool is ours: see :meth:`_open_client`)."""
+        self.client.connection_pool.disconnect()
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         return self._exchange(ops, (), 0)[0]
@@ -544,13 +385,13 @@ class RedisBackend(Backend):
     def _exchange(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:
-        self._check_alive()
+        self._check_alive(self.server)
         if self.transactions and not meters and all(op.undo is None for op in ops):
             try:
                 found = self._transaction(ops)
             except Exception as exc:  # includes a counter that is not a number
-                raise self._failed(exc) from exc
-            self._succeeded()
+                raise self._failed(exc, self.server) from exc
+            self._succeeded(self.server)
             return found, []
         # One script call per group of subjects (:meth:`_groups`: all of them on one server,
         # one hash slot each on a cluster).
@@ -580,8 +421,8 @@ class RedisBackend(Backend):
                 for i, reply in zip(group, answered, strict=True):
                     metered[i] = reply
         except Exception as exc:  # includes a counter that is not a number
-            raise self._failed(exc) from exc
-        self._succeeded()
+            raise self._failed(exc, self.server) from exc
+        self._succeeded(self.server)
         return values, metered
 
     def _groups(self, namespaces: Sequence[str]) -> list[list[int]]:
@@ -656,7 +497,7 @@ class RedisBackend(Backend):
         fields than three windows need: once per coarse bucket of a busy subject) are
         trimmed by :data:`TRIM_SCRIPT` in a second round trip.
         """
-        prefix = (self.cache_prefix + self.rl_prefix).encode()
+        prefix = self.key_prefix.encode()
         encoded: list[tuple[RedisEncoded, bytes, bool]] = []
         chunks = [MULTI]
         total = 0
@@ -744,7 +585,7 @@ class RedisBackend(Backend):
     def _window_args(self, ops: Sequence[Op]) -> tuple[list[bytes], list[bytes]]:
         keys: list[bytes] = []
         args: list[bytes] = []
-        prefix = self.cache_prefix + self.rl_prefix
+        prefix = self.key_prefix
         for op in ops:
             enc = cast(RedisEncoded, self.encoded(op.plan))
             base = (prefix + op.namespace).encode()
@@ -786,7 +627,7 @@ class RedisBackend(Backend):
     def _meter_args(self, ops: Sequence[MeterOp], now_us: int) -> tuple[list[bytes], list[bytes]]:
         keys, args = [], [b"%d" % now_us]
         for op in ops:
-            keys.append((self.cache_prefix + self.rl_prefix + op.namespace + gcra.SUFFIX).encode())
+            keys.append((self.key_prefix + op.namespace + gcra.SUFFIX).encode())
             args += _meter_args(op.meter)
             if op.take_back is not None:
                 written = op.take_back.written
@@ -809,18 +650,18 @@ class RedisBackend(Backend):
     def close(self) -> None:
         for conn in list(self._connections):
             conn.disconnect()
-        self.client.connection_pool.disconnect()
+        self._close_client()
 
     def physical_key(self, namespace: str, suffix: str) -> tuple[str, str | None]:
         """The Redis key (and hash field) that holds one bucket."""
-        base = self.cache_prefix + self.rl_prefix + namespace
+        base = self.key_prefix + namespace
         split = _split(suffix.encode())
         if split is None:
             return base + suffix, None
         return base + split[0].decode(), split[1].decode()
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
-        self._check_alive()
+        self._check_alive(self.server)
         keys: set[str] = set()
         fields: dict[str, list[str]] = {}
         for suffix in suffixes:
@@ -837,7 +678,7 @@ class RedisBackend(Backend):
                 pipe.hdel(key, *names)
             pipe.execute()
         except Exception as exc:
-            raise self._failed(exc) from exc
+            raise self._failed(exc, self.server) from exc
 
 
 class RedisClusterBackend(RedisBackend):
@@ -862,8 +703,8 @@ class RedisClusterBackend(RedisBackend):
     #: redis-py's cluster client routes each script call to its slot's node.
     transactions = False
 
-    def _start(self) -> None:
-        """Nothing to build yet: the cluster client reads the slot map from a node when it
+    def _open_client(self) -> None:
+        """Nothing to open yet: the cluster client reads the slot map from a node when it
         is built, so :meth:`_connect` builds it on first use."""
         self.timeouts = {
             "socket_timeout": self.options["SOCKET_TIMEOUT"],
@@ -876,7 +717,7 @@ class RedisClusterBackend(RedisBackend):
         """Build the cluster client on first use (it reads the slot map from a node)."""
         if self.connected:
             return
-        self._check_alive()
+        self._check_alive(self.server)
         with self._connect_lock:
             if self.connected:
                 return
@@ -885,10 +726,8 @@ class RedisClusterBackend(RedisBackend):
             try:
                 client = RedisCluster.from_url(self.url, **self.timeouts)
             except Exception as exc:
-                raise self._failed(exc) from exc
-            self.client = client
-            self.script = client.register_script(SCRIPT)
-            self.meter_script = client.register_script(METER_SCRIPT)
+                raise self._failed(exc, self.server) from exc
+            self._use(client)
             self.connected = True
 
     def _exchange(
@@ -913,6 +752,6 @@ class RedisClusterBackend(RedisBackend):
         """Each call on its own, routed to the node of its slot by redis-py."""
         return [script(keys=keys, args=args) for script, keys, args in calls]
 
-    def close(self) -> None:
+    def _close_client(self) -> None:
         if self.connected:
             self.client.close()

@@ -15,8 +15,9 @@ from django.test import override_settings
 from ratelimit_app import windows
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.backends.base import Op
-from ratelimit_app.core import check, namespace
+from ratelimit_app.engine import check
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.keys import namespace
 from ratelimit_app.rates import parse
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import several_memcached

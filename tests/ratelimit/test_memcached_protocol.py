@@ -31,11 +31,16 @@ from typing import Any
 
 import pytest
 from django.test import RequestFactory, override_settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ratelimit_app import ALL, gcra, windows
-from ratelimit_app.backends import get_backend, reset_backends
-from ratelimit_app.core import Check, Result, check_many, get_usage, namespace, scope
+from ratelimit_app.backends import get_backend, memcached_protocol, reset_backends
+from ratelimit_app.backends.base import Op
+from ratelimit_app.core import get_usage, scope
+from ratelimit_app.engine import Check, Result, check_many
 from ratelimit_app.gcra import LEAKY_BUCKET
+from ratelimit_app.keys import namespace
 from ratelimit_app.rates import parse
 from ratelimit_app.testing import frozen_clock
 
@@ -208,8 +213,6 @@ def test_a_take_back_that_misses_after_a_counting_subject(on_memcached: str) -> 
     """A take-back whose bucket is gone (memcached answers ``NF``) sent after another
     subject's increments in one round trip: the ``NF`` sits among the ``VA`` replies, and
     the increments are still read as written (not as lost writes)."""
-    from ratelimit_app.backends.base import Op
-
     backend = get_backend()
     plan = windows.plan(parse("5/m"), T_FINAL)
     counting, gone = namespace("nf-a", "ip", "192.0.2.4"), namespace("nf-b", "ip", "192.0.2.5")
@@ -249,3 +252,244 @@ def test_a_leaky_bucket_tat_is_never_padded(on_memcached: str) -> None:
 def everything(checks: Any, results: Any) -> set[int]:
     """Take back every hit of a request one of its rules refused (blocking rules)."""
     return set(range(len(checks))) if any(r.limited for r in results) else set()
+
+
+# -- Without a server: the commands and replies of ratelimit_app.backends.memcached_protocol --
+#
+# The replies below are written out as memcached sends them (the tests above read the same
+# shapes from a real server); these pin the parsing of every shape, including the ones a
+# live server makes only at a boundary (a padded count, a take-back's NF between two
+# subjects' increments, a reply cut by the network).
+
+P = memcached_protocol
+BASE_A, BASE_B = b"p:{a}", b"p:{a}x"  # one key base the prefix of the other's
+
+
+def encoded(plan: windows.Plan) -> P.MemcachedEncoded:
+    return P.MemcachedEncoded(plan)
+
+
+def get_reply(found: dict[bytes, bytes]) -> bytes:
+    """A ``get`` reply: each key found and its data line, as stored, then ``END``."""
+    return (
+        b"".join(
+            b"VALUE %s 0 %d\r\n%s\r\n" % (key, len(data), data) for key, data in found.items()
+        )
+        + b"END\r\n"
+    )
+
+
+def va(*values: int) -> bytes:
+    """The replies of ``ma ... v`` increments that answered ``values``."""
+    return b"".join(b"VA %d\r\n%d\r\n" % (len(b"%d" % v), v) for v in values)
+
+
+def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
+    plan = windows.plan(parse("5/m;100/h"), T0)
+    ops = [Op("{a}", plan, True), Op("{b}", plan, False, undo=plan)]
+    command, encs, bases = P.check_command("p:", ops, encoded)
+    assert bases == [b"p:{a}", b"p:{b}"]
+    assert [e.plan for e in encs] == [plan, plan]
+    *writes, read = command.split(b"\r\n")
+    increments = [b"ma p:{a}%s N%d J1 v" % (s.encode(), t) for s, t in plan.writes]
+    decrements = [b"ma p:{b}%s MD q" % s.encode() for s, _ in plan.writes]
+    assert writes == increments + decrements
+    keys = [b"p:{a}" + s.encode() for s in plan.reads] + [
+        b"p:{b}" + s.encode() for s in plan.reads
+    ]
+    assert read == b"get " + b" ".join(keys)
+
+
+def test_an_expiry_over_30_days_is_sent_as_a_unix_time() -> None:
+    plan = windows.plan(parse("5/45d"), T0)
+    assert all(ttl > P.MAX_RELATIVE_TTL for _, ttl in plan.writes)
+    command, _, _ = P.check_command("p:", [Op("{a}", plan, True)], encoded, clock=lambda: T0)
+    sent = [int(line.split(b" N")[1].split()[0]) for line in command.split(b"\r\n")[:-1]]
+    assert sent == [int(T0) + ttl for _, ttl in plan.writes]
+    assert P.expiry(60, clock=lambda: T0) == 60
+    assert P.expiry(P.MAX_RELATIVE_TTL, clock=lambda: T0) == P.MAX_RELATIVE_TTL
+    assert P.expiry(P.MAX_RELATIVE_TTL + 1, clock=lambda: T0) == int(T0) + P.MAX_RELATIVE_TTL + 1
+
+
+@pytest.mark.parametrize("every_bucket", [True, False], ids=["flat", "sparse"])
+def test_a_padded_count_is_a_count(every_bucket: bool) -> None:
+    plan = windows.plan(parse("5/m"), T0)
+    enc = encoded(plan)
+    stored = {BASE_A + s: b"1" for s in enc.reads} if every_bucket else {}
+    stored[BASE_A + enc.reads[0]] = b"9 "
+    stored[BASE_A + enc.reads[-1]] = b"99 "
+    (values,) = P.parse_check([Op("{a}", plan)], [enc], [BASE_A], get_reply(stored))
+    assert values[0] == 9 and values[-1] == 99
+    assert sum(values) == 9 + 99 + (len(values) - 2 if every_bucket else 0)
+
+
+@pytest.mark.parametrize("every_bucket", [True, False], ids=["flat", "sparse"])
+@pytest.mark.parametrize("data", [b"-1", b"1_0", b"x", b"+5", b"1 1"])
+def test_a_value_that_is_no_count_is_an_error(every_bucket: bool, data: bytes) -> None:
+    plan = windows.plan(parse("5/m"), T0)
+    enc = encoded(plan)
+    stored = {BASE_A + s: b"1" for s in enc.reads} if every_bucket else {}
+    stored[BASE_A + enc.reads[1]] = data
+    with pytest.raises(P.ReplyError, match="corrupt counter"):
+        P.parse_check([Op("{a}", plan)], [enc], [BASE_A], get_reply(stored))
+
+
+def test_a_missing_increment_reply_is_a_lost_write() -> None:
+    plan = windows.plan(parse("5/m"), T0)
+    enc = encoded(plan)
+    op = Op("{a}", plan, True)
+    answered = [1] * len(enc.writes)
+    assert P.parse_check([op], [enc], [BASE_A], va(*answered) + get_reply({}))
+    for reply in (
+        va(*answered[1:]) + get_reply({}),  # one increment did not answer
+        b"NS\r\n" + va(*answered[1:]) + get_reply({}),  # one did not store
+        b"SERVER_ERROR out of memory\r\n" + get_reply({}),
+    ):
+        with pytest.raises(P.ReplyError, match="lost counter writes"):
+            P.parse_check([op], [enc], [BASE_A], reply)
+
+
+def test_an_increment_reply_raises_a_read_that_found_less() -> None:
+    """The ``VA`` reply proves the write; a read that missed the bucket (evicted in between)
+    reads what the increment answered, never less."""
+    plan = windows.plan(parse("5/m"), T0)
+    enc = encoded(plan)
+    (i, _), *_ = enc.proofs
+    answered = [3] * len(enc.writes)
+    (values,) = P.parse_check(
+        [Op("{a}", plan, True)], [enc], [BASE_A], va(*answered) + get_reply({})
+    )
+    assert values[i] == 3 and sum(values) == 3 * len(enc.proofs)
+
+
+def test_a_take_backs_miss_wherever_it_stands() -> None:
+    """``NF`` answers a quiet decrement whose bucket is gone: before, between or after
+    the increments of other subjects, it shifts none of their replies."""
+    plan = windows.plan(parse("5/m"), T0)
+    enc = encoded(plan)
+    ops = [Op("{a}", plan, True), Op("{a}x", plan, False, undo=plan)]
+    n = len(enc.writes)
+    for replies in (
+        b"NF\r\n" + va(*[2] * n),
+        va(*[2] * n) + b"NF\r\n" * n,
+        va(2) + b"NF\r\n" + va(*[2] * (n - 1)),
+    ):
+        stored = {BASE_A + s: b"2" for s, _ in enc.writes}
+        a, b = P.parse_check(ops, [enc, enc], [BASE_A, BASE_B], replies + get_reply(stored))
+        assert sum(a) == 2 * len(enc.proofs) and sum(b) == 0
+
+
+def test_subjects_whose_bases_share_a_prefix_read_each_their_own() -> None:
+    plan = windows.plan(parse("5/m;100/h"), T0)
+    enc = encoded(plan)
+    stored = {
+        BASE_A + enc.reads[0]: b"1",
+        BASE_B + enc.reads[0]: b"7",
+        BASE_B + enc.reads[-1]: b"5",
+    }
+    a, b = P.parse_check(
+        [Op("{a}", plan), Op("{a}x", plan)], [enc, enc], [BASE_A, BASE_B], get_reply(stored)
+    )
+    assert (a[0], sum(a)) == (1, 1)
+    assert (b[0], b[-1], sum(b)) == (7, 5, 12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 10**6), min_size=2, max_size=2),
+    increments=st.lists(st.booleans(), min_size=2, max_size=2),
+    there=st.lists(st.sampled_from(["every", "some", "none"]), min_size=2, max_size=2),
+    pads=st.integers(0, 2),
+    data=st.data(),
+)
+def test_every_reply_shape_reads_what_was_stored(
+    counts: list[int],
+    increments: list[bool],
+    there: list[str],
+    pads: int,
+    data: st.DataObject,
+) -> None:
+    """Two subjects (one key base the prefix of the other), counting or looking, with every
+    bucket there, some or none, counts padded or not: each op reads exactly what is stored
+    (every bucket there: the flat path; else the sparse one), and a written bucket at least
+    what its increment answered."""
+    plan = windows.plan(parse("5/m;100/h"), T0)
+    enc = encoded(plan)
+    stored: dict[bytes, bytes] = {}  # in the order asked: memcached answers in that order
+    expected = []
+    writes = b""
+    for base, count, increment, which in zip(
+        (BASE_A, BASE_B), counts, increments, there, strict=True
+    ):
+        values = []
+        for suffix in enc.reads:
+            found = which == "every" or (which == "some" and data.draw(st.booleans()))
+            if found:
+                stored[base + suffix] = b"%d" % count + b" " * pads
+            values.append(count if found else 0)
+        if increment:
+            answered = data.draw(st.integers(1, 10**6))
+            writes += va(*[answered] * len(enc.writes))
+            for i, _ in enc.proofs:
+                values[i] = max(values[i], answered)
+        expected.append(values)
+    ops = [Op("{a}", plan, increments[0]), Op("{a}x", plan, increments[1])]
+    reply = writes + get_reply(stored)
+    assert P.parse_check(ops, [enc, enc], [BASE_A, BASE_B], reply) == expected
+
+
+# -- meta commands: leaky buckets --
+
+
+def test_meta_commands() -> None:
+    assert P.meta_gets([b"k1", b"k2"]) == b"mg k1 v c\r\nmg k2 v c\r\n"
+    assert P.meta_set(b"k", b"12:3", 5, None) == b"ms k 4 T5 ME c\r\n12:3\r\n"
+    assert P.meta_set(b"k", b"12:3", 5, 77) == b"ms k 4 T5 C77 c\r\n12:3\r\n"
+    far = P.MAX_RELATIVE_TTL + 1
+    assert P.meta_set(b"k", b"1:0", far, 7, clock=lambda: T0) == (
+        b"ms k 3 T%d C7 c\r\n1:0\r\n" % (int(T0) + far)
+    )
+    assert P.meta_delete(b"k", 77) == b"md k C77\r\n"
+    assert P.quiet_deletes(b"p:{a}", [":1", ":2"]) == b"md p:{a}:1 q\r\nmd p:{a}:2 q\r\nmn"
+
+
+def test_meta_replies() -> None:
+    assert P.cas_of(b"VA 4 c123") == 123 and P.cas_of(b"HD c9") == 9 and P.cas_of(b"EN") is None
+    assert P.found_value(b"VA 4 c1", b"12:3") == b"12:3"
+    assert P.found_value(b"EN", b"") is None
+    assert [P.stored(h) for h in (b"HD c5", b"NS", b"EX", b"NF")] == [True, False, False, False]
+    for head in (b"CLIENT_ERROR bad command line format", b"SERVER_ERROR out of memory"):
+        with pytest.raises(P.ReplyError, match="unexpected reply"):
+            P.found_value(head, b"")
+        with pytest.raises(P.ReplyError, match="unexpected reply"):
+            P.stored(head)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.one_of(st.none(), st.binary(max_size=40)), min_size=1, max_size=4),
+    cut=st.integers(0, 10**6),
+)
+def test_meta_replies_are_read_by_length(values: list[bytes | None], cut: int) -> None:
+    """A value is read by its length, so one that holds ``\\r\\nMN\\r\\n`` cannot end the
+    reply early, and a reply cut anywhere (the network delivers it in pieces) is incomplete,
+    never wrong."""
+    values = [v if v is None else v + b"\r\nMN\r\n" for v in values]
+    reply = b"".join(
+        b"EN\r\n" if v is None else b"VA %d c1\r\n%s\r\n" % (len(v), v) for v in values
+    )
+    reply += b"MN\r\n"
+    expected = [(b"EN", b"") if v is None else (b"VA %d c1" % len(v), v) for v in values]
+    assert P.parse_meta(reply, len(values)) == expected
+    assert P.parse_meta(reply[: cut % len(reply)], len(values)) is None
+
+
+def test_a_line_that_is_no_meta_reply_is_an_error() -> None:
+    for reply, count in (
+        (b"CLIENT_ERROR bad data chunk\r\nMN\r\n", 1),
+        (b"MN\r\n", 1),  # the end before the one reply
+        (b"HD\r\nHD\r\nMN\r\n", 1),  # a reply too many
+        (b"VA x\r\n", 1),
+    ):
+        with pytest.raises(P.ReplyError, match="unexpected memcached reply"):
+            P.parse_meta(reply, count)

@@ -6,23 +6,25 @@ reads; hashes that stay small), and the connections it keeps (one per thread and
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import os
 import threading
 import time
 import warnings
 from collections.abc import Iterator
+from importlib import resources
 from typing import Any
 
 import pytest
 from django.core.cache import caches
 from django.test import override_settings
 
-from ratelimit_app import windows
+from ratelimit_app import gcra, windows
 from ratelimit_app.backends import build, get_backend, reset_backends
 from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
-from ratelimit_app.core import namespace
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.keys import namespace
 from ratelimit_app.rates import parse
 
 T0 = 1_800_000_000.5
@@ -200,3 +202,45 @@ def test_without_hiredis_redis_py_reads_the_transaction(
     plan = windows.plan(parse("5/m"), T0)
     assert [sum(backend.run(ns, plan, True)) for _ in range(3)] == [1, 2, 3]
     assert backend._local.reader is None  # the fallback was the one used
+
+
+def test_the_cluster_backend_keeps_its_parents_constructor(redis_cache: str) -> None:
+    """RedisClusterBackend is built by RedisBackend's constructor and replaces one step, how
+    the client is opened (on first use: the cluster client reads the slot map when it is
+    built). The settings read, the server's marked-down state and the per-thread
+    connections are its parent's, so closing it before first use closes nothing and
+    fails nowhere."""
+    plain = build(RedisBackend, "rl")
+    cluster = build(RedisClusterBackend, "rl")
+    for backend in (plain, cluster):
+        assert (backend.url, backend.options["SOCKET_TIMEOUT"]) == (redis_cache, 0.7)
+        assert backend.server.name == "server" and backend.server.alive(time.monotonic())
+        assert not backend._connections
+    assert hasattr(plain, "client") and not hasattr(cluster, "client")
+    assert not cluster.connected
+    cluster.close()
+    plain.close()
+
+
+def test_the_scripts_are_the_lua_files_of_the_package(redis_cache: str) -> None:
+    """Each script is read from ``ratelimit_app/backends/lua/`` at import (the fragment
+    ``drop_stale`` in front of the two scripts that call it), and Redis compiles each:
+    a mistake in a file fails here, not only in the checks that happen to run it."""
+    from ratelimit_app.backends import redis as redis_backend
+
+    lua = resources.files("ratelimit_app.backends") / "lua"
+    text = {p.name: p.read_text(encoding="utf-8") for p in lua.iterdir()}
+    assert sorted(text) == ["drop_stale.lua", "meter.lua", "trim.lua", "window.lua"]
+    window, meter, trim = (
+        redis_backend.SCRIPT,
+        redis_backend.METER_SCRIPT,
+        redis_backend.TRIM_SCRIPT,
+    )
+    assert window == text["drop_stale.lua"] + text["window.lua"]
+    assert trim == text["drop_stale.lua"] + text["trim.lua"]
+    assert "MARGIN_MS" in text["meter.lua"]
+    margin = f"local margin = {gcra.TTL_MARGIN * 1000 + 1}\n"
+    assert meter == text["meter.lua"].replace("local margin = MARGIN_MS\n", margin)
+    client = caches["rl"].client.get_client()  # type: ignore[attr-defined]
+    for script in (window, meter, trim):
+        assert client.script_load(script) == hashlib.sha1(script.encode()).hexdigest()

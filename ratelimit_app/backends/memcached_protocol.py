@@ -1,0 +1,289 @@
+"""The memcached protocol as the limiter speaks it: commands built, replies parsed, bytes in
+and bytes out.
+
+No sockets and no servers here. :mod:`.memcached` chooses a node for each subject, sends
+these commands on its pooled connections and fails over; this module is what its round trips
+say and what the replies mean, so it is tested without a server.
+
+**A check** (:func:`check_command`, :func:`parse_check`) is one write for all the subjects
+of a request on one node: per subject, quiet meta-arithmetic decrements that take back a
+refused hit (``ma <key> MD q``: only a miss answers, ``NF``), then meta-arithmetic increments
+(``ma <key> N<ttl> J1 v``: create with the TTL on a miss, answer ``VA`` and the new value),
+and after all of them ONE ``get`` of every bucket the subjects read. memcached answers the
+commands of one connection in order, so the read sees these increments, and it sends what it
+has at the end of each ``get``: one ``get``, one reply to wait for (a ``get`` per subject
+came back in 1.6 pieces on average). The ``VA`` replies prove that each write landed: a read
+that finds nothing after a failed write is an error, never a zero.
+
+**A leaky bucket** (:func:`meta_gets`, :func:`meta_set`, :func:`meta_delete`,
+:func:`parse_meta`) is compare-and-set with the meta commands: ``mg <key> v c`` reads a TAT
+and its CAS id, ``ms <key> C<cas>`` stores only over that item (``ME``: only if there is
+none), ``md <key> C<cas>`` deletes only that item. A pipeline of them ends with ``mn``,
+whose ``MN`` marks the end of the replies.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from typing import Any
+
+from ratelimit_app.backends.base import Encoded, Op
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.windows import Plan
+
+#: memcached reads a TTL over 30 days as a Unix timestamp.
+MAX_RELATIVE_TTL = 30 * 86400
+#: The end of a ``get`` reply, and of a pipeline ended by ``mn``.
+END = b"END\r\n"
+MN = b"MN\r\n"
+
+# A hit of the multi-get as (key, count): the key as sent, prefixes included. A count may
+# end in spaces: memcached keeps a value's length when a decrement drops a digit, so "10"
+# taken back is stored as "9 " and "100" as "99 " (an increment that needs the digit again
+# stores "10"). Only the ``ma`` reply carries the bare number; ``get`` returns the padding.
+_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+) *\r\n")
+#: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
+_QUIET_MISS = b"NF"
+#: The bytes a count's data line may hold: digits and the padding of a decrement.
+_COUNT_BYTES = b"0123456789 "
+#: The CAS id in the flags of a meta reply (asked for with ``c``).
+_CAS = re.compile(rb" c(\d+)")
+#: Meta replies that carry no value: stored (``HD``), miss (``EN``), not stored (``NS``),
+#: changed since the CAS id was read (``EX``), not found (``NF``).
+_NO_VALUE = (b"HD", b"EN", b"NS", b"EX", b"NF")
+
+
+class ReplyError(BackendError):
+    """A reply that does not answer the commands sent: a lost write, a value that is not a
+    count or not a TAT, a line that is no reply to them."""
+
+
+def expiry(ttl: int, clock: Callable[[], float] = time.time) -> int:
+    """``ttl`` seconds as memcached reads an expiry: as it is up to 30 days, else as the
+    Unix time (of ``clock``) that many seconds from now."""
+    return ttl + int(clock()) if ttl > MAX_RELATIVE_TTL else ttl
+
+
+class MemcachedEncoded(Encoded):
+    """A plan's byte form, plus the tails of its ``ma`` increments (``<suffix> N<ttl> J1
+    v``) when every TTL is relative (30 days or less), so a check only puts its key in
+    front of each."""
+
+    __slots__ = ("write_tails",)
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        self.write_tails: list[bytes] | None = [
+            b"%s N%d J1 v\r\n" % (suffix, ttl) for suffix, ttl in self.writes
+        ]
+        if any(ttl > MAX_RELATIVE_TTL for _, ttl in self.writes):
+            self.write_tails = None  # an expiry memcached reads as a time: made per check
+
+    def increments(self, base: bytes, clock: Callable[[], float] = time.time) -> bytes:
+        """The ``ma`` increments of every write bucket for the key base ``base``."""
+        tails = self.write_tails
+        if tails is None:
+            tails = [b"%s N%d J1 v\r\n" % (s, expiry(t, clock)) for s, t in self.writes]
+        head = b"ma " + base
+        return head + head.join(tails)
+
+    def decrements(self, base: bytes) -> bytes:
+        """Quiet ``ma`` decrements of every write bucket (taking back a hit this plan
+        counted): only a miss answers, ``NF``."""
+        return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.writes)
+
+
+def check_command(
+    prefix: str,
+    ops: Sequence[Op],
+    encoded: Callable[[Plan], Any],
+    clock: Callable[[], float] = time.time,
+) -> tuple[bytes, list[MemcachedEncoded], list[bytes]]:
+    """The command of a check of ``ops`` (one node's subjects): every op's take-backs and
+    increments, then one multi-get of every op's buckets. Also each op's plan encoding
+    (``encoded(plan)``, a :class:`MemcachedEncoded`) and key base (``prefix`` and its
+    namespace), which :func:`parse_check` reads the reply with."""
+    encs: list[MemcachedEncoded] = []
+    bases: list[bytes] = []
+    reads: list[bytes] = []
+    writes: list[bytes] = []
+    for op in ops:  # one pass: this runs on every request
+        enc: MemcachedEncoded = encoded(op.plan)
+        base = (prefix + op.namespace).encode()
+        encs.append(enc)
+        bases.append(base)
+        reads.append(base + (b" " + base).join(enc.reads))
+        if op.undo is not None:
+            writes.append(encoded(op.undo).decrements(base))
+        if op.increment and enc.writes:
+            writes.append(enc.increments(base, clock))
+    return b"".join(writes) + b"get " + b" ".join(reads), encs, bases
+
+
+def parse_check(
+    ops: Sequence[Op],
+    encs: Sequence[MemcachedEncoded],
+    bases: Sequence[bytes],
+    reply: bytes,
+) -> list[list[int]]:
+    """Every op's values, in the order of its plan's reads, from the reply to
+    :func:`check_command`'s command. Raises :class:`ReplyError`.
+
+    The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and the
+    new value for each increment, in the order sent, then ``VALUE <key> <flags> <length>``
+    and the count of each bucket found (with trailing spaces after a decrement that dropped
+    a digit: ``9 ``), and ``END``. A busy subject's reply holds hundreds of buckets: they
+    are mapped onto the plans in C, with no Python loop over them.
+    """
+    start = reply.find(b"VALUE ")
+    if start < 0:
+        start = len(reply) - 5  # END
+    lines = reply[:start].split(b"\r\n")
+    if _QUIET_MISS in lines:
+        # A miss answers a take-back where it stands among the replies (after an earlier
+        # op's increments when one round trip holds both); a value line is a number,
+        # never "NF".
+        lines = [line for line in lines if line != _QUIET_MISS]
+    heads, written = lines[0:-1:2], lines[1:-1:2]
+    counted: list[int] = []  # increments per op
+    sizes: list[int] = []  # buckets read per op
+    for op, enc in zip(ops, encs, strict=True):
+        counted.append(len(enc.writes) if op.increment else 0)
+        sizes.append(len(enc.reads))
+    if (
+        len(heads) != sum(counted)
+        or len(written) != len(heads)
+        or not all(map(bytes.startswith, heads, repeat(b"VA ")))
+    ):
+        raise ReplyError(f"lost counter writes: {reply[:200]!r}")
+    # memcached answers a multi-get's hits in the order asked: when every bucket is there
+    # (a busy subject), the counts are the data lines in order, no key to match.
+    parts = reply[start:-5].split(b"\r\n")
+    flat: list[int] | None = None
+    if len(parts) == 2 * sum(sizes) + 1 and all(
+        map(bytes.startswith, parts[0:-1:2], repeat(b"VALUE "))
+    ):
+        data = parts[1::2]
+        # int() takes the padding of a decrement ("9 "; it strips whitespace), and also a
+        # sign or an underscore: a value with anything but digits and spaces is no count,
+        # here as in the sparse path below (one pass in C, not a loop).
+        try:
+            if b"".join(data).translate(None, _COUNT_BYTES):
+                raise ValueError
+            flat = list(map(int, data))
+        except ValueError:
+            raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
+        hits: list[tuple[bytes, bytes]] = []
+    else:
+        hits = _VALUE.findall(reply, start)
+        if len(hits) != reply.count(b"VALUE ", start):  # a value that is not a count
+            raise ReplyError(f"corrupt counter: {reply[:200]!r}")
+    out: list[list[int]] = []
+    at = pos = 0
+    for enc, base, n, size in zip(encs, bases, counted, sizes, strict=True):
+        if flat is not None:
+            values = flat[pos : pos + size]
+            pos += size
+        else:
+            # A young or quiet subject's reply is mostly misses: only the hits are looked
+            # up and converted, the misses stay 0.
+            values = [0] * size
+            index, cut = enc.index, len(base)
+            for key, count in hits:
+                if key.startswith(base):
+                    i = index.get(key[cut:])
+                    if i is not None:
+                        values[i] = int(count)
+        if n:
+            enc.merge(values, written[at : at + n])
+            at += n
+        out.append(values)
+    return out
+
+
+def quiet_deletes(base: bytes, suffixes: Iterable[str]) -> bytes:
+    """Delete the buckets ``suffixes`` of the key base ``base``, quietly, then ``mn``: the
+    reply is ``MN`` alone unless something failed."""
+    return b"".join(b"md %s%s q\r\n" % (base, s.encode()) for s in suffixes) + b"mn"
+
+
+def meta_gets(keys: Iterable[bytes]) -> bytes:
+    """Read each key's value and CAS id (``mg <key> v c``)."""
+    return b"".join(b"mg %s v c\r\n" % key for key in keys)
+
+
+def meta_set(
+    key: bytes, value: bytes, ttl: int, cas: int | None, clock: Callable[[], float] = time.time
+) -> bytes:
+    """Store ``value`` for ``ttl`` seconds only over the item with CAS id ``cas`` (None:
+    only if there is none), and answer the new CAS id."""
+    mode = b"ME" if cas is None else b"C%d" % cas
+    return b"ms %s %d T%d %s c\r\n%s\r\n" % (key, len(value), expiry(ttl, clock), mode, value)
+
+
+def meta_delete(key: bytes, cas: int) -> bytes:
+    """Delete the item only if its CAS id is still ``cas``."""
+    return b"md %s C%d\r\n" % (key, cas)
+
+
+def parse_meta(buf: bytes, count: int) -> list[tuple[bytes, bytes]] | None:
+    """The replies to ``count`` meta commands and the ``mn`` after them, each as (head
+    line, value; ``b""`` when it carries none), or None while ``buf`` holds only part of
+    them. Raises :class:`ReplyError` for a line that is no meta reply (``CLIENT_ERROR``...).
+
+    A value is read by its length, never searched for an end marker, so a stored value can
+    never cut a reply short.
+    """
+    pos = 0
+    replies: list[tuple[bytes, bytes]] = []
+    while True:
+        end = buf.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        head = buf[pos:end]
+        if head == b"MN" and len(replies) == count:
+            return replies
+        if head.startswith(b"VA "):
+            try:
+                size = int(head.split(b" ", 2)[1])
+            except ValueError:
+                raise ReplyError(f"unexpected memcached reply {head[:80]!r}") from None
+            if len(buf) < end + 2 + size + 2:
+                return None
+            replies.append((head, buf[end + 2 : end + 2 + size]))
+            pos = end + 2 + size + 2
+        elif head[:2] in _NO_VALUE and len(replies) < count:
+            replies.append((head, b""))
+            pos = end + 2
+        else:
+            raise ReplyError(f"unexpected memcached reply {head[:80]!r}")
+
+
+def found_value(head: bytes, value: bytes) -> bytes | None:
+    """What an ``mg`` reply found: its value, or None on a miss. Raises
+    :class:`ReplyError` for any other reply."""
+    if head.startswith(b"VA"):
+        return value
+    if head.startswith(b"EN"):
+        return None
+    raise ReplyError(f"unexpected reply {head[:80]!r}")
+
+
+def stored(head: bytes) -> bool:
+    """Whether an ``ms`` reply stored the value: ``HD`` yes; ``NS``, ``EX`` or ``NF`` no
+    (another client changed or removed the item since its CAS id was read). Raises
+    :class:`ReplyError` for any other reply."""
+    if head.startswith(b"HD"):
+        return True
+    if head.startswith((b"NS", b"EX", b"NF")):
+        return False
+    raise ReplyError(f"unexpected reply {head[:80]!r}")
+
+
+def cas_of(head: bytes) -> int | None:
+    """The CAS id a meta reply carries (asked for with the ``c`` flag), if any."""
+    found = _CAS.search(head)
+    return int(found[1]) if found else None
