@@ -172,13 +172,13 @@ class Backend(ABC):
     :attr:`inline_ok` and :attr:`encoding`.
 
     **What it gets.** :attr:`alias`; :attr:`cache_prefix`, :attr:`rl_prefix` and
-    :attr:`key_prefix`, both together (a bucket's key is ``key_prefix + namespace +
-    suffix``); :meth:`encoded`, a plan's
-    byte form computed once, whose :meth:`Encoded.merge` keeps a read from undercutting
-    what an increment answered; :meth:`run`, ``run_many`` for one subject (not to be
-    overridden); and for a backend that talks to servers itself, :class:`Server` with
-    :meth:`_check_alive`, :meth:`_failed` and :meth:`_succeeded`, which skip a server that
-    failed for ``RATELIMIT_DEAD_RETRY`` seconds.
+    :attr:`key_prefix`, the two together (a bucket's key is ``key_prefix + namespace +
+    suffix``); :meth:`encoded`, a plan's byte form computed once, whose
+    :meth:`Encoded.merge` keeps a read from undercutting what an increment answered;
+    :meth:`run`, ``run_many`` for one subject (not to be overridden); and for a backend
+    that talks to servers itself, :class:`Server` with :meth:`_check_alive`,
+    :meth:`_failed` and :meth:`_succeeded`, which skip a server that failed for
+    ``RATELIMIT_DEAD_RETRY`` seconds.
     """
 
     #: True when a check is bounded loopback-class I/O an event loop may run inline.
@@ -188,8 +188,7 @@ class Backend(ABC):
 
     def __init__(self, alias: str, cache: Any) -> None:
         self.alias = alias
-        #: Prepended to every key: the cache's KEY_PREFIX and VERSION (as Django's key
-        #: function writes them) and ``RATELIMIT_CACHE_PREFIX``.
+        #: The cache's ``KEY_PREFIX`` and ``VERSION``, as Django's key function writes them.
         self.cache_prefix = str(cache.make_key(""))
         #: ``RATELIMIT_CACHE_PREFIX``.
         self.rl_prefix = conf.CACHE_PREFIX
