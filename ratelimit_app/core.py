@@ -156,9 +156,3 @@ get_usage.ALL = ALL  # type: ignore[attr-defined]
 get_usage.UNSAFE = UNSAFE  # type: ignore[attr-defined]
 is_ratelimited.ALL = ALL  # type: ignore[attr-defined]
 is_ratelimited.UNSAFE = UNSAFE  # type: ignore[attr-defined]
-
-# Moved to ratelimit_app.engine and ratelimit_app.operations; imported here until every
-# caller imports them from there.
-from ratelimit_app.engine import REFUSALS, Result, check, take_back  # noqa: E402, F401
-from ratelimit_app.keys import namespace  # noqa: E402, F401
-from ratelimit_app.operations import Target, target  # noqa: E402, F401
