@@ -121,17 +121,25 @@ def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
     return str(type(addr)(int(addr) >> drop << drop))
 
 
+#: ``trusted_proxy``'s answers by address (forgotten when settings change; starts over when
+#: full). A memo of its own: an ``lru_cache`` keyed on the networks too would hash every
+#: network, in Python, on every call.
+_trusted: dict[str, bool] = {}
+TRUSTED_MEMO = 4096
+
+
 def trusted_proxy(ip: str) -> bool:
     """True when ``ip`` is one of ``RATELIMIT_TRUSTED_PROXIES``."""
-    return _in_networks(ip, conf.TRUSTED_PROXIES)
-
-
-@lru_cache(maxsize=4096)
-def _in_networks(ip: str, networks: tuple[IPNetwork, ...]) -> bool:
-    addr = _parse_address(ip)
-    if addr is None:
-        return False
-    return any(addr in unmap_network(net) for net in networks)
+    found = _trusted.get(ip)
+    if found is None:
+        addr = _parse_address(ip)
+        found = addr is not None and any(
+            addr in unmap_network(net) for net in conf.TRUSTED_PROXIES
+        )
+        if len(_trusted) >= TRUSTED_MEMO:
+            _trusted.clear()
+        _trusted[ip] = found
+    return found
 
 
 def client_ip(request: HttpRequest) -> str:
@@ -489,7 +497,15 @@ def namespace(group: str, kind: str, value: str) -> str:
     return found
 
 
+def ignores_group(spec: KeySpec) -> bool:
+    """True when a key's value does not depend on the group it is counted in (the built-in
+    kinds and accessors; not a function, which is passed the group): one request's rules may
+    share the value."""
+    return type(spec) is str and (spec in SIMPLE_KEYS or ":" in spec)
+
+
 @receiver(setting_changed)
-def _forget_namespaces(*, setting: str, **kwargs: Any) -> None:
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     if affects_limiter(setting):
         _namespaces.clear()
+        _trusted.clear()

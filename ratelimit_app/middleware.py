@@ -144,6 +144,8 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
             return None
     checks: list[Check] = []
     used: list[Rule] = []
+    # Rules keyed alike (two rules on the IP) count one value: found once.
+    subjects: dict[Any, tuple[str, str]] = {}
     for rule in rules:
         limit = rule.limit
         rate_list = limit.static_rates
@@ -151,7 +153,10 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
             rate_list = limit.rates_for(request)
         if not rate_list:
             continue
-        subject = keys.subject(limit.key, limit.group, request)
+        key = limit.key
+        subject = subjects.get(key) if keys.ignores_group(key) else None
+        if subject is None:
+            subject = subjects[key] = keys.subject(key, limit.group, request)
         if (allow.emails or deny.emails) and keys.is_email_kind(subject[0]):
             # An email is a claim the request makes, not the client's identity: a denied one
             # is refused, an allowed one lifts the limits keyed on it, not the others.

@@ -505,3 +505,41 @@ def test_the_ipv4_fast_path_answers_as_ipaddress_does(ip: str) -> None:
 def test_the_ipv4_fast_path_agrees_on_any_text(ip: str) -> None:
     keys._masked.cache_clear()
     assert keys._masked(ip, 32, 128) == _masked_slowly(ip)
+
+
+def test_trusted_proxies_are_read_again_when_the_setting_changes() -> None:
+    with override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"]):
+        assert keys.trusted_proxy("10.1.2.3")
+        assert not keys.trusted_proxy("192.0.2.1")
+    with override_settings(RATELIMIT_TRUSTED_PROXIES=["192.0.2.0/24"]):
+        assert not keys.trusted_proxy("10.1.2.3")  # remembered under the old setting
+        assert keys.trusted_proxy("192.0.2.1")
+        assert keys.trusted_proxy("::ffff:192.0.2.1")  # IPv4-mapped: the same address
+
+
+def test_rules_keyed_alike_read_the_value_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rules on the IP and one on a header: the address is found once per request."""
+    from ratelimit_app import middleware
+
+    calls: list[str] = []
+    subject = keys.subject
+
+    def counting(spec: keys.KeySpec, group: str, request: object) -> tuple[str, str]:
+        calls.append(str(spec))
+        return subject(spec, group, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(keys, "subject", counting)
+    rules = [
+        {"name": "a", "path": "/", "key": "ip", "rate": "100/m"},
+        {"name": "b", "path": "/", "key": "ip", "rate": "1000/d"},
+        {"name": "c", "path": "/", "key": "header:x-api-key", "rate": "100/m"},
+        {"name": "d", "path": "/", "key": "header:x-api-key", "rate": "1000/d"},
+    ]
+    with override_settings(RATELIMIT_RULES=rules):
+        from ratelimit_app import store
+
+        request = RequestFactory().get("/", HTTP_X_API_KEY="k1")
+        pending = middleware.before(request, store.current().rules.match(request))
+    assert pending is not None
+    assert sorted(calls) == ["header:x-api-key", "ip"]
+    assert set(request.ratelimit_usage) == {"a", "b", "c", "d"}  # type: ignore[attr-defined]
