@@ -110,6 +110,23 @@ def rules_site() -> Iterator[None]:
     forget_refusals()
 
 
+class RoundTrips:
+    """Counts the round trips (``exchange`` calls) of the backend in force, and those that
+    write (count, or take back)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = self.writing = 0
+        backend = get_backend()
+        exchange = backend.exchange
+
+        def counting(ops: Any, meters: Any, now_us: int) -> Any:
+            self.count += 1
+            self.writing += any(op.increment or op.undo is not None for op in ops)
+            return exchange(ops, meters, now_us)
+
+        monkeypatch.setattr(backend, "exchange", counting)
+
+
 def rules(*items: dict[str, Any], **settings: Any) -> Any:
     """``override_settings`` with ``items`` as ``RATELIMIT_RULES`` (and any other settings)."""
     return override_settings(RATELIMIT_RULES=list(items), **settings)

@@ -14,7 +14,7 @@ from ratelimit_app.engine import LOOK_BATCH
 from ratelimit_app.keys import namespace
 from ratelimit_app.operations import target
 from ratelimit_app.testing import frozen_clock
-from tests.ratelimit.conftest import rules
+from tests.ratelimit.conftest import RoundTrips, rules
 
 T0 = 1_800_000_000.0
 CAP = 2.0
@@ -22,22 +22,6 @@ CAP = 2.0
 pytestmark = pytest.mark.usefixtures("rules_site")
 
 RULE = {"name": "botnet", "path": "/rules/named/", "key": "ip", "rate": "1/h"}
-
-
-class Trips:
-    """The backend's round trips (``exchange`` calls), and those that write."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.trips = self.writing = 0
-        backend = get_backend()
-        exchange = backend.exchange
-
-        def counting(ops: Any, meters: Any, now_us: int) -> Any:
-            self.trips += 1
-            self.writing += any(op.increment or op.undo is not None for op in ops)
-            return exchange(ops, meters, now_us)
-
-        monkeypatch.setattr(backend, "exchange", counting)
 
 
 def refuse(client: Client, addresses: list[str]) -> None:
@@ -59,13 +43,13 @@ def test_one_look_confirms_every_due_refusal(
     with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
         refuse(client, addresses)
         clock.advance(CAP + 1)  # every cap has run out; no wait has
-        trips = Trips(monkeypatch)
+        trips = RoundTrips(monkeypatch)
         assert statuses(client, addresses) == [429] * len(addresses)
         # The first request's look confirmed all forty, writing nothing.
-        assert (trips.trips, trips.writing) == (1, 0)
+        assert (trips.count, trips.writing) == (1, 0)
         clock.advance(CAP / 2)
         assert statuses(client, addresses) == [429] * len(addresses)
-        assert trips.trips == 1  # remembered again for a whole cap from the look
+        assert trips.count == 1  # remembered again for a whole cap from the look
 
 
 def test_refusals_due_soon_join_the_look(
@@ -79,12 +63,12 @@ def test_refusals_due_soon_join_the_look(
         clock.advance(0.6 * CAP)
         refuse(client, late)  # their caps run out 0.6 cap later
         clock.advance(0.6 * CAP)  # the early ones are due; the late ones within half a cap
-        trips = Trips(monkeypatch)
+        trips = RoundTrips(monkeypatch)
         assert statuses(client, early) == [429] * len(early)
-        assert trips.trips == 1
+        assert trips.count == 1
         clock.advance(0.7 * CAP)  # the late ones' first caps have run out (0.1 cap ago)
         assert statuses(client, late) == [429] * len(late)
-        assert trips.trips == 1  # confirmed by the early ones' look, with a new cap
+        assert trips.count == 1  # confirmed by the early ones' look, with a new cap
 
 
 def test_a_look_forgets_a_batched_refusal_that_has_room(
@@ -103,11 +87,11 @@ def test_a_look_forgets_a_batched_refusal_that_has_room(
             sorted(windows.stored_suffixes(found.rates, clock(), 60)),
         )
         clock.advance(CAP + 1)
-        trips = Trips(monkeypatch)
+        trips = RoundTrips(monkeypatch)
         assert statuses(client, [first]) == [429]  # its look also looked at the second
-        assert trips.trips == 1
+        assert trips.count == 1
         assert statuses(client, [second]) == [200]  # forgotten: counted, and admitted
-        assert (trips.trips, trips.writing) == (2, 1)
+        assert (trips.count, trips.writing) == (2, 1)
 
 
 def test_soon_lists_the_refusals_due_before_the_horizon_soonest_first() -> None:

@@ -19,7 +19,7 @@ from django.test import Client, RequestFactory, override_settings
 from ratelimit_app import core, engine, keys, operations, refusals, signals
 from ratelimit_app.backends import get_backend
 from ratelimit_app.testing import frozen_clock
-from tests.ratelimit.conftest import rules
+from tests.ratelimit.conftest import RoundTrips, rules
 
 T0 = 1_800_000_000.0
 
@@ -29,21 +29,6 @@ pytestmark = pytest.mark.usefixtures("rules_site")
 
 def rule(name: str = "flood", **fields: Any) -> dict[str, Any]:
     return {"name": name, "path": "/rules/named/", "key": "ip", "rate": "2/m", **fields}
-
-
-class RoundTrips:
-    """Counts the backend's round trips (``exchange`` calls) of the backend in force."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        backend = get_backend()
-        exchange = backend.exchange
-
-        def counting(*args: Any) -> Any:
-            self.count += 1
-            return exchange(*args)
-
-        monkeypatch.setattr(backend, "exchange", counting)
 
 
 def test_a_refused_subject_is_refused_from_memory_until_its_wait_ends(
@@ -99,22 +84,6 @@ def test_the_cap_bounds_what_memory_cannot_see(
         assert trips.count == before + 2  # a look (room after all), then the counted check
 
 
-class Writes:
-    """Counts the backend's round trips, and the ones that write (count or take back)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.trips = self.writing = 0
-        backend = get_backend()
-        exchange = backend.exchange
-
-        def counting(ops: Any, meters: Any, now_us: int) -> Any:
-            self.trips += 1
-            self.writing += any(op.increment or op.undo is not None for op in ops)
-            return exchange(ops, meters, now_us)
-
-        monkeypatch.setattr(backend, "exchange", counting)
-
-
 def test_a_due_refusal_is_confirmed_by_one_look(
     backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,14 +98,14 @@ def test_a_due_refusal_is_confirmed_by_one_look(
         assert 3540 <= wait <= 3600  # the hits leave with their fine bucket (60 s)
         counts = [r["count"] for r in core.lookup("flood", "127.0.0.1")["rates"]]
         assert counts == [2]
-        writes = Writes(monkeypatch)
+        writes = RoundTrips(monkeypatch)
         answers = []
         for _ in range(10):  # five caps' worth
             clock.advance(1)
             answers.append(client.get("/rules/named/"))
         assert [r.status_code for r in answers] == [429] * 10
         assert [int(r["Retry-After"]) for r in answers] == [wait - k for k in range(1, 11)]
-        assert writes.trips == 5 and writes.writing == 0  # one look a cap, no writes
+        assert writes.count == 5 and writes.writing == 0  # one look a cap, no writes
         assert [r["count"] for r in core.lookup("flood", "127.0.0.1")["rates"]] == counts
         clock.advance(wait - 10)  # the wait is over: counted, and admitted
         assert client.get("/rules/named/").status_code == 200
