@@ -126,10 +126,15 @@ def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
 #: network, in Python, on every call.
 _trusted: dict[str, bool] = {}
 TRUSTED_MEMO = 4096
+#: Longer than any IP address in text (an IPv6 address with a zone is at most 63).
+MAX_ADDRESS_LENGTH = 64
 
 
 def trusted_proxy(ip: str) -> bool:
     """True when ``ip`` is one of ``RATELIMIT_TRUSTED_PROXIES``."""
+    ip = ip.strip()
+    if len(ip) > MAX_ADDRESS_LENGTH:  # no address: not remembered (a header is the client's)
+        return False
     found = _trusted.get(ip)
     if found is None:
         addr = _parse_address(ip)

@@ -543,3 +543,12 @@ def test_rules_keyed_alike_read_the_value_once(monkeypatch: pytest.MonkeyPatch) 
     assert pending is not None
     assert sorted(calls) == ["header:x-api-key", "ip"]
     assert set(request.ratelimit_usage) == {"a", "b", "c", "d"}  # type: ignore[attr-defined]
+
+
+def test_trusted_proxy_memo_holds_no_long_strings() -> None:
+    """X-Forwarded-For hops are the client's text: a padded address is still the address,
+    and a string longer than any address is no proxy and is not remembered."""
+    with override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"]):
+        assert keys.trusted_proxy(" " * 100 + "10.0.0.1 ")
+        assert not keys.trusted_proxy("10.0.0.1" + "0" * 100)
+        assert all(len(ip) <= keys.MAX_ADDRESS_LENGTH for ip in keys._trusted)
