@@ -73,6 +73,10 @@ def affects_limiter(setting: str) -> bool:
     return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY")
 
 
+#: Our DRF throttles' module (importing it imports Django REST framework).
+THROTTLING = "ratelimit_app.throttling"
+
+
 def drf_throttles_named() -> list[str]:
     """The classes of :mod:`ratelimit_app.throttling` that
     ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]`` names, as dotted paths (read without
@@ -84,10 +88,6 @@ def drf_throttles_named() -> list[str]:
     if isinstance(named, str):
         named = [named]
     return [c for c in named if isinstance(c, str) and c.startswith(THROTTLING + ".")]
-
-
-#: Our DRF throttles' module (importing it imports Django REST framework).
-THROTTLING = "ratelimit_app.throttling"
 
 
 class Settings:

@@ -100,10 +100,6 @@ class Check(NamedTuple):
     algorithm: str = SLIDING_WINDOW
     burst: int | None = None
 
-    @property
-    def metered(self) -> bool:
-        return self.algorithm == LEAKY_BUCKET
-
 
 def _limited_counted(checks: Sequence[Check], results: list[Result]) -> set[int]:
     return {i for i, r in enumerate(results) if r.limited and checks[i].increment}
