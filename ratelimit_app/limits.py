@@ -120,6 +120,9 @@ class Limit:
     kind: str = field(init=False, repr=False)
     #: the methods as the scope spells them (upper case, sorted, comma-joined; "" for all),
     method_text: str = field(init=False, repr=False)
+    #: whether its value does not depend on the group (:func:`keys.ignores_group`: the
+    #: limits of one request keyed alike share it),
+    shares_value: bool = field(init=False, repr=False)
     #: and whether it can be checked on an event loop (no database, no user code).
     async_safe: bool = field(init=False, repr=False)
 
@@ -134,6 +137,7 @@ class Limit:
         set_("method_text", text)
         set_("static_scope", None if static is None else rates.scope(self.group, text, static))
         set_("kind", kind)
+        set_("shares_value", keys.ignores_group(self.key))
         set_(
             "async_safe",
             static is not None

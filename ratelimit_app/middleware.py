@@ -129,7 +129,7 @@ def _take_back_all_if_blocked(used: Sequence[Rule]) -> Callable[..., set[int]]:
     return take_back
 
 
-def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending | None:
+def before(request: HttpRequest, rules: Sequence[Rule]) -> HttpResponse | _Pending | None:
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do)."""
     current = store.current()
@@ -151,10 +151,13 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         rate_list = limit.static_rates
         if rate_list is None:
             rate_list = limit.rates_for(request)
+            scope = limit.scope_for(rate_list) if rate_list else ""
+        else:
+            scope = limit.static_scope or limit.scope_for(rate_list)
         if not rate_list:
             continue
         key = limit.key
-        subject = subjects.get(key) if keys.ignores_group(key) else None
+        subject = subjects.get(key) if limit.shares_value else None
         if subject is None:
             subject = subjects[key] = keys.subject(key, limit.group, request)
         if (allow.emails or deny.emails) and keys.is_email_kind(subject[0]):
@@ -170,7 +173,7 @@ def before(request: HttpRequest, rules: list[Rule]) -> HttpResponse | _Pending |
         # a second round trip.
         checks.append(
             Check(
-                limit.scope_for(rate_list),
+                scope,
                 subject,
                 rate_list,
                 True,
@@ -263,7 +266,7 @@ def settle(provisional: list[tuple[Check, Result]]) -> None:
         report_failure(exc)
 
 
-def _async_inline(rules: list[Rule]) -> bool:
+def _async_inline(rules: Sequence[Rule]) -> bool:
     """True when the checks of ``rules`` may run on the event loop (see the module doc)."""
     current = store.current()
     if current.allow.users or current.deny.users or not all(r.limit.async_safe for r in rules):
@@ -287,7 +290,7 @@ class RatelimitMiddleware:
             markcoroutinefunction(self)
 
     @staticmethod
-    def _rules(request: HttpRequest) -> list[Rule] | None:
+    def _rules(request: HttpRequest) -> Sequence[Rule] | None:
         """The matching rules, or None when nothing applies (the fast path)."""
         if not conf.ENABLE:
             return None

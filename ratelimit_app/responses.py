@@ -67,6 +67,12 @@ def _policy(label: str | None, rates: tuple[tuple[str, int, int], ...]) -> str:
     return ", ".join(f"{_name(label, rate)};q={limit};w={window}" for rate, limit, window in rates)
 
 
+@functools.lru_cache(maxsize=1024)
+def _policy1(label: str | None, rate: str, limit: int, window: int) -> str:
+    # A limit of one rate (the common case), formatted once, without a tuple to hash.
+    return f"{_name(label, rate)};q={limit};w={window}"
+
+
 def ratelimit_headers(policies: Policies) -> dict[str, str]:
     """``RateLimit-Policy`` (every rate of every limit) and ``RateLimit`` (the rate that
     decides each limit: the one that fired when a limit is exceeded)."""
@@ -74,14 +80,19 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     for label, usage in policies:
         each = usage.get("rates")
         if each:
-            key: tuple[tuple[str, int, int], ...] = ()
-            for r in each:
-                key += ((r["rate"], r["limit"], r["window"]),)
-            policy.append(_policy(label, key))
-        if usage.get("rate"):
-            wait = usage["retry_after"] if usage["should_limit"] else usage["reset"]
-            remaining = 0 if usage["should_limit"] else usage["remaining"]
-            state.append(f"{_name(label, usage['rate'])};r={remaining};t={max(0, int(wait))}")
+            if len(each) == 1:
+                r = each[0]
+                policy.append(_policy1(label, r["rate"], r["limit"], r["window"]))
+            else:
+                key = tuple([(r["rate"], r["limit"], r["window"]) for r in each])
+                policy.append(_policy(label, key))
+        rate = usage.get("rate")
+        if rate:
+            if usage["should_limit"]:
+                remaining, wait = 0, usage["retry_after"]
+            else:
+                remaining, wait = usage["remaining"], usage["reset"]
+            state.append(f"{_name(label, rate)};r={remaining};t={max(0, int(wait))}")
     headers = {}
     if policy:
         headers["RateLimit-Policy"] = ", ".join(policy)

@@ -285,8 +285,13 @@ def _urlconf_changed(*, setting: str, **kwargs: Any) -> None:
         clear_caches()
 
 
+#: (path, method) pairs a rule set remembers the matching rules of.
+MATCH_MEMO = 1024
+
+
 class RuleSet:
-    """Rules precompiled for matching; immutable and shared by every request."""
+    """Rules precompiled for matching; shared by every request (the rules never change: a
+    new configuration is a new rule set)."""
 
     def __init__(self, rules: Sequence[Rule]) -> None:
         self.rules = tuple(rules)
@@ -297,11 +302,17 @@ class RuleSet:
         self._both = tuple(r for r in self.rules if r.url_names and r.paths)
         #: The prefixes of the rules that need both: a path outside them resolves nothing.
         self._both_prefixes = tuple(p for r in self._both for p in r.paths)
+        #: The rules of each (path, method) seen lately, when no rule needs a URL name
+        #: (the path and the method then decide). A client chooses paths: the memo starts
+        #: over when full.
+        self._matched: dict[tuple[str, str | None], tuple[Rule, ...]] | None = (
+            None if self._url_rules or self._both else {}
+        )
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
-    def match(self, request: HttpRequest) -> list[Rule]:
+    def match(self, request: HttpRequest) -> tuple[Rule, ...]:
         """Rules that apply to ``request``, in configuration order.
 
         A rule applies when the path starts with one of its ``path`` prefixes or the URL
@@ -310,18 +321,29 @@ class RuleSet:
         """
         path = request.path_info
         if not (self._url_rules or path.startswith(self._prefixes)):
-            return []  # the common case: one C-level prefix test
+            return ()  # the common case: one C-level prefix test
         method = request.method
+        matched = self._matched
+        if matched is not None:
+            found = matched.get((path, method))
+            if found is None:
+                if len(matched) >= MATCH_MEMO:
+                    matched.clear()
+                found = matched[path, method] = self._select(path, method, None)
+            return found
         name: str | None = None
         if self._url_rules or (self._both and path.startswith(self._both_prefixes)):
             name = _view_name(path, getattr(request, "urlconf", None))
-        return [
+        return self._select(path, method, name)
+
+    def _select(self, path: str, method: str | None, name: str | None) -> tuple[Rule, ...]:
+        return tuple(
             r
             for r in self.rules
             if (r.methods is None or method in r.methods)
             and (not r.paths or path.startswith(r.paths))
             and (not r.url_names or name in r.url_names)
-        ]
+        )
 
 
 EMPTY = RuleSet(())

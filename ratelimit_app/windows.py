@@ -77,12 +77,15 @@ class RatePlan:
     #: Derived once (plans are memoised), for :func:`evaluate`: each segment's first read,
     #: and the segments that are more than that one read, as (position, terms).
     first: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    #: Each segment's end.
+    ends: tuple[float, ...] = dataclasses.field(init=False, repr=False, compare=False)
     multi: tuple[tuple[int, tuple[Term, ...]], ...] = dataclasses.field(
         init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "first", tuple(seg.terms[0][0] for seg in self.segments))
+        object.__setattr__(self, "ends", tuple(seg.end for seg in self.segments))
         multi = tuple(
             (k, seg.terms)
             for k, seg in enumerate(self.segments)
@@ -345,58 +348,69 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     and then taken back, so the times to wait are computed without it. Otherwise (a look that
     counts nothing) a rate is limited when it has no room left for one more hit.
     """
-    # Events in each segment of each rate, oldest first. A segment's true count is never
-    # negative; a reset or an evicted coarse bucket can make coarse - fine negative, and
-    # counting that would be lenient.
-    per_segment = []
-    for rp in p.rates:
-        counts = list(map(values.__getitem__, rp.first))  # in C: no Python call per value
-        for k, terms in rp.multi:
-            total = 0
-            for i, sign in terms:
-                total += values[i] * sign
-            counts[k] = total
-        if counts and min(counts) < 0:
-            counts = [c if c > 0 else 0 for c in counts]
-        per_segment.append(counts)
+    rate_plans = p.rates
+    if len(rate_plans) == 1:  # the common case: one rate
+        rp = rate_plans[0]
+        counts = _segment_counts(rp, values)
+        n = sum(counts)
+        return [_usage(rp, counts, n, counted and n > rp.rate.count, counted, t)]
+    per_segment = [_segment_counts(rp, values) for rp in rate_plans]
     ns = list(map(sum, per_segment))
-    refused = False
-    if counted:
-        for n, rp in zip(ns, p.rates, strict=True):
-            if n > rp.rate.count:
-                refused = True
+    refused = counted and any(n > rp.rate.count for n, rp in zip(ns, rate_plans, strict=True))
+    return [
+        _usage(rp, counts, n, refused, counted, t)
+        for rp, n, counts in zip(rate_plans, ns, per_segment, strict=True)
+    ]
+
+
+def _segment_counts(rp: RatePlan, values: list[int]) -> list[int]:
+    """Events in each segment of ``rp``, oldest first. A segment's true count is never
+    negative; a reset or an evicted coarse bucket can make coarse - fine negative, and
+    counting that would be lenient."""
+    counts = list(map(values.__getitem__, rp.first))  # in C: no Python call per value
+    for k, terms in rp.multi:
+        total = 0
+        for i, sign in terms:
+            total += values[i] * sign
+        counts[k] = total
+    if counts and min(counts) < 0:
+        counts = [c if c > 0 else 0 for c in counts]
+    return counts
+
+
+def _usage(
+    rp: RatePlan, counts: list[int], n: int, refused: bool, counted: bool, t: float
+) -> Usage:
+    """One rate's usage: ``n`` events in its window, ``counts`` of them per segment;
+    ``refused``: this hit (counted in them) is refused, so waits are timed without it."""
+    limit = rp.rate.count
+    retry_after = reset = 0.0
+    left = n - 1 if refused else n
+    if 0 < left < limit:
+        # The common case, kept cheap: nothing to wait for, and the window is empty once
+        # its newest events have left it.
+        k = len(counts) - 1
+        while k >= 0 and not counts[k]:
+            k -= 1
+        if k >= 0:
+            reset = max(0.0, rp.ends[k] - t)
+    elif left > 0 or (n and limit == 0):
+        for leaves_at, c in zip(rp.ends, counts, strict=True):
+            if c <= 0:
+                continue
+            if left >= limit and left - c < limit:
+                retry_after = max(0.0, leaves_at - t)
+            left -= c
+            if left <= 0:
+                reset = max(0.0, leaves_at - t)
                 break
-    slack = 0 if counted else 1
-    result = []
-    for rp, n, counts in zip(p.rates, ns, per_segment, strict=True):
-        limit = rp.rate.count
-        retry_after = reset = 0.0
-        left = n - 1 if refused else n
-        if 0 < left < limit:
-            # The common case, kept cheap: nothing to wait for, and the window is empty
-            # once its newest events have left it.
-            k = len(counts) - 1
-            while k >= 0 and not counts[k]:
-                k -= 1
-            reset = max(0.0, rp.segments[k].end - t) if k >= 0 else 0.0
-        elif left > 0 or (n and limit == 0):
-            for seg, c in zip(rp.segments, counts, strict=True):
-                if c <= 0:
-                    continue
-                leaves_at = seg.end
-                if left >= limit and left - c < limit:
-                    retry_after = max(0.0, leaves_at - t)
-                left -= c
-                if left <= 0:
-                    reset = max(0.0, leaves_at - t)
-                    break
-            if limit == 0:
-                retry_after = reset
-        elif limit == 0:  # never admits: wait a whole window, and then again
-            retry_after = float(rp.rate.seconds)
-        limited = n + slack > limit
-        result.append(Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset))
-    return result
+        if limit == 0:
+            retry_after = reset
+    elif limit == 0:  # never admits: wait a whole window, and then again
+        retry_after = float(rp.rate.seconds)
+    # Counted: limited when over the limit; a look: when there is no room for one more.
+    limited = n > limit if counted else n >= limit
+    return Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset)
 
 
 def refine(usages: list[Usage], detail: Plan, values: list[int], t: float) -> list[Usage]:

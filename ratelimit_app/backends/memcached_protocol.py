@@ -40,11 +40,6 @@ MAX_RELATIVE_TTL = 30 * 86400
 END = b"END\r\n"
 MN = b"MN\r\n"
 
-# A hit of the multi-get as (key, count): the key as sent, prefixes included. A count may
-# end in spaces: memcached keeps a value's length when a decrement drops a digit, so "10"
-# taken back is stored as "9 " and "100" as "99 " (an increment that needs the digit again
-# stores "10"). Only the ``ma`` reply carries the bare number; ``get`` returns the padding.
-_VALUE = re.compile(rb"VALUE (\S+) \d+ \d+\r\n(\d+) *\r\n")
 #: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
 _QUIET_MISS = b"NF"
 #: The bytes a count's data line may hold: digits and the padding of a decrement.
@@ -159,30 +154,32 @@ def parse_check(
         or not all(map(bytes.startswith, heads, repeat(b"VA ")))
     ):
         raise ReplyError(f"lost counter writes: {reply[:200]!r}")
-    # memcached answers a multi-get's hits in the order asked: when every bucket is there
-    # (a busy subject), the counts are the data lines in order, no key to match.
+    # Each hit: a ``VALUE <key> <flags> <length>`` line and its count. A data line that is
+    # not a count (anything but digits and the padding: int() would also take a sign or an
+    # underscore) or that holds a line break (which shifts the lines) is caught here, in C.
     parts = reply[start:-5].split(b"\r\n")
-    flat: list[int] | None = None
-    if len(parts) == 2 * sum(sizes) + 1 and all(
-        map(bytes.startswith, parts[0:-1:2], repeat(b"VALUE "))
-    ):
-        data = parts[1::2]
-        # int() takes the padding of a decrement ("9 "; it strips whitespace), and also a
-        # sign or an underscore: a value with anything but digits and spaces is no count,
-        # here as in the sparse path below (one pass in C, not a loop).
-        try:
-            if b"".join(data).translate(None, _COUNT_BYTES):
-                raise ValueError
-            flat = list(map(int, data))
-        except ValueError:
-            raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
-        hits: list[tuple[bytes, bytes]] = []
-    else:
-        hits = _VALUE.findall(reply, start)
-        if len(hits) != reply.count(b"VALUE ", start):  # a value that is not a count
-            raise ReplyError(f"corrupt counter: {reply[:200]!r}")
+    found, data = parts[0:-1:2], parts[1::2]
+    tokens = b" ".join(found).split(b" ") if found else []
+    try:
+        if (
+            len(parts) != 2 * len(found) + 1
+            or len(tokens) != 4 * len(found)
+            or tokens[0::4].count(b"VALUE") != len(found)
+            or b"".join(data).translate(None, _COUNT_BYTES)
+        ):
+            raise ValueError
+        counts = list(map(int, data))
+    except ValueError:
+        raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
+    # memcached answers a multi-get's hits in the order asked: when every bucket is there
+    # (a busy subject), the counts are in the order of the reads, no key to match.
+    flat = counts if len(counts) == sum(sizes) else None
+    hits = list(zip(tokens[1::4], counts, strict=True))
+    # Two ops of one subject's namespace (rare) read some keys twice: each op then looks
+    # at every hit. Otherwise each hit is looked at once.
+    shared = len(set(bases)) < len(bases)
     out: list[list[int]] = []
-    at = pos = 0
+    at = pos = hit = 0
     for enc, base, n, size in zip(encs, bases, counted, sizes, strict=True):
         if flat is not None:
             values = flat[pos : pos + size]
@@ -192,15 +189,30 @@ def parse_check(
             # up and converted, the misses stay 0.
             values = [0] * size
             index, cut = enc.index, len(base)
-            for key, count in hits:
-                if key.startswith(base):
-                    i = index.get(key[cut:])
-                    if i is not None:
-                        values[i] = int(count)
+            if shared:
+                for key, count in hits:
+                    if key.startswith(base):
+                        i = index.get(key[cut:], -1)
+                        if i >= 0:
+                            values[i] = count
+            else:
+                # memcached answers the hits in the order asked: this op's are the next
+                # ones whose keys are its own buckets, in the order of its reads.
+                last = -1
+                while hit < len(hits):
+                    key, count = hits[hit]
+                    i = index.get(key[cut:], -1) if key.startswith(base) else -1
+                    if i <= last:
+                        break
+                    values[i] = count
+                    last = i
+                    hit += 1
         if n:
             enc.merge(values, written[at : at + n])
             at += n
         out.append(values)
+    if flat is None and not shared and hit != len(hits):
+        raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
     return out
 
 

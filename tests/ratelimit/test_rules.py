@@ -127,8 +127,8 @@ def test_path_prefix_and_methods() -> None:
     assert names(rs.match(rf.post("/accounts/login/?next=/"))) == ["all-methods", "post"]
     assert names(rs.match(rf.get("/accounts/login/extra"))) == ["all-methods"]
     assert names(rs.match(rf.get("/api/v1/items"))) == ["api"]
-    assert rs.match(rf.get("/accounts/")) == []
-    assert rs.match(rf.get("/")) == []
+    assert rs.match(rf.get("/accounts/")) == ()
+    assert rs.match(rf.get("/")) == ()
     assert rs.by_name["post"].methods == {"POST"}
 
 
@@ -150,8 +150,8 @@ def test_url_names_resolve_including_namespaces() -> None:
     )
     assert names(rs.match(rf.get("/rules/named/"))) == ["by-name", "both"]
     assert names(rs.match(rf.get("/rules/ns/inner/"))) == ["ns"]
-    assert rs.match(rf.get("/rules/unnamed/")) == []
-    assert rs.match(rf.get("/no/such/url/")) == []
+    assert rs.match(rf.get("/rules/unnamed/")) == ()
+    assert rs.match(rf.get("/no/such/url/")) == ()
 
 
 @override_settings(ROOT_URLCONF="tests.ratelimit.urls")
@@ -160,7 +160,7 @@ def test_a_path_outside_every_prefix_resolves_nothing() -> None:
     every other request stays a prefix test."""
     rules.clear_caches()
     rs = ruleset({**BASE, "name": "both", "path": "/rules/", "url_name": "rules-named"})
-    assert rs.match(rf.get("/other/")) == []
+    assert rs.match(rf.get("/other/")) == ()
     assert rules._view_name.cache_info().currsize == 0
     assert names(rs.match(rf.get("/rules/named/"))) == ["both"]
     assert rules._view_name.cache_info().currsize == 1
@@ -168,4 +168,24 @@ def test_a_path_outside_every_prefix_resolves_nothing() -> None:
 
 def test_empty_ruleset_matches_nothing() -> None:
     assert not rules.EMPTY
-    assert rules.EMPTY.match(rf.get("/anything/")) == []
+    assert rules.EMPTY.match(rf.get("/anything/")) == ()
+
+
+def test_a_path_seen_again_matches_the_same_rules_and_the_memo_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rules that need no URL name are matched once per (path, method): the memo answers
+    the same rules again, keeps methods apart, and starts over when full (a client chooses
+    its paths)."""
+    rs = ruleset(
+        {**BASE, "name": "api", "path": "/api/"},
+        {**BASE, "name": "post", "path": "/api/", "methods": "POST"},
+    )
+    monkeypatch.setattr(rules, "MATCH_MEMO", 3)
+    first = rs.match(rf.get("/api/a"))
+    assert names(first) == ["api"] and rs.match(rf.get("/api/a")) is first
+    assert names(rs.match(rf.post("/api/a"))) == ["api", "post"]
+    for i in range(10):
+        assert names(rs.match(rf.get(f"/api/{i}"))) == ["api"]
+    assert len(rs._matched or {}) <= 3
+    assert names(rs.match(rf.post("/api/a"))) == ["api", "post"]
