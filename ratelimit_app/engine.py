@@ -109,13 +109,12 @@ TakeBack = Callable[[Sequence[Check], list[Result]], set[int]]
 
 
 class _Job:
-    """One check on its way through :func:`check_many`: what it needs from the first round
-    trip to the last (:class:`_Windowed` or :class:`_Metered`)."""
+    """A check whose request was refused somewhere, on its way through the second round
+    trip of :func:`check_many` (:class:`_Windowed` or :class:`_Metered`)."""
 
     __slots__ = ("check", "namespace", "result", "undo")
     check: Check
     namespace: str
-    #: Set after the first round trip.
     result: Result
     #: Its hit is to be taken back (see ``take_back`` in :func:`check_many`).
     undo: bool
@@ -124,8 +123,9 @@ class _Job:
 class _Windowed(_Job):
     __slots__ = ("detail", "plan")
 
-    def __init__(self, check: Check, namespace: str, plan: windows.Plan) -> None:
-        self.check, self.namespace, self.plan, self.undo = check, namespace, plan, False
+    def __init__(self, check: Check, namespace: str, plan: windows.Plan, result: Result) -> None:
+        self.check, self.namespace, self.plan, self.result = check, namespace, plan, result
+        self.undo = False
         #: A refused check's fine buckets, read to time its wait exactly.
         self.detail: windows.Plan | None = None
 
@@ -133,10 +133,11 @@ class _Windowed(_Job):
 class _Metered(_Job):
     __slots__ = ("admitted", "meter")
 
-    def __init__(self, check: Check, namespace: str, meter: gcra.Meter) -> None:
-        self.check, self.namespace, self.meter, self.undo = check, namespace, meter, False
+    def __init__(self, check: Check, namespace: str, meter: gcra.Meter, result: Result) -> None:
+        self.check, self.namespace, self.meter, self.result = check, namespace, meter, result
+        self.undo = False
         #: Its admitted hit, as stored (what a take-back compares against).
-        self.admitted: MeterReply | None = None
+        self.admitted: MeterReply | None = result.reply
 
 
 def check_many(
@@ -161,39 +162,52 @@ def check_many(
     t = clock.now() if at is None else at
     now_us = gcra.micros(t)
     per_window, hierarchical = conf.BUCKETS_PER_WINDOW, conf.HIERARCHICAL
-    jobs: list[_Job] = []
-    windowed: list[_Windowed] = []
-    metered: list[_Metered] = []
+    # Each check's namespace and its plan (sliding windows) or meter (a leaky bucket).
+    namespaces: list[str] = []
+    layouts: list[windows.Plan | gcra.Meter] = []
     ops: list[Op] = []
     meter_ops: list[MeterOp] = []
     for c in checks:
         ns = namespace(c.scope, *c.subject)
+        namespaces.append(ns)
         if c.algorithm == LEAKY_BUCKET:
-            m = _Metered(c, ns, gcra.meter(c.rates, c.burst))
-            meter_ops.append(MeterOp(ns, m.meter, c.increment))
-            metered.append(m)
-            jobs.append(m)
+            meter = gcra.meter(c.rates, c.burst)
+            layouts.append(meter)
+            meter_ops.append(MeterOp(ns, meter, c.increment))
         else:
-            w = _Windowed(c, ns, windows.plan(c.rates, t, per_window, hierarchical))
-            ops.append(Op(ns, w.plan, c.increment))
-            windowed.append(w)
-            jobs.append(w)
+            p = windows.plan(c.rates, t, per_window, hierarchical)
+            layouts.append(p)
+            ops.append(Op(ns, p, c.increment))
     backend = get_backend()
     values, replies = backend.exchange(ops, meter_ops, now_us)
-    for w, v in zip(windowed, values, strict=True):
-        counted = w.check.increment
-        w.result = r = Result(windows.evaluate(w.plan, v, t, counted), w.namespace)
-        if counted:
-            r.plan = w.plan
-    for m, reply in zip(metered, replies, strict=True):
-        state = gcra.outcome(m.meter, reply.read, reply.written, now_us, m.check.increment)
-        m.result = r = meter_result(state, m.namespace)
-        if reply.written is not None:
-            m.admitted = r.reply = reply
-    results = [job.result for job in jobs]
-    limited = [job for job in jobs if job.result.limited]
-    if not limited:
+    results: list[Result] = []
+    windowed, metered = iter(values), iter(replies)
+    for c, ns, layout in zip(checks, namespaces, layouts, strict=True):
+        if isinstance(layout, windows.Plan):
+            r = Result(windows.evaluate(layout, next(windowed), t, c.increment), ns)
+            if c.increment:
+                r.plan = layout
+        else:
+            reply = next(metered)
+            state = gcra.outcome(layout, reply.read, reply.written, now_us, c.increment)
+            r = meter_result(state, ns)
+            if reply.written is not None:
+                r.reply = reply
+        results.append(r)
+    for r in results:
+        if r.limited:
+            break
+    else:  # the common case: nothing refused, one round trip
         return results
+    # Someone was refused: each check becomes a job of the second round trip.
+    jobs: list[_Job] = [
+        _Windowed(c, ns, layout, r)
+        if isinstance(layout, windows.Plan)
+        else _Metered(c, ns, layout, r)
+        for c, ns, layout, r in zip(checks, namespaces, layouts, results, strict=True)
+    ]
+    windowed_jobs = [j for j in jobs if isinstance(j, _Windowed)]
+    metered_jobs = [j for j in jobs if isinstance(j, _Metered)]
     # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
     # as the window has room. Counting first and taking back after keeps the check one round
     # trip for admitted hits and never lenient under concurrency.
@@ -209,15 +223,17 @@ def check_many(
     # check saw them. (Hierarchical: waits stay conservative by up to one coarse bucket.)
     coarse = hierarchical or windows.coarse_factor(per_window) > 1
     if exact and coarse and not hierarchical:
-        for w in windowed:
+        for w in windowed_jobs:
             if w.result.limited:
                 w.detail = windows.plan(w.check.rates, t, per_window, fine_only=True)
     # The refusals whose waits are exact: a leaky bucket's, a sliding window's read from fine
     # buckets alone (a single-level layout), and those the detail read below times.
-    timed: list[_Job] = [m for m in metered if m.result.limited]
-    timed += [w for w in windowed if w.result.limited and (not coarse or w.detail is not None)]
-    second = [w for w in windowed if w.undo or w.detail is not None]
-    untake = [m for m in metered if m.undo and m.admitted is not None]
+    timed: list[_Job] = [m for m in metered_jobs if m.result.limited]
+    timed += [
+        w for w in windowed_jobs if w.result.limited and (not coarse or w.detail is not None)
+    ]
+    second = [w for w in windowed_jobs if w.undo or w.detail is not None]
+    untake = [m for m in metered_jobs if m.undo and m.admitted is not None]
     if not second and not untake:
         _remember(timed, t)
         return results

@@ -302,12 +302,9 @@ class RuleSet:
         self._both = tuple(r for r in self.rules if r.url_names and r.paths)
         #: The prefixes of the rules that need both: a path outside them resolves nothing.
         self._both_prefixes = tuple(p for r in self._both for p in r.paths)
-        #: The rules of each (path, method) seen lately, when no rule needs a URL name
-        #: (the path and the method then decide). A client chooses paths: the memo starts
-        #: over when full.
-        self._matched: dict[tuple[str, str | None], tuple[Rule, ...]] | None = (
-            None if self._url_rules or self._both else {}
-        )
+        #: The rules of each (path, method) seen lately that needs no URL name. A client
+        #: chooses paths: the memo starts over when full.
+        self._matched: dict[tuple[str, str | None], tuple[Rule, ...]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -323,18 +320,17 @@ class RuleSet:
         if not (self._url_rules or path.startswith(self._prefixes)):
             return ()  # the common case: one C-level prefix test
         method = request.method
-        matched = self._matched
-        if matched is not None:
-            found = matched.get((path, method))
-            if found is None:
-                if len(matched) >= MATCH_MEMO:
-                    matched.clear()
-                found = matched[path, method] = self._select(path, method, None)
-            return found
-        name: str | None = None
         if self._url_rules or (self._both and path.startswith(self._both_prefixes)):
             name = _view_name(path, getattr(request, "urlconf", None))
-        return self._select(path, method, name)
+            return self._select(path, method, name)
+        # No URL name needed: the path and the method decide, and paths repeat.
+        matched = self._matched
+        found = matched.get((path, method))
+        if found is None:
+            if len(matched) >= MATCH_MEMO:
+                matched.clear()
+            found = matched[path, method] = self._select(path, method, None)
+        return found
 
     def _select(self, path: str, method: str | None, name: str | None) -> tuple[Rule, ...]:
         return tuple(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
 from typing import Any
 
 from ratelimit_app.backends.base import Encoded, Op
@@ -148,10 +147,12 @@ def parse_check(
     for op, enc in zip(ops, encs, strict=True):
         counted.append(len(enc.writes) if op.increment else 0)
         sizes.append(len(enc.reads))
+    # Every head a "VA" line: a data line is a number and no other reply (NF, NS, an error)
+    # holds "VA ", so counting them counts the heads that are.
     if (
         len(heads) != sum(counted)
         or len(written) != len(heads)
-        or not all(map(bytes.startswith, heads, repeat(b"VA ")))
+        or reply.count(b"VA ", 0, start) != len(heads)
     ):
         raise ReplyError(f"lost counter writes: {reply[:200]!r}")
     # Each hit: a ``VALUE <key> <flags> <length>`` line and its count. A data line that is
@@ -174,7 +175,7 @@ def parse_check(
     # memcached answers a multi-get's hits in the order asked: when every bucket is there
     # (a busy subject), the counts are in the order of the reads, no key to match.
     flat = counts if len(counts) == sum(sizes) else None
-    hits = list(zip(tokens[1::4], counts, strict=True))
+    hits = tokens[1::4]  # their keys
     # Two ops of one subject's namespace (rare) read some keys twice: each op then looks
     # at every hit. Otherwise each hit is looked at once.
     shared = len(set(bases)) < len(bases)
@@ -190,7 +191,7 @@ def parse_check(
             values = [0] * size
             index, cut = enc.index, len(base)
             if shared:
-                for key, count in hits:
+                for key, count in zip(hits, counts, strict=True):
                     if key.startswith(base):
                         i = index.get(key[cut:], -1)
                         if i >= 0:
@@ -200,11 +201,11 @@ def parse_check(
                 # ones whose keys are its own buckets, in the order of its reads.
                 last = -1
                 while hit < len(hits):
-                    key, count = hits[hit]
+                    key = hits[hit]
                     i = index.get(key[cut:], -1) if key.startswith(base) else -1
                     if i <= last:
                         break
-                    values[i] = count
+                    values[i] = counts[hit]
                     last = i
                     hit += 1
         if n:
