@@ -412,15 +412,16 @@ def usage_dict(result: Result) -> dict[str, Any]:
     state = result.meter
     limit = u.rate.count if state is None else state.meter.capacity
     each: list[dict[str, Any]] = []
+    reset = math.ceil(u.reset)
     usage: dict[str, Any] = {
         "count": u.count,
         "limit": limit,
         "should_limit": result.limited,
         # django-ratelimit's meaning: at most the period. ``reset`` is exact, and may pass the
         # period by up to one fine bucket: the oldest bucket counts in full (never lenient).
-        "time_left": min(math.ceil(u.reset), u.rate.seconds),
+        "time_left": min(reset, u.rate.seconds),
         "remaining": u.remaining,
-        "reset": math.ceil(u.reset),
+        "reset": reset,
         "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
         "rate": u.rate.text,
         "rates": each,

@@ -314,6 +314,8 @@ class RatelimitMiddleware:
             return self.get_response(request)
         if isinstance(pending, HttpResponse):
             return pending
+        if not pending.provisional:  # no failure-only hit: whether it fails does not matter
+            return after(request, pending, self.get_response(request))
         token = _current_failure.set(pending.marker)
         try:
             response = self.get_response(request)
