@@ -129,8 +129,11 @@ def parse_check(
     The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and the
     new value for each increment, in the order sent, then ``VALUE <key> <flags> <length>``
     and the count of each bucket found (with trailing spaces after a decrement that dropped
-    a digit: ``9 ``), and ``END``. A busy subject's reply holds hundreds of buckets: they
-    are mapped onto the plans in C, with no Python loop over them.
+    a digit: ``9 ``), and ``END``. memcached answers the hits in the order asked: when every
+    bucket is there (a busy subject's reply holds hundreds) the counts are mapped onto the
+    plans in C, with no Python loop over them; otherwise each hit is looked at once, as the
+    next one of its op's buckets, and a hit for a key no op asked for is an error (the
+    connection is out of step with its commands), never some bucket's count.
     """
     start = reply.find(b"VALUE ")
     if start < 0:

@@ -394,6 +394,33 @@ def test_subjects_whose_bases_share_a_prefix_read_each_their_own() -> None:
     assert (b[0], b[-1], sum(b)) == (7, 5, 12)
 
 
+def test_one_subject_twice_in_a_round_trip_reads_its_counts_twice() -> None:
+    """Two ops of one namespace (the same keys asked twice in one ``get``): memcached
+    answers each occurrence, and each op reads all of its buckets, not the other's half."""
+    plan = windows.plan(parse("5/m;100/h"), T0)
+    enc = encoded(plan)
+    first, last = BASE_A + enc.reads[0], BASE_A + enc.reads[-1]
+    once = get_reply({first: b"4", last: b"6"})[: -len(P.END)]
+    reply = once + once + P.END  # each key answered at each place it was asked
+    a, b = P.parse_check([Op("{a}", plan), Op("{a}", plan)], [enc, enc], [BASE_A, BASE_A], reply)
+    assert a == b and (a[0], a[-1], sum(a)) == (4, 6, 10)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [b"p:{other}:60/60:1", BASE_A + b":not-a-bucket"],
+    ids=["another-subject", "not-a-bucket-read"],
+)
+def test_a_key_not_asked_for_is_an_error(key: bytes) -> None:
+    """A hit for a key the check did not ask for (a connection out of step with its
+    commands) is refused, never read as some bucket's count."""
+    plan = windows.plan(parse("5/m"), T0)
+    enc = encoded(plan)
+    reply = get_reply({BASE_A + enc.reads[0]: b"2", key: b"3"})
+    with pytest.raises(P.ReplyError, match="unexpected key"):
+        P.parse_check([Op("{a}", plan)], [enc], [BASE_A], reply)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     counts=st.lists(st.integers(0, 10**6), min_size=2, max_size=2),
