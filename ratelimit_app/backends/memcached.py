@@ -1,9 +1,9 @@
-"""memcached through pymemcache's connection pools: one pipelined round trip a check.
+"""memcached through pymemcache clients: one pipelined round trip a check.
 
 What the round trips say is :mod:`.memcached_protocol`'s: a check is one write of every
 subject's increments and one multi-get of their buckets, a leaky bucket is compare-and-set
-with the meta commands. This module holds the servers: the nodes and their pools, which
-node a subject lives on, and what happens when one fails.
+with the meta commands. This module holds the servers: the nodes and their idle connections
+(:class:`_Idle`), which node a subject lives on, and what happens when one fails.
 
 All buckets of one subject live on one node (rendezvous hashing on the subject), so a check
 stays one round trip with several servers. A node that fails is marked down for
@@ -20,9 +20,10 @@ the race reads and decides again, up to :data:`CAS_ATTEMPTS` times; after that i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 from pymemcache.client.base import PooledClient
@@ -111,14 +112,67 @@ def _meta_exchange(client: Any, command: bytes, count: int) -> list[tuple[bytes,
             return replies
 
 
+class _Idle:
+    """A server's idle connections, as pymemcache's pool (``get``, ``release``,
+    ``destroy``, ``get_and_release``, ``clear``) but without its lock and bookkeeping:
+    ``list.pop`` and ``list.append`` are atomic, so taking a connection and giving it back
+    costs two list operations on every check. At most ``max_idle`` are kept; a thread that
+    finds none opens one (pymemcache's pool raises instead when that many are in use)."""
+
+    __slots__ = ("create", "idle", "max_idle")
+
+    def __init__(self, create: Callable[[], Any], max_idle: int) -> None:
+        self.create, self.max_idle = create, max_idle
+        self.idle: list[Any] = []
+
+    def get(self) -> Any:
+        try:
+            return self.idle.pop()
+        except IndexError:
+            return self.create()
+
+    def release(self, client: Any) -> None:
+        if len(self.idle) < self.max_idle:
+            self.idle.append(client)
+        else:
+            client.close()
+
+    @staticmethod
+    def destroy(client: Any) -> None:
+        client.close()
+
+    @contextlib.contextmanager
+    def get_and_release(self, destroy_on_fail: bool = False) -> Iterator[Any]:
+        client = self.get()
+        try:
+            yield client
+        except Exception:
+            if destroy_on_fail:
+                self.destroy(client)
+            else:
+                self.release(client)
+            raise
+        self.release(client)
+
+    def clear(self) -> None:
+        while True:
+            try:
+                client = self.idle.pop()
+            except IndexError:
+                return
+            client.close()
+
+
 class _Node(Server):
-    """One memcached server: its pool of connections, and whether it is marked down."""
+    """One memcached server: a pymemcache client on its idle connections, and whether it is
+    marked down."""
 
     __slots__ = ("client",)
 
     def __init__(self, server: str, options: dict[str, Any]) -> None:
         super().__init__(server)
         self.client = PooledClient(_address(server), **options)
+        self.client.client_pool = _Idle(self.client._create_client, options["max_pool_size"])
 
 
 class MemcachedBackend(Backend):
@@ -196,15 +250,15 @@ class MemcachedBackend(Backend):
     def _on(self, node: _Node, exchange: Callable[..., Any], *args: Any) -> Any:
         """``exchange(client, *args)`` on a pooled connection of ``node``; a failure marks
         the node down (and the pool drops the connection)."""
-        # pymemcache's get_and_release(destroy_on_fail=True), without a generator-based
-        # context manager on every request.
+        # get_and_release(destroy_on_fail=True), without a generator-based context manager
+        # on every request.
         pool = node.client.client_pool
         try:
             client = pool.get()
             try:
                 reply = exchange(client, *args)
             except Exception:
-                pool.destroy(client)
+                client.close()
                 raise
             pool.release(client)
             return reply

@@ -447,3 +447,53 @@ def test_key_prefix_with_braces_still_counts(kind: str, request: Any, group: str
         ]
     reset_backends()
     assert counts == [1, 2, 3]
+
+
+def test_memcached_keeps_at_most_max_pool_size_idle_connections(
+    memcached_server: str, group: str
+) -> None:
+    """More threads checking at once than ``max_pool_size``: every check is served (a
+    thread that finds no idle connection opens one), at most ``max_pool_size`` stay idle,
+    and a connection that failed is closed, never handed to the next check."""
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": memcached_server,
+        "OPTIONS": {"max_pool_size": 2},
+    }
+    with override_settings(
+        CACHES={
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "rl": config,
+        },
+        RATELIMIT_USE_CACHE="rl",
+    ):
+        reset_backends()
+        backend: Any = get_backend()
+        pool = backend.nodes[0].client.client_pool
+        start = threading.Barrier(8)
+        counts: list[int] = []
+
+        def checks() -> None:
+            start.wait()
+            for _ in range(20):
+                counts.append(
+                    check(group, ("ip", "192.0.2.1"), parse("1000/m"), True).usages[0].count
+                )
+
+        threads = [threading.Thread(target=checks) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(counts) == 160  # every check served
+        look = check(group, ("ip", "192.0.2.1"), parse("1000/m"), False)
+        assert look.usages[0].count == 160  # and counted once
+        assert 1 <= len(pool.idle) <= 2
+        idle = list(pool.idle)
+        for client in idle:
+            client.sock.close()  # broken under the pool's feet
+        with pytest.raises(BackendError):
+            check(group, ("ip", "192.0.2.2"), parse("1000/m"), True)
+        assert all(client not in pool.idle for client in idle[-1:])  # the failed one is gone
+        assert idle[-1].sock is None  # and closed
+    reset_backends()
