@@ -2,7 +2,7 @@
 
 :class:`RoundTripFloor` sits where ``RatelimitMiddleware`` does (bench settings only) and, for
 the paths under :data:`FLOOR_PATH`, sends the memcached commands of the bench's three rules
-(six ``ma`` increments and one ``get`` of 22 keys, keys of the same length as the limiter's,
+(six ``ma`` increments and one ``get`` of 30 keys, keys of the same length as the limiter's,
 fixed ones), waits for the whole reply, and adds ``RateLimit-Policy`` and ``RateLimit``
 headers of the same length as the three rules' (fixed strings). It decides nothing.
 
@@ -25,9 +25,11 @@ from django.http import HttpRequest, HttpResponse
 #: Requests under this path go through the floor (and to the bench's counted view).
 FLOOR_PATH = "/bench/floor/"
 #: The three bench rules' counts: six increments (a fine and a coarse bucket per rule) and
-#: 22 buckets read (8 + 7 + 7 at the default 60 buckets per window).
+#: 30 buckets read: 10 per rule, the mean of a one-rate check at the default 60 buckets per
+#: window (8 to 12 as the clock moves: the window's coarse buckets, the fine ones at its old
+#: edge and the lookahead's next coarse bucket).
 INCREMENTS = 6
-READS = 22
+READS = 30
 
 
 def _key(i: int) -> bytes:

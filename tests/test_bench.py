@@ -362,7 +362,7 @@ def test_load_bench_through_gunicorn(
 def test_the_floor_sends_the_rules_commands_to_memcached(
     memcached_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bench/load_floor: six increments and a get of 22 limiter-sized keys, one round trip."""
+    """bench/load_floor: six increments and a get of 30 limiter-sized keys, one round trip."""
     import re
 
     from bench import load_floor
