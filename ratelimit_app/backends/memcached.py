@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -117,13 +119,19 @@ class _Idle:
     ``destroy``, ``get_and_release``, ``clear``) but without its lock and bookkeeping:
     ``list.pop`` and ``list.append`` are atomic, so taking a connection and giving it back
     costs two list operations on every check. At most ``max_idle`` are kept; a thread that
-    finds none opens one (pymemcache's pool raises instead when that many are in use)."""
+    finds none opens one (pymemcache's pool raises instead when that many are in use).
 
-    __slots__ = ("create", "idle", "max_idle")
+    A forked child forgets the idle connections it inherited (gunicorn ``--preload`` after
+    a check in the parent): sharing a socket with its parent, it could read the parent's
+    replies as its own.
+    """
+
+    __slots__ = ("__weakref__", "create", "idle", "max_idle")
 
     def __init__(self, create: Callable[[], Any], max_idle: int) -> None:
         self.create, self.max_idle = create, max_idle
         self.idle: list[Any] = []
+        _pools.add(self)
 
     def get(self) -> Any:
         try:
@@ -161,6 +169,19 @@ class _Idle:
             except IndexError:
                 return
             client.close()
+
+
+_pools: weakref.WeakSet[_Idle] = weakref.WeakSet()
+
+
+def _forget_inherited() -> None:
+    # In the child: drop (without closing: the parent still talks on them) what it inherited.
+    for pool in list(_pools):
+        pool.idle = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited)
 
 
 class _Node(Server):

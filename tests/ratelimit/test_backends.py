@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import socket
 import threading
 import time
@@ -496,4 +497,45 @@ def test_memcached_keeps_at_most_max_pool_size_idle_connections(
             check(group, ("ip", "192.0.2.2"), parse("1000/m"), True)
         assert all(client not in pool.idle for client in idle[-1:])  # the failed one is gone
         assert idle[-1].sock is None  # and closed
+    reset_backends()
+
+
+def test_a_forked_child_does_not_share_its_parents_memcached_connections(
+    memcached_server: str, group: str
+) -> None:
+    """A check in the parent leaves a connection idle; a child forked after it (gunicorn
+    ``--preload``) starts with none, so it never reads the parent's replies as its own, and
+    both go on counting the same subject correctly."""
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": memcached_server,
+    }
+    subject = ("ip", "192.0.2.9")
+    with override_settings(
+        CACHES={
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "rl": config,
+        },
+        RATELIMIT_USE_CACHE="rl",
+    ):
+        reset_backends()
+        backend: Any = get_backend()
+        pool = backend.nodes[0].client.client_pool
+        assert check(group, subject, parse("100/m"), True).usages[0].count == 1
+        assert len(pool.idle) == 1
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, then leave without running the parent's atexit
+            try:
+                inherited = len(pool.idle)
+                count = check(group, subject, parse("100/m"), True).usages[0].count
+                os.write(write, f"{inherited} {count}".encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        os.waitpid(pid, 0)
+        with os.fdopen(read) as answer:
+            inherited, count = answer.read().split()
+        assert (inherited, count) == ("0", "2")
+        assert check(group, subject, parse("100/m"), True).usages[0].count == 3
     reset_backends()
