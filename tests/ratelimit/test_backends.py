@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -450,26 +452,30 @@ def test_key_prefix_with_braces_still_counts(kind: str, request: Any, group: str
     assert counts == [1, 2, 3]
 
 
+@contextlib.contextmanager
+def memcached_backend(server: str, **options: Any) -> Iterator[Any]:
+    """The limiter's backend on the memcached ``server`` (alias "rl", ``OPTIONS``)."""
+    config = {
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": server,
+        "OPTIONS": options,
+    }
+    locmem = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    with override_settings(CACHES={"default": locmem, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        try:
+            yield get_backend()
+        finally:
+            reset_backends()
+
+
 def test_memcached_keeps_at_most_max_pool_size_idle_connections(
     memcached_server: str, group: str
 ) -> None:
     """More threads checking at once than ``max_pool_size``: every check is served (a
     thread that finds no idle connection opens one), at most ``max_pool_size`` stay idle,
     and a connection that failed is closed, never handed to the next check."""
-    config = {
-        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
-        "LOCATION": memcached_server,
-        "OPTIONS": {"max_pool_size": 2},
-    }
-    with override_settings(
-        CACHES={
-            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-            "rl": config,
-        },
-        RATELIMIT_USE_CACHE="rl",
-    ):
-        reset_backends()
-        backend: Any = get_backend()
+    with memcached_backend(memcached_server, max_pool_size=2) as backend:
         pool = backend.nodes[0].client.client_pool
         start = threading.Barrier(8)
         counts: list[int] = []
@@ -497,7 +503,6 @@ def test_memcached_keeps_at_most_max_pool_size_idle_connections(
             check(group, ("ip", "192.0.2.2"), parse("1000/m"), True)
         assert all(client not in pool.idle for client in idle[-1:])  # the failed one is gone
         assert idle[-1].sock is None  # and closed
-    reset_backends()
 
 
 def test_a_forked_child_does_not_share_its_parents_memcached_connections(
@@ -506,20 +511,8 @@ def test_a_forked_child_does_not_share_its_parents_memcached_connections(
     """A check in the parent leaves a connection idle; a child forked after it (gunicorn
     ``--preload``) starts with none, so it never reads the parent's replies as its own, and
     both go on counting the same subject correctly."""
-    config = {
-        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
-        "LOCATION": memcached_server,
-    }
     subject = ("ip", "192.0.2.9")
-    with override_settings(
-        CACHES={
-            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-            "rl": config,
-        },
-        RATELIMIT_USE_CACHE="rl",
-    ):
-        reset_backends()
-        backend: Any = get_backend()
+    with memcached_backend(memcached_server) as backend:
         pool = backend.nodes[0].client.client_pool
         assert check(group, subject, parse("100/m"), True).usages[0].count == 1
         assert len(pool.idle) == 1
@@ -538,4 +531,3 @@ def test_a_forked_child_does_not_share_its_parents_memcached_connections(
             inherited, count = answer.read().split()
         assert (inherited, count) == ("0", "2")
         assert check(group, subject, parse("100/m"), True).usages[0].count == 3
-    reset_backends()
