@@ -285,8 +285,10 @@ def _urlconf_changed(*, setting: str, **kwargs: Any) -> None:
         clear_caches()
 
 
-#: (path, method) pairs a rule set remembers the matching rules of.
+#: (path, method) pairs a rule set remembers the matching rules of, and the longest path it
+#: remembers (a client chooses paths: the memo holds at most about 256 KiB of them).
 MATCH_MEMO = 1024
+MATCH_MEMO_PATH = 256
 
 
 class RuleSet:
@@ -327,9 +329,11 @@ class RuleSet:
         matched = self._matched
         found = matched.get((path, method))
         if found is None:
-            if len(matched) >= MATCH_MEMO:
-                matched.clear()
-            found = matched[path, method] = self._select(path, method, None)
+            found = self._select(path, method, None)
+            if len(path) <= MATCH_MEMO_PATH:
+                if len(matched) >= MATCH_MEMO:
+                    matched.clear()
+                matched[path, method] = found
         return found
 
     def _select(self, path: str, method: str | None, name: str | None) -> tuple[Rule, ...]:

@@ -189,3 +189,7 @@ def test_a_path_seen_again_matches_the_same_rules_and_the_memo_is_bounded(
         assert names(rs.match(rf.get(f"/api/{i}"))) == ["api"]
     assert len(rs._matched) <= 3
     assert names(rs.match(rf.post("/api/a"))) == ["api", "post"]
+    rs._matched.clear()
+    long_path = "/api/" + "x" * rules.MATCH_MEMO_PATH
+    assert names(rs.match(rf.get(long_path))) == ["api"]
+    assert (long_path, "GET") not in rs._matched  # matched, not remembered
