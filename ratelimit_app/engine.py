@@ -53,11 +53,9 @@ class Result:
         self.plan: windows.Plan | None = None
         self.reply: MeterReply | None = None
         #: True when any rate is over its limit.
-        self.limited = False
-        for u in usages:
-            if u.limited:
-                self.limited = True
-                break
+        self.limited = (
+            usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
+        )
 
     def __repr__(self) -> str:
         return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"
@@ -287,7 +285,11 @@ def _remember(timed: list[_Job], t: float) -> None:
 def recall(c: Check, t: float) -> Result | None:
     """The result of a check refused from memory (no round trip), with its waits counted
     down; None when the subject is not remembered as refused."""
-    found = REFUSALS.recall(refusal_key(c), t)
+    return _recalled(refusal_key(c), t)
+
+
+def _recalled(key: tuple[Any, ...], t: float) -> Result | None:
+    found = REFUSALS.recall(key, t)
     if found is None:
         return None
     elapsed, (_, r) = found
@@ -310,15 +312,18 @@ def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]
     subject. A look that fails confirms nothing: the caller's check decides (and meets the
     outage).
     """
-    if not REFUSALS:  # the common case: nothing refused lately, nothing to look up
+    if not REFUSALS:  # nothing refused lately, nothing to look up
         return [None] * len(checks)
-    found = [None if c is None else recall(c, t) for c in checks]
+    keys = [None if c is None else refusal_key(c) for c in checks]
+    if not REFUSALS.holds(keys):  # the common case: refusals, but not of these subjects
+        return [None] * len(checks)
+    found = [None if k is None else _recalled(k, t) for k in keys]
     if any(found):
         return found
     due: list[tuple[int | None, Check, float, float, Result]] = []
-    for i, c in enumerate(checks):
-        if c is not None and c.increment:
-            entry = REFUSALS.due(refusal_key(c), t)
+    for i, (c, k) in enumerate(zip(checks, keys, strict=True)):
+        if c is not None and k is not None and c.increment:
+            entry = REFUSALS.due(k, t)
             if entry is not None:
                 elapsed, left, (_, r) = entry
                 due.append((i, c, elapsed, left, r))
@@ -408,27 +413,30 @@ def usage_dict(result: Result) -> dict[str, Any]:
     and ``capacity`` are added.
     """
     usages = result.usages
-    u = usages[0] if len(usages) == 1 else result.binding()
     state = result.meter
-    limit = u.rate.count if state is None else state.meter.capacity
-    each: list[dict[str, Any]] = []
-    reset = math.ceil(u.reset)
-    usage: dict[str, Any] = {
-        "count": u.count,
-        "limit": limit,
-        "should_limit": result.limited,
-        # django-ratelimit's meaning: at most the period. ``reset`` is exact, and may pass the
-        # period by up to one fine bucket: the oldest bucket counts in full (never lenient).
-        "time_left": min(reset, u.rate.seconds),
-        "remaining": u.remaining,
-        "reset": reset,
-        "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
-        "rate": u.rate.text,
-        "rates": each,
-        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
-    }
-    for x in usages:  # a loop, not a comprehension: one call fewer on every request
-        each.append(
+    if len(usages) == 1:
+        # The common case, one rate: the entry of ``rates`` repeats the usage's own fields.
+        u = usages[0]
+        rate = u.rate
+        limit = rate.count if state is None else state.meter.capacity
+        reset = math.ceil(u.reset)
+        each = [
+            {
+                "rate": rate.text,
+                "window": rate.seconds,
+                "count": u.count,
+                "limit": limit,
+                "remaining": u.remaining,
+                "reset": reset,
+                "should_limit": u.limited,
+            }
+        ]
+    else:
+        u = result.binding()
+        rate = u.rate
+        limit = rate.count if state is None else state.meter.capacity
+        reset = math.ceil(u.reset)
+        each = [
             {
                 "rate": x.rate.text,
                 "window": x.rate.seconds,
@@ -438,7 +446,22 @@ def usage_dict(result: Result) -> dict[str, Any]:
                 "reset": math.ceil(x.reset),
                 "should_limit": x.limited,
             }
-        )
+            for x in usages
+        ]
+    usage: dict[str, Any] = {
+        "count": u.count,
+        "limit": limit,
+        "should_limit": result.limited,
+        # django-ratelimit's meaning: at most the period. ``reset`` is exact, and may pass the
+        # period by up to one fine bucket: the oldest bucket counts in full (never lenient).
+        "time_left": reset if reset < rate.seconds else rate.seconds,
+        "remaining": u.remaining,
+        "reset": reset,
+        "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
+        "rate": rate.text,
+        "rates": each,
+        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
+    }
     if state is not None:
         usage["level"] = round(state.level, 6)
         usage["capacity"] = state.meter.capacity

@@ -75,6 +75,20 @@ class Memory(Generic[T]):
         self._entries.move_to_end(key)
         return entry
 
+    def holds(self, keys: Iterable[Hashable | None]) -> bool:
+        """True when one of ``keys`` (None: no key) has an entry, ended or not.
+
+        No lock: one dict lookup per key, atomic under the GIL. A site that refused anyone
+        lately holds entries, and then every checked request asks: this is its common
+        case, the request's own subjects not refused. A refusal remembered by another
+        thread just after the look is missed, and the caller makes its counted check, as if
+        the look had come first."""
+        entries = self._entries
+        for key in keys:
+            if key is not None and key in entries:
+                return True
+        return False
+
     def recall(self, key: Hashable, now: float) -> tuple[float, T] | None:
         """``(seconds since the refusal, what it was)`` while ``key`` is refused from memory
         at ``now``; None otherwise (see :meth:`due`)."""

@@ -219,6 +219,39 @@ def test_the_memory_is_bounded_least_recently_used() -> None:
     assert len(memory) == 0
 
 
+def test_holds_tells_whether_any_key_has_an_entry() -> None:
+    memory: refusals.Memory[str] = refusals.Memory()
+    assert not memory.holds(["a", None])
+    memory.remember("a", 0, 10, "A")
+    assert memory.holds([None, "a"]) and not memory.holds(["b", None])
+    assert memory.holds(["a"])  # ended or not: recall and due decide that
+
+
+def test_subjects_not_remembered_are_not_looked_up_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A site that refused anyone lately holds refusals, and every checked request asks the
+    memory about its own subjects: those not remembered cost one lock-free look each, not a
+    recall and a due under the lock."""
+    request = RequestFactory().get("/", REMOTE_ADDR="203.0.113.9")
+    with frozen_clock(1_000_000.0):
+        for _ in range(2):  # another subject, refused and remembered
+            core.get_usage(request, "flooded", key="ip", rate="1/h", increment=True)
+        assert len(engine.REFUSALS)
+        looked: list[object] = []
+        for name in ("recall", "due"):
+            real = getattr(engine.REFUSALS, name)
+            monkeypatch.setattr(
+                engine.REFUSALS, name, lambda *a, _real=real: looked.append(a) or _real(*a)
+            )
+        other = RequestFactory().get("/", REMOTE_ADDR="198.51.100.4")
+        usage = core.get_usage(other, "flooded", key="ip", rate="1/h", increment=True)
+        assert usage is not None and not usage["should_limit"]
+        assert looked == []
+        refused = core.get_usage(request, "flooded", key="ip", rate="1/h", increment=True)
+        assert refused is not None and refused["should_limit"] and looked  # from memory
+
+
 def test_threads_share_one_memory_safely() -> None:
     memory: refusals.Memory[int] = refusals.Memory(size=100)
     errors: list[BaseException] = []
