@@ -53,9 +53,7 @@ class Result:
         self.plan: windows.Plan | None = None
         self.reply: MeterReply | None = None
         #: True when any rate is over its limit.
-        self.limited = (
-            usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
-        )
+        self.limited = usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
 
     def __repr__(self) -> str:
         return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"
