@@ -68,9 +68,11 @@ def _policy(label: str | None, rates: tuple[tuple[str, int, int], ...]) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _policy1(label: str | None, rate: str, limit: int, window: int) -> str:
-    # A limit of one rate (the common case), formatted once, without a tuple to hash.
-    return f"{_name(label, rate)};q={limit};w={window}"
+def _policy1(label: str | None, rate: str, limit: int, window: int) -> tuple[str, str]:
+    # A limit of one rate (the common case), formatted once, without a tuple to hash: its
+    # policy, and its name as the RateLimit header's entry starts.
+    name = _name(label, rate)
+    return f"{name};q={limit};w={window}", name
 
 
 def ratelimit_headers(policies: Policies) -> dict[str, str]:
@@ -79,20 +81,25 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     policy, state = [], []
     for label, usage in policies:
         each = usage.get("rates")
-        if each:
-            if len(each) == 1:
-                r = each[0]
-                policy.append(_policy1(label, r["rate"], r["limit"], r["window"]))
-            else:
-                key = tuple([(r["rate"], r["limit"], r["window"]) for r in each])
-                policy.append(_policy(label, key))
         rate = usage.get("rate")
+        name = None  # the rate's name, once known
+        if each and len(each) == 1:
+            r = each[0]
+            one, name = _policy1(label, r["rate"], r["limit"], r["window"])
+            policy.append(one)
+            if rate != r["rate"]:
+                name = None
+        elif each:
+            key = tuple([(r["rate"], r["limit"], r["window"]) for r in each])
+            policy.append(_policy(label, key))
         if rate:
             if usage["should_limit"]:
                 remaining, wait = 0, usage["retry_after"]
             else:
                 remaining, wait = usage["remaining"], usage["reset"]
-            state.append(f"{_name(label, rate)};r={remaining};t={max(0, int(wait))}")
+            if name is None:
+                name = _name(label, rate)
+            state.append(f"{name};r={remaining};t={max(0, int(wait))}")
     headers = {}
     if policy:
         headers["RateLimit-Policy"] = ", ".join(policy)
