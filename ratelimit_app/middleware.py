@@ -117,22 +117,13 @@ def _exception(usage: dict[str, Any] | None, rule: str | None) -> Exception:
     return exc
 
 
-def _take_back_all_if_blocked(used: Sequence[Rule]) -> Callable[..., set[int]]:
-    """A request a blocking rule refuses counts nowhere; otherwise only refused hits are
-    taken back (a non-blocking rule's own over-the-limit hit)."""
-
-    def take_back(checks: Sequence[Check], results: list[Result]) -> set[int]:
-        if any(r.limited and rule.block for r, rule in zip(results, used, strict=True)):
-            return set(range(len(checks)))
-        return {i for i, r in enumerate(results) if r.limited}
-
-    return take_back
-
-
-def before(request: HttpRequest, rules: Sequence[Rule]) -> HttpResponse | _Pending | None:
+def before(
+    request: HttpRequest, rules: Sequence[Rule], current: store.Snapshot | None = None
+) -> HttpResponse | _Pending | None:
     """Everything before the view: a response that answers instead of the view, what to do
-    after it, or None (nothing to do)."""
-    current = store.current()
+    after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
+    if current is None:
+        current = store.current()
     allow, deny = current.allow, current.deny
     if allow.networks or allow.users or deny.networks or deny.users:
         # The connection's address and the session's user are the client's own: an allowed
@@ -196,8 +187,16 @@ def before(request: HttpRequest, rules: Sequence[Rule]) -> HttpResponse | _Pendi
         if any(remembered):
             results = remembered
     if results is None:
+
+        def take_back(checks: Sequence[Check], results: list[Result]) -> set[int]:
+            # A request a blocking rule refuses counts nowhere; otherwise only refused hits
+            # are taken back (a non-blocking rule's own over-the-limit hit).
+            if any(r.limited and rule.block for r, rule in zip(results, used, strict=True)):
+                return set(range(len(checks)))
+            return {i for i, r in enumerate(results) if r.limited}
+
         try:
-            results = check_many(checks, take_back=_take_back_all_if_blocked(used))
+            results = check_many(checks, take_back=take_back)
         except BackendError as exc:
             report_failure(exc)
             closed = [rule for rule in used if rule.block and not rule.fail_open]
@@ -290,26 +289,27 @@ class RatelimitMiddleware:
             markcoroutinefunction(self)
 
     @staticmethod
-    def _rules(request: HttpRequest) -> Sequence[Rule] | None:
-        """The matching rules, or None when nothing applies (the fast path)."""
+    def _rules(request: HttpRequest) -> tuple[Sequence[Rule], store.Snapshot] | None:
+        """The matching rules and the snapshot they are from, or None when nothing applies
+        (the fast path)."""
         if not conf.ENABLE:
             return None
         current = store.current()
         rules = current.rules.match(request)
         if rules:
-            return rules
+            return rules, current
         deny = current.deny
         if deny.networks or deny.users:
-            return rules
+            return rules, current
         return None
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        rules = self._rules(request)
-        if rules is None:
+        matched = self._rules(request)
+        if matched is None:
             return self.get_response(request)
-        pending = before(request, rules)
+        pending = before(request, *matched)
         if pending is None:
             return self.get_response(request)
         if isinstance(pending, HttpResponse):
@@ -324,14 +324,14 @@ class RatelimitMiddleware:
         return after(request, pending, response)
 
     async def __acall__(self, request: HttpRequest) -> Any:
-        rules = self._rules(request)
-        if rules is None:
+        matched = self._rules(request)
+        if matched is None:
             return await self.get_response(request)
-        inline = _async_inline(rules)
+        inline = _async_inline(matched[0])
         if inline:
-            pending = before(request, rules)
+            pending = before(request, *matched)
         else:
-            pending = await sync_to_async(before)(request, rules)
+            pending = await sync_to_async(before)(request, *matched)
         if pending is None:
             return await self.get_response(request)
         if isinstance(pending, HttpResponse):

@@ -306,7 +306,7 @@ class MemcachedBackend(Backend):
         """Every op of one node in one write and one reply
         (:func:`~.memcached_protocol.check_command`)."""
         command, encs, bases = check_command(self.key_prefix, ops, self.encoded)
-        reply = self._call(node, command, END)
+        reply: bytes = self._on(node, _exchange, command, END)
         try:
             return parse_check(ops, encs, bases, reply)
         except ReplyError as exc:  # the data of these subjects, not the node: not marked down

@@ -110,13 +110,13 @@ def test_one_memcached_round_trip_for_three_rules(
         store.current()
         backend: Any = get_backend()
         sent: list[bytes] = []
-        original = backend._call
+        original = backend._on
 
-        def call(node: Any, command: bytes, end: bytes, count: int = 1) -> bytes:
-            sent.append(command)
-            return original(node, command, end, count)
+        def on(node: Any, exchange: Any, command: bytes, *args: Any) -> Any:
+            sent.append(command)  # every round trip on a pooled connection comes here
+            return original(node, exchange, command, *args)
 
-        monkeypatch.setattr(backend, "_call", call)
+        monkeypatch.setattr(backend, "_on", on)
         assert client.get("/rules/named/").status_code == 200
         assert len(sent) == 1  # one write, one reply: the three rules' increments and reads
         *writes, read = sent[0].split(b"\r\n")
