@@ -44,6 +44,7 @@ from ratelimit_app.backends.memcached_protocol import (
     MN,
     MemcachedEncoded,
     ReplyError,
+    SubjectPart,
     cas_of,
     check_command,
     found_value,
@@ -214,6 +215,8 @@ class MemcachedBackend(Backend):
         self.nodes = [_Node(s, client_options) for s in _servers(location)]
         if not self.nodes:
             raise BackendError(f"{alias}: no memcached server in LOCATION")
+        #: Each recent subject's part of a check command (``check_command``'s memo).
+        self._parts: dict[tuple[str, MemcachedEncoded], SubjectPart] = {}
 
     # -- nodes: placement and failover --------------------------------------------------------
 
@@ -305,7 +308,7 @@ class MemcachedBackend(Backend):
     def _run_node(self, node: _Node, ops: Sequence[Op]) -> list[list[int]]:
         """Every op of one node in one write and one reply
         (:func:`~.memcached_protocol.check_command`)."""
-        command, encs, bases = check_command(self.key_prefix, ops, self.encoded)
+        command, encs, bases = check_command(self.key_prefix, ops, self.encoded, memo=self._parts)
         reply: bytes = self._on(node, _exchange, command, END)
         try:
             return parse_check(ops, encs, bases, reply)

@@ -90,30 +90,55 @@ class MemcachedEncoded(Encoded):
         return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.writes)
 
 
+#: One subject's part of a check command for one plan: its key base, the keys its ``get``
+#: asks for, and its increments (None: made per check, an expiry read as a time).
+SubjectPart = tuple[bytes, bytes, bytes | None]
+#: Subject parts a memo passed to :func:`check_command` holds; it starts over when full.
+PART_MEMO = 4096
+
+
 def check_command(
     prefix: str,
     ops: Sequence[Op],
     encoded: Callable[[Plan], Any],
     clock: Callable[[], float] = time.time,
+    memo: dict[tuple[str, MemcachedEncoded], SubjectPart] | None = None,
 ) -> tuple[bytes, list[MemcachedEncoded], list[bytes]]:
     """The command of a check of ``ops`` (one node's subjects): every op's take-backs and
     increments, then one multi-get of every op's buckets. Also each op's plan encoding
     (``encoded(plan)``, a :class:`MemcachedEncoded`) and key base (``prefix`` and its
-    namespace), which :func:`parse_check` reads the reply with."""
+    namespace), which :func:`parse_check` reads the reply with.
+
+    ``memo`` (the caller's, for one ``prefix``) keeps each subject's part of the command
+    for a plan: a client's requests within one fine bucket send the same keys, made once.
+    """
     encs: list[MemcachedEncoded] = []
     bases: list[bytes] = []
     reads: list[bytes] = []
     writes: list[bytes] = []
     for op in ops:  # one pass: this runs on every request
         enc: MemcachedEncoded = encoded(op.plan)
-        base = (prefix + op.namespace).encode()
+        part = None if memo is None else memo.get((op.namespace, enc))
+        if part is None:
+            base = (prefix + op.namespace).encode()
+            tails = enc.write_tails
+            part = (
+                base,
+                base + (b" " + base).join(enc.reads),
+                enc.increments(base) if tails is not None else None,
+            )
+            if memo is not None:
+                if len(memo) >= PART_MEMO:
+                    memo.clear()
+                memo[op.namespace, enc] = part
+        base, read, increments = part
         encs.append(enc)
         bases.append(base)
-        reads.append(base + (b" " + base).join(enc.reads))
+        reads.append(read)
         if op.undo is not None:
             writes.append(encoded(op.undo).decrements(base))
         if op.increment and enc.writes:
-            writes.append(enc.increments(base, clock))
+            writes.append(increments if increments is not None else enc.increments(base, clock))
     return b"".join(writes) + b"get " + b" ".join(reads), encs, bases
 
 

@@ -311,6 +311,29 @@ def test_an_expiry_over_30_days_is_sent_as_a_unix_time() -> None:
     assert P.expiry(P.MAX_RELATIVE_TTL + 1, clock=lambda: T0) == int(T0) + P.MAX_RELATIVE_TTL + 1
 
 
+def test_a_memo_of_subject_parts_sends_the_same_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subject's keys and increments for a plan are made once and kept in the memo; the
+    commands are byte for byte those made without it, and an expiry read as a time is
+    still made per check, from the clock of that check."""
+    plan, far = windows.plan(parse("5/m;100/h"), T0), windows.plan(parse("5/45d"), T0)
+    plans = {id(plan): encoded(plan), id(far): encoded(far)}  # as the backend's: one each
+
+    def enc(p: windows.Plan) -> P.MemcachedEncoded:
+        return plans[id(p)]
+
+    memo: dict[Any, Any] = {}
+    for i in range(3):
+        clock = lambda i=i: T0 + 100 * i  # noqa: E731
+        ops = [Op("{a}", plan, True), Op("{b}", far, True), Op("{a}", plan, False, undo=plan)]
+        sent = P.check_command("p:", ops, enc, clock=clock, memo=memo)
+        assert sent == P.check_command("p:", ops, enc, clock=clock)
+        assert len(memo) == 2
+        assert b"N%d " % (int(T0) + 100 * i + far.writes[0][1]) in sent[0]
+    monkeypatch.setattr(P, "PART_MEMO", 2)
+    P.check_command("p:", [Op("{c}", plan, True)], enc, memo=memo)
+    assert list(memo) == [("{c}", plans[id(plan)])]  # full: started over
+
+
 @pytest.mark.parametrize("every_bucket", [True, False], ids=["flat", "sparse"])
 def test_a_padded_count_is_a_count(every_bucket: bool) -> None:
     plan = windows.plan(parse("5/m"), T0)
