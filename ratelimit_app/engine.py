@@ -294,7 +294,7 @@ def _recalled(key: tuple[Any, ...], t: float) -> Result | None:
     return _counted_down(elapsed, r)
 
 
-def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]:
+def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[Result | None]:
     """:func:`recall` for the checks of one request (None: a check not to recall).
 
     When none is refused from memory but some are **due** (the memory's cap ran out before
@@ -315,6 +315,8 @@ def recall_many(checks: Sequence[Check | None], t: float) -> list[Result | None]
     keys = [None if c is None else refusal_key(c) for c in checks]
     if not REFUSALS.holds(keys):  # the common case: refusals, but not of these subjects
         return [None] * len(checks)
+    if t is None:
+        t = clock.now()
     found = [None if k is None else _recalled(k, t) for k in keys]
     if any(found):
         return found

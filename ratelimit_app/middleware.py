@@ -40,7 +40,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import clock, keys, responses, store
+from ratelimit_app import keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.engine import (
@@ -135,6 +135,7 @@ def before(
             return None
     checks: list[Check] = []
     used: list[Rule] = []
+    all_block = True  # every rule used blocks
     # Rules keyed alike (two rules on the IP) count one value: found once.
     subjects: dict[Any, tuple[str, str]] = {}
     for rule in rules:
@@ -173,6 +174,8 @@ def before(
             )
         )
         used.append(rule)
+        if not rule.block:
+            all_block = False
     if not checks:
         return None
     results: Sequence[Result | None] | None = None
@@ -180,9 +183,10 @@ def before(
     if REFUSALS:
         # A subject this process refused, whose wait has not ended: refused again from
         # memory by a blocking rule, with no round trip (refusals.py says why that is safe).
-        t = clock.now()
         remembered = recall_many(
-            [c if r.block else None for c, r in zip(checks, used, strict=True)], t
+            checks
+            if all_block
+            else [c if r.block else None for c, r in zip(checks, used, strict=True)]
         )
         if any(remembered):
             results = remembered
