@@ -24,6 +24,7 @@ PACKAGES: dict[str, str] = {
     "pg_ctl": "postgresql",
     "chromium": "chromium",
     "wrk": "wrk",  # the load bench (python -m bench.load) and its smoke test
+    "valgrind": "valgrind",  # instructions per request (python -m bench.instructions)
 }
 #: Other names a binary may go by on a developer machine.
 ALIASES: dict[str, tuple[str, ...]] = {

@@ -1,0 +1,199 @@
+"""Instructions one whole request costs, counted by valgrind's callgrind.
+
+The load bench's shares move by several points between runs on a shared machine, more than
+most changes are worth; the limiter's own work is a few hundred thousand instructions a
+request, and a change of a few percent of it shows only here. callgrind counts the
+instructions a process runs, not its time: the same code, inputs and clock give the same
+count, whatever else the machine is doing.
+
+Each case is one process, under ``valgrind --tool=callgrind``: demo_site with the load
+bench's URLs and rules (:mod:`bench.load_site`), requests through Django's WSGI handler
+in-process (no server, no socket to the client), a throwaway memcached, SQLite. The
+limiter's clock starts at a fixed time and moves 0.5 ms a reading (a warm-up first moves it
+over 90 s, so a busy subject's minute is filled as under load), memcached is emptied and the
+refusal memory cleared before each case, and the garbage collector is off while requests
+are counted. A case runs twice, ``N1`` and ``N2`` requests after the same warm-up: a
+request costs ``(count(N2) - count(N1)) / (N2 - N1)`` instructions.
+
+Cases: ``plain`` (the plain view), ``floor`` (one round trip and visit counting,
+:mod:`bench.load_floor`), ``rules`` (three rules and visit counting: the load bench's target
+case) and ``rules-refused`` (the same while this process remembers a refusal of another
+client, as on any site that refused anyone lately; the load bench's floods leave that).
+
+Run: ``python -m bench.instructions [--base REV] [--cases plain,floor,rules,rules-refused]``.
+Needs valgrind (Debian's ``valgrind``). ``--base`` counts the code of a git revision too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from bench.claims import load
+from bench.claims.load_ab import export
+from bench.common import Servers, table
+from tests.servers import require_binary
+
+CASES = {
+    "plain": "/bench/plain/",
+    "floor": "/bench/floor/counted/",
+    "rules": "/bench/rules/counted/",
+    "rules-refused": "/bench/rules/counted/",
+}
+#: Requests counted in the two runs of a case; the warm-up before them.
+N1, N2, WARMUP = 100, 500, 600
+T0 = 1_780_000_000.0
+
+#: What runs under valgrind: ``python -c CHILD CASE N``, in the tree to count.
+CHILD = """
+import gc, io, itertools, os, socket, sys
+case, n = sys.argv[1], int(sys.argv[2])
+from tests.servers import start_memcached
+mc = start_memcached()
+os.environ["MEMCACHED_SERVERS"] = mc.address
+import django
+django.setup()
+from django.conf import settings
+settings.METRICS_FLUSH_INTERVAL = 10**6  # no flush while counting
+from django.core.handlers.wsgi import WSGIHandler
+from ratelimit_app import clock
+from ratelimit_app.engine import REFUSALS
+app = WSGIHandler()
+body = b"email=bench%40example.com&password=x"
+now = {"t": T0, "step": 0.05}
+def tick():
+    now["t"] += now["step"]
+    return now["t"]
+clock.now = tick
+def get(path, status="200", client=None):
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": path, "SCRIPT_NAME": "",
+        "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "80",
+        "HTTP_HOST": "127.0.0.1", "REMOTE_ADDR": "127.0.0.1",
+        "CONTENT_TYPE": "application/x-www-form-urlencoded",
+        "CONTENT_LENGTH": str(len(body)), "wsgi.input": io.BytesIO(body),
+        "wsgi.url_scheme": "http", "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.errors": sys.stderr}
+    if client:  # through the trusted proxy (the load bench's botnet)
+        environ["HTTP_X_FORWARDED_FOR"] = client
+    answered = []
+    out = app(environ, lambda s, h, e=None: answered.append(s))
+    b"".join(out)
+    out.close()
+    assert answered[0].startswith(status), (path, answered)
+REFUSALS.clear()
+if case == "rules-refused":  # another client refused, and remembered
+    get("/bench/flood/", client="10.77.0.1")
+    get("/bench/flood/", "429", client="10.77.0.1")
+    assert len(REFUSALS)
+path = PATHS[case]
+for _ in range(WARMUP):
+    get(path)
+now["step"] = 0.0005
+gc.collect()
+gc.disable()
+for _ in range(n):
+    get(path)
+gc.enable()
+mc.stop()
+"""
+
+
+def count(
+    tree: Path, env: dict[str, str], case: str, n: int, out_dir: str, warmup: int = WARMUP
+) -> int:
+    """Instructions of one run of ``case`` with ``n`` counted requests, in ``tree``."""
+    out = os.path.join(out_dir, f"callgrind.{case}.{n}")
+    child = f"T0 = {T0!r}\nWARMUP = {warmup}\nPATHS = {CASES!r}\n" + CHILD
+    run = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            "-c",
+            child,
+            case,
+            str(n),
+        ],
+        cwd=out_dir,  # not this tree: Django's set-up puts the working directory first
+        env={**env, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    text = Path(out).read_text() if os.path.exists(out) else ""
+    found = re.search(r"^summary: (\d+)$", text, re.M)
+    if run.returncode != 0 or found is None:
+        raise load.LoadError(f"{case} under callgrind failed:\n{run.stderr[-3000:]}")
+    return int(found[1])
+
+
+def per_request(
+    tree: Path, env: dict[str, str], case: str, out_dir: str, sizes: tuple[int, int, int]
+) -> float:
+    """Instructions one request of ``case`` costs in ``tree`` (``sizes``: N1, N2, warm-up)."""
+    n1, n2, warmup = sizes
+    more = count(tree, env, case, n2, out_dir, warmup)
+    return (more - count(tree, env, case, n1, out_dir, warmup)) / (n2 - n1)
+
+
+def run(
+    cases: Sequence[str],
+    base: str | None = None,
+    sizes: tuple[int, int, int] = (N1, N2, WARMUP),
+) -> dict[str, dict[str, float]]:
+    """Instructions per request of each case: ``{side: {case: count}}`` (``head``: this
+    tree; ``base``: the revision ``base``, when given). ``sizes``: N1, N2 and the warm-up."""
+    require_binary("valgrind")
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise ValueError(f"unknown cases {unknown}; the cases are {', '.join(CASES)}")
+    with ExitStack() as stack:
+        state = stack.enter_context(tempfile.TemporaryDirectory(prefix="bucketry-instr-"))
+        url, _ = load.start_database("sqlite", state, stack)
+        env = load.site_env(Servers(memcached="", redis=""), url, state)
+        load.prepare(env)
+        trees = {"head": load.ROOT}
+        if base is not None:
+            trees["base"] = export(base, state)
+        return {
+            side: {case: per_request(tree, env, case, state, sizes) for case in cases}
+            for side, tree in trees.items()
+        }
+
+
+def render(counts: dict[str, dict[str, float]], base: str | None) -> str:
+    cases = list(counts["head"])
+    floor = counts["head"].get("floor")
+    rows = []
+    for case in cases:
+        head = counts["head"][case]
+        row: list[object] = [case, f"{head / 1000:.1f}k"]
+        row.append("-" if floor is None or case == "floor" else f"{(head - floor) / 1000:.1f}k")
+        if "base" in counts:
+            was = counts["base"][case]
+            row += [f"{was / 1000:.1f}k", f"{head / was:.3f}"]
+        rows.append(row)
+    header = ["case", "instructions", "over the floor"]
+    if "base" in counts:
+        header += [f"base ({base})", "head / base"]
+    return table("Instructions per request (callgrind; in-process, deterministic)", header, rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", help="a git revision to count as well")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated")
+    args = parser.parse_args(argv)
+    counts = run(args.cases.split(","), args.base)
+    print(render(counts, args.base))
+
+
+if __name__ == "__main__":
+    main()
