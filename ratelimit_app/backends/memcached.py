@@ -308,10 +308,12 @@ class MemcachedBackend(Backend):
     def _run_node(self, node: _Node, ops: Sequence[Op]) -> list[list[int]]:
         """Every op of one node in one write and one reply
         (:func:`~.memcached_protocol.check_command`)."""
-        command, encs, bases = check_command(self.key_prefix, ops, self.encoded, memo=self._parts)
+        command, encs, bases, indexes = check_command(
+            self.key_prefix, ops, self.encoded, memo=self._parts
+        )
         reply: bytes = self._on(node, _exchange, command, END)
         try:
-            return parse_check(ops, encs, bases, reply)
+            return parse_check(ops, encs, bases, reply, indexes)
         except ReplyError as exc:  # the data of these subjects, not the node: not marked down
             raise self._failed(exc, None) from exc
 

@@ -91,8 +91,9 @@ class MemcachedEncoded(Encoded):
 
 
 #: One subject's part of a check command for one plan: its key base, the keys its ``get``
-#: asks for, and its increments (None: made per check, an expiry read as a time).
-SubjectPart = tuple[bytes, bytes, bytes | None]
+#: asks for, its increments (None: made per check, an expiry read as a time), and each key
+#: read with its place in the plan's reads (:func:`key_index`).
+SubjectPart = tuple[bytes, bytes, bytes | None, dict[bytes, int]]
 #: Subject parts a memo passed to :func:`check_command` holds; it starts over when full.
 PART_MEMO = 4096
 
@@ -103,17 +104,18 @@ def check_command(
     encoded: Callable[[Plan], Any],
     clock: Callable[[], float] = time.time,
     memo: dict[tuple[str, MemcachedEncoded], SubjectPart] | None = None,
-) -> tuple[bytes, list[MemcachedEncoded], list[bytes]]:
+) -> tuple[bytes, list[MemcachedEncoded], list[bytes], list[dict[bytes, int]]]:
     """The command of a check of ``ops`` (one node's subjects): every op's take-backs and
     increments, then one multi-get of every op's buckets. Also each op's plan encoding
-    (``encoded(plan)``, a :class:`MemcachedEncoded`) and key base (``prefix`` and its
-    namespace), which :func:`parse_check` reads the reply with.
+    (``encoded(plan)``, a :class:`MemcachedEncoded`), key base (``prefix`` and its
+    namespace) and :func:`key_index`, which :func:`parse_check` reads the reply with.
 
     ``memo`` (the caller's, for one ``prefix``) keeps each subject's part of the command
     for a plan: a client's requests within one fine bucket send the same keys, made once.
     """
     encs: list[MemcachedEncoded] = []
     bases: list[bytes] = []
+    indexes: list[dict[bytes, int]] = []
     reads: list[bytes] = []
     writes: list[bytes] = []
     for op in ops:  # one pass: this runs on every request
@@ -126,20 +128,28 @@ def check_command(
                 base,
                 base + (b" " + base).join(enc.reads),
                 enc.increments(base) if tails is not None else None,
+                key_index(base, enc),
             )
             if memo is not None:
                 if len(memo) >= PART_MEMO:
                     memo.clear()
                 memo[op.namespace, enc] = part
-        base, read, increments = part
+        base, read, increments, index = part
         encs.append(enc)
         bases.append(base)
+        indexes.append(index)
         reads.append(read)
         if op.undo is not None:
             writes.append(encoded(op.undo).decrements(base))
         if op.increment and enc.writes:
             writes.append(increments if increments is not None else enc.increments(base, clock))
-    return b"".join(writes) + b"get " + b" ".join(reads), encs, bases
+    return b"".join(writes) + b"get " + b" ".join(reads), encs, bases, indexes
+
+
+def key_index(base: bytes, enc: MemcachedEncoded) -> dict[bytes, int]:
+    """Each key a check of ``enc``'s plan reads for the key base ``base``, and its place in
+    the plan's reads: a hit is found by its whole key, with no slicing."""
+    return {base + suffix: i for i, suffix in enumerate(enc.reads)}
 
 
 def parse_check(
@@ -147,9 +157,11 @@ def parse_check(
     encs: Sequence[MemcachedEncoded],
     bases: Sequence[bytes],
     reply: bytes,
+    indexes: Sequence[dict[bytes, int]] | None = None,
 ) -> list[list[int]]:
     """Every op's values, in the order of its plan's reads, from the reply to
-    :func:`check_command`'s command. Raises :class:`ReplyError`.
+    :func:`check_command`'s command (``indexes``: its :func:`key_index` of each op, made
+    here when not given). Raises :class:`ReplyError`.
 
     The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and the
     new value for each increment, in the order sent, then ``VALUE <key> <flags> <length>``
@@ -209,7 +221,9 @@ def parse_check(
     shared = len(set(bases)) < len(bases)
     out: list[list[int]] = []
     at = pos = hit = 0
-    for enc, base, n, size in zip(encs, bases, counted, sizes, strict=True):
+    if indexes is None:
+        indexes = [key_index(base, enc) for base, enc in zip(bases, encs, strict=True)]
+    for enc, index, n, size in zip(encs, indexes, counted, sizes, strict=True):
         if flat is not None:
             values = flat[pos : pos + size]
             pos += size
@@ -217,20 +231,17 @@ def parse_check(
             # A young or quiet subject's reply is mostly misses: only the hits are looked
             # up and converted, the misses stay 0.
             values = [0] * size
-            index, cut = enc.index, len(base)
             if shared:
                 for key, count in zip(hits, counts, strict=True):
-                    if key.startswith(base):
-                        i = index.get(key[cut:], -1)
-                        if i >= 0:
-                            values[i] = count
+                    i = index.get(key, -1)
+                    if i >= 0:
+                        values[i] = count
             else:
                 # memcached answers the hits in the order asked: this op's are the next
                 # ones whose keys are its own buckets, in the order of its reads.
                 last = -1
                 while hit < len(hits):
-                    key = hits[hit]
-                    i = index.get(key[cut:], -1) if key.startswith(base) else -1
+                    i = index.get(hits[hit], -1)
                     if i <= last:
                         break
                     values[i] = counts[hit]

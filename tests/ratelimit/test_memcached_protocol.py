@@ -287,8 +287,10 @@ def va(*values: int) -> bytes:
 def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
     plan = windows.plan(parse("5/m;100/h"), T0)
     ops = [Op("{a}", plan, True), Op("{b}", plan, False, undo=plan)]
-    command, encs, bases = P.check_command("p:", ops, encoded)
+    command, encs, bases, indexes = P.check_command("p:", ops, encoded)
     assert bases == [b"p:{a}", b"p:{b}"]
+    assert indexes == [P.key_index(base, enc) for base, enc in zip(bases, encs, strict=True)]
+    assert list(indexes[0]) == [b"p:{a}" + s.encode() for s in plan.reads]
     assert [e.plan for e in encs] == [plan, plan]
     *writes, read = command.split(b"\r\n")
     increments = [b"ma p:{a}%s N%d J1 v" % (s.encode(), t) for s, t in plan.writes]
@@ -303,7 +305,7 @@ def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
 def test_an_expiry_over_30_days_is_sent_as_a_unix_time() -> None:
     plan = windows.plan(parse("5/45d"), T0)
     assert all(ttl > P.MAX_RELATIVE_TTL for _, ttl in plan.writes)
-    command, _, _ = P.check_command("p:", [Op("{a}", plan, True)], encoded, clock=lambda: T0)
+    command, *_ = P.check_command("p:", [Op("{a}", plan, True)], encoded, clock=lambda: T0)
     sent = [int(line.split(b" N")[1].split()[0]) for line in command.split(b"\r\n")[:-1]]
     assert sent == [int(T0) + ttl for _, ttl in plan.writes]
     assert P.expiry(60, clock=lambda: T0) == 60
