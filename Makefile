@@ -39,7 +39,7 @@ help:
 	@echo "                Python $(NEWEST_PYTHON) + the newest Django (test-newest), docs build"
 	@echo "make venv       create/refresh .venv (pip install -e '.[$(EXTRAS)]' --group $(GROUP))"
 	@echo "make test-newest  the suite in $(NEWEST_VENV): Python $(NEWEST_PYTHON), newest Django"
-	@echo "make servers    install missing memcached/redis-server/postgresql/chromium (root)"
+	@echo "make servers    install missing memcached/redis-server/postgresql/chromium/wrk/valgrind (root)"
 	@echo "make lint       ruff check, ruff format --check, mypy"
 	@echo "make docs       sphinx-build -W into docs/_build/html"
 	@echo "make bench      python -m bench"

@@ -377,6 +377,40 @@ def test_load_bench_through_gunicorn(
     assert ("yes" if report.met else "NO") in text
 
 
+def test_load_targets_show_each_rounds_spread() -> None:
+    """The Targets table gives, beside each median, the lowest and highest round: one run
+    shows how far its own rounds stray (two rounds made up here, nothing started)."""
+    rps = {  # per case, round 1 and round 2
+        "plain": (1000.0, 1000.0),
+        "rules+counted": (700.0, 600.0),  # costs 0.30 and 0.40
+        "django-ratelimit": (400.0, 400.0),  # costs 0.60 and 0.60
+        "flood": (950.0, 900.0),
+        "botnet": (920.0, 980.0),
+        "django-ratelimit-flood": (500.0, 450.0),
+    }
+    rows = []
+    for case in load.CASES:
+        row = load.Row(case)
+        for k in range(2):
+            mine = rps.get(case.name, (1000.0, 1000.0))[k]
+            wrk = load.WrkResult(rps=mine, p50_ms=1.0, p99_ms=2.0, requests=int(mine))
+            row.runs.append(load.Sample(wrk, 1.0, 0.0, dict.fromkeys(load.CPU_PARTS, 0.25)))
+            row.costs.append(1 - mine / rps["plain"][k])
+            row.cpu_costs.append(0.0)
+        rows.append(row)
+    report = load.Report(rows, 2, 1, "SQLite", {}, {})
+    assert report.cost_ratios == pytest.approx([0.5, 2 / 3])
+    assert report.cost_ratio == pytest.approx(0.35 / 0.6)  # of the medians
+    low_high = report.spreads()
+    assert low_high[0] == pytest.approx((0.5, 2 / 3))
+    assert low_high[1] == pytest.approx((0.9, 0.95))  # flood / plain
+    assert low_high[2] == pytest.approx((0.92, 0.98))  # botnet / plain
+    assert low_high[3] == pytest.approx((1.9, 2.0))  # flood / django-ratelimit's flood
+    assert len(low_high) == len(report.targets())
+    text = load.render(report)
+    assert "0.50-0.67x" in text and "0.90-0.95x" in text and "1.90-2.00x" in text
+
+
 def test_the_floor_sends_the_rules_commands_to_memcached(
     memcached_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -125,4 +125,5 @@ def test_missing_packages_are_listed_once(monkeypatch: pytest.MonkeyPatch) -> No
         "postgresql",
         "chromium",
         "wrk",
+        "valgrind",
     ]

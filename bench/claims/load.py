@@ -276,11 +276,13 @@ class Row:
         allowed = len(self.runs) * self.case.clients if self.case.refused else 0
         return sum(r.wrk.socket_errors for r in self.runs) + max(0, wrong - allowed)
 
+    def ratios(self, other: Row) -> list[float]:
+        """This case's rps over ``other``'s in each round (the same round each)."""
+        return [a.wrk.rps / b.wrk.rps for a, b in zip(self.runs, other.runs, strict=True)]
+
     def ratio(self, other: Row) -> float:
         """This case's rps over ``other``'s, median over the rounds (same round each)."""
-        return statistics.median(
-            a.wrk.rps / b.wrk.rps for a, b in zip(self.runs, other.runs, strict=True)
-        )
+        return statistics.median(self.ratios(other))
 
 
 @dataclass
@@ -307,6 +309,24 @@ class Report:
         """The three rules' and counting's cost over three django-ratelimit decorators'."""
         peer = self.row("django-ratelimit").cost
         return self.row(TARGET_CASE).cost / peer if peer > 0 else float("inf")
+
+    @property
+    def cost_ratios(self) -> list[float]:
+        """:attr:`cost_ratio` in each round (both costs against that round's plain view)."""
+        return [
+            mine / peer if peer > 0 else float("inf")
+            for mine, peer in zip(
+                self.row(TARGET_CASE).costs, self.row("django-ratelimit").costs, strict=True
+            )
+        ]
+
+    def spreads(self) -> list[tuple[float, float]]:
+        """(lowest, highest) over the rounds of each target's ratio, in the order of
+        :meth:`targets`: how far one round's measure strays from the run's median."""
+        plain, flood = self.row("plain"), self.row("flood")
+        botnet, peer = self.row("botnet"), self.row("django-ratelimit-flood")
+        each = [self.cost_ratios, flood.ratios(plain), botnet.ratios(plain), flood.ratios(peer)]
+        return [(min(values), max(values)) for values in each]
 
     def targets(self) -> list[tuple[str, float, str, bool]]:
         """(what, measured, target, met) of every target of the run."""
@@ -756,11 +776,14 @@ def render(report: Report) -> str:
         rows,
     )
     targets = table(
-        "Targets (ratios of the same round, medians)",
-        ["what", "measured", "target", "met"],
+        "Targets (the cost ratio: of the costs' medians; the others: medians of the ratios of "
+        "the same round), and the lowest and highest round",
+        ["what", "measured", "target", "met", "rounds"],
         [
-            [what, f"{value:.2f}x", target, "yes" if met else "NO"]
-            for what, value, target, met in report.targets()
+            [what, f"{value:.2f}x", target, "yes" if met else "NO", f"{low:.2f}-{high:.2f}x"]
+            for (what, value, target, met), (low, high) in zip(
+                report.targets(), report.spreads(), strict=True
+            )
         ],
     )
     plain_row = report.row("plain")
