@@ -320,45 +320,48 @@ class Report:
             )
         ]
 
-    def spreads(self) -> list[tuple[float, float]]:
-        """(lowest, highest) over the rounds of each target's ratio, in the order of
-        :meth:`targets`: how far one round's measure strays from the run's median."""
+    def _measures(self) -> list[tuple[str, float, str, bool, list[float]]]:
+        """(what, measured, target, met, the ratio in each round) of every target."""
         plain, flood = self.row("plain"), self.row("flood")
         botnet, peer = self.row("botnet"), self.row("django-ratelimit-flood")
-        each = [self.cost_ratios, flood.ratios(plain), botnet.ratios(plain), flood.ratios(peer)]
-        return [(min(values), max(values)) for values in each]
-
-    def targets(self) -> list[tuple[str, float, str, bool]]:
-        """(what, measured, target, met) of every target of the run."""
-        plain, flood = self.row("plain"), self.row("flood")
-        botnet, peer = self.row("botnet"), self.row("django-ratelimit-flood")
-        rows = [
+        target = self.row(TARGET_CASE)
+        return [
             (
                 "3 rules + counting cost / 3 django-ratelimit decorators' cost",
                 self.cost_ratio,
                 f"<= {TARGET}x",
-                self.cost_ratio <= TARGET and not self.row(TARGET_CASE).errors,
+                self.cost_ratio <= TARGET and not target.errors,
+                self.cost_ratios,
             ),
-            (
-                "flood: 429s / plain view rps",
-                flood.ratio(plain),
-                f">= {FLOOD_TARGET}x",
-                flood.ratio(plain) >= FLOOD_TARGET and not flood.errors,
-            ),
-            (
-                f"botnet ({BOTNET_CLIENTS} clients): 429s / plain view rps",
-                botnet.ratio(plain),
-                f">= {FLOOD_TARGET}x",
-                botnet.ratio(plain) >= FLOOD_TARGET and not botnet.errors,
-            ),
-            (
-                "flood: our 429s / django-ratelimit's 403s",
-                flood.ratio(peer),
-                f">= {FLOOD_PEER_TARGET}x",
-                flood.ratio(peer) >= FLOOD_PEER_TARGET and not flood.errors,
+            *(
+                (
+                    what,
+                    row.ratio(other),
+                    f">= {goal}x",
+                    row.ratio(other) >= goal and not row.errors,
+                    row.ratios(other),
+                )
+                for what, row, other, goal in (
+                    ("flood: 429s / plain view rps", flood, plain, FLOOD_TARGET),
+                    (
+                        f"botnet ({BOTNET_CLIENTS} clients): 429s / plain view rps",
+                        botnet,
+                        plain,
+                        FLOOD_TARGET,
+                    ),
+                    ("flood: our 429s / django-ratelimit's 403s", flood, peer, FLOOD_PEER_TARGET),
+                )
             ),
         ]
-        return rows
+
+    def targets(self) -> list[tuple[str, float, str, bool]]:
+        """(what, measured, target, met) of every target of the run."""
+        return [(what, value, goal, met) for what, value, goal, met, _ in self._measures()]
+
+    def spreads(self) -> list[tuple[float, float]]:
+        """(lowest, highest) over the rounds of each target's ratio, in the order of
+        :meth:`targets`: how far one round's measure strays from the run's median."""
+        return [(min(each), max(each)) for *_, each in self._measures()]
 
     @property
     def met(self) -> bool:
