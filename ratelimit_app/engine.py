@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from django.core import mail
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
@@ -267,10 +268,32 @@ def refusal_key(c: Check) -> tuple[Any, ...]:
     return (c.scope, c.subject, c.algorithm, c.burst)
 
 
+#: Whether refusals are remembered inside Django's test environment too
+#: (:func:`ratelimit_app.testing.remember_refusals`).
+_IN_TESTS = [False]
+
+
+def remembers() -> bool:
+    """False while Django's test environment is set up (``manage.py test``, pytest-django:
+    :func:`django.test.utils.setup_test_environment` gives ``django.core.mail`` its
+    ``outbox``), unless a test asked for the memory. A test suite resets limits with
+    ``cache.clear()``, which no process memory can see; without the memory every check asks
+    the counters, so that reset is whole (and nothing else changes: the memory only saves
+    round trips)."""
+    return _IN_TESTS[0] or not hasattr(mail, "outbox")
+
+
+def remember_in_tests(on: bool) -> bool:
+    """Keep the memory on (or not) inside the test environment; returns the previous
+    choice."""
+    before, _IN_TESTS[0] = _IN_TESTS[0], on
+    return before
+
+
 def _remember(timed: list[_Job], t: float) -> None:
     """Remember the refusals of counted checks whose waits are exact."""
     cap = conf.REFUSAL_MEMORY
-    if cap <= 0:
+    if cap <= 0 or not remembers():
         return
     REFUSALS.size = conf.REFUSAL_MEMORY_SIZE
     for job in timed:

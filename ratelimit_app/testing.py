@@ -46,11 +46,25 @@ def frozen_clock(t: float) -> Iterator[FrozenClock]:
 def forget_refusals() -> None:
     """Forget every refusal this process remembers (:mod:`ratelimit_app.refusals`).
 
-    A test suite that clears the counter cache between tests (``cache.clear()``) should call
-    this too: otherwise a subject refused by an earlier test may be refused from memory for
-    up to ``RATELIMIT_REFUSAL_MEMORY`` seconds. (Overriding any ``RATELIMIT_*`` setting, and
-    :func:`ratelimit_app.operations.reset`, forget them already.)
+    Needed only by tests that turn the memory on (:func:`remember_refusals`): inside Django's
+    test environment nothing is remembered, so ``cache.clear()`` resets every limit, as in
+    django-ratelimit. (Overriding any ``RATELIMIT_*`` setting, and
+    :func:`ratelimit_app.operations.reset`, forget them too.)
     """
-    from ratelimit_app.engine import REFUSALS
+    from ratelimit_app.engine import REFUSALS  # imported when used: the app may not be ready
 
     REFUSALS.clear()
+
+
+@contextmanager
+def remember_refusals() -> Iterator[None]:
+    """Remember refusals inside Django's test environment too, for tests of what the
+    memory does (a flood served from memory, its round trips). Call :func:`forget_refusals`
+    where such a test clears the counters."""
+    from ratelimit_app.engine import remember_in_tests
+
+    before = remember_in_tests(True)
+    try:
+        yield
+    finally:
+        remember_in_tests(before)

@@ -309,6 +309,31 @@ def test_a_test_suite_that_clears_the_cache_forgets_the_refusals_too(
     assert usage is not None and not usage["should_limit"]
 
 
+def test_inside_djangos_test_environment_cache_clear_alone_resets_a_limit(
+    backend_kind: str,
+) -> None:
+    """What a project's suite written for django-ratelimit does in ``setUp``: no helper of
+    ours, just ``cache.clear()`` (the suite-wide fixture keeps the memory on for our own
+    tests; here it is as a project has it)."""
+    from django.core import mail
+    from django.core.cache import caches
+
+    assert hasattr(mail, "outbox")  # pytest-django set up Django's test environment
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.48")
+    before = engine.remember_in_tests(False)
+    try:
+        with frozen_clock(T0):
+            for _ in range(3):
+                core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
+            assert len(engine.REFUSALS) == 0  # nothing remembered
+            caches["rl"].clear()
+            usage = core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
+    finally:
+        engine.remember_in_tests(before)
+    assert usage is not None and not usage["should_limit"]
+    assert usage["count"] == 1
+
+
 # -- the 429 page ------------------------------------------------------------------------
 
 
