@@ -211,12 +211,13 @@ def before(
     blocking: list[tuple[Rule, dict[str, Any]]] = []
     request_usage = getattr(request, "ratelimit_usage", None) or {}
     limited = False
-    for rule, result in zip(used, results, strict=True):
+    for rule, check, result in zip(used, checks, results, strict=True):
         if result is None:  # not checked: another rule refused from memory
             continue
         usage = usage_dict(result)
         request_usage[rule.name] = usage
-        policies.append((rule.name, usage))
+        if check.subject[0] in responses.OWN_KINDS:
+            policies.append((rule.name, usage))
         if result.limited:
             limited = True
             ratelimited.send(

@@ -108,6 +108,15 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     return headers
 
 
+#: The kinds of subject that are the requester's own: the connection's address, the session's
+#: user (a ``user`` or ``user_or_ip`` key of an anonymous request counts the address). Only
+#: their counters are shown in an admitted response's headers: a value the request names
+#: (an email, a form field, a header) may be anyone's, and its counter is not the
+#: requester's to read (a login rule's counter would tell a stranger how many wrong
+#: passwords an account had lately).
+OWN_KINDS = frozenset(["ip", "user", "user_or_ip"])
+
+
 def add_headers(response: HttpResponse, policies: Policies) -> HttpResponse:
     """Add the RateLimit headers to ``response`` unless it has its own."""
     for name, value in ratelimit_headers(policies).items():

@@ -85,7 +85,10 @@ def test_every_matching_rule_in_one_round_trip(
         response = client.get("/rules/named/", HTTP_X_API_KEY="k1")
         assert response.status_code == 200
         assert spy.calls == [3]  # three rules, one backend call
-        assert response["RateLimit-Policy"].count(";q=") == 3
+        # The headers show the client's own address's counters; a header's value may be
+        # anyone's (docs/rules.rst, "Headers").
+        assert response["RateLimit-Policy"].count(";q=") == 2
+        assert "header:" not in response["RateLimit-Policy"]
         client.get("/rules/unnamed/")
         assert spy.calls == [3]  # no rule matches: no backend operation at all
 
@@ -258,6 +261,32 @@ class TestFailureOnly:
             assert client.post("/accounts/login/", wrong).status_code == 429
             right = {"username": "alice", "password": "right-password"}
             assert client.post("/accounts/login/", right).status_code == 429
+
+    def test_the_headers_show_no_counter_of_an_account_the_request_names(
+        self, backend_kind: str, client: Client, db: Any
+    ) -> None:
+        """A stranger posting the victim's name with no password is no failure (its hit is
+        taken back): the headers of that answer must not tell how many wrong passwords the
+        victim's account had, nor when they expire. The client's own address is its own."""
+        User.objects.create_user("victim", password="right-password")
+        by_account = rule(
+            "login-account", path="/accounts/login/", methods="POST", key="post:username"
+        )
+        by_ip = rule("login-ip", path="/accounts/login/", methods="POST")
+        failures = {"count": "failures", "rate": "5/m"}
+        with rules({**by_account, **failures}, {**by_ip, **failures}), frozen_clock(T0):
+            wrong = {"username": "victim", "password": "wrong"}
+            client.post("/accounts/login/", wrong, REMOTE_ADDR="192.0.2.1")
+            client.post("/accounts/login/", wrong, REMOTE_ADDR="192.0.2.1")
+            probe = client.post(
+                "/accounts/login/", {"username": "victim"}, REMOTE_ADDR="198.51.100.9"
+            )
+            assert probe.status_code == 200
+            assert "login-account" not in probe["RateLimit-Policy"]
+            assert "login-account" not in probe["RateLimit"]
+            assert probe["RateLimit"].startswith('"login-ip:5/m";r=')  # its own address
+            # The view still sees it (its own provisional hit included).
+            assert probe.wsgi_request.ratelimit_usage["login-account"]["count"] == 3
 
     def test_successful_logins_never_count(self, client: Client, db: Any) -> None:
         User.objects.create_user("bob", password="right-password")
