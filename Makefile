@@ -121,12 +121,13 @@ lint: venv
 	step mypy $(BIN)/mypy; \
 	$(STEPS_END)
 
+# The PostgreSQL leg runs the tests marked db_matrix; pytest's exit 5 (nothing collected) fails
+# it, so losing the markers cannot turn it green with nothing run.
 test: venv servers
 	@$(STEPS_BEGIN); \
 	step lint $(SUBMAKE) lint; \
 	step pytest-sqlite $(BIN)/pytest; \
-	step pytest-postgres sh -c '$(BIN)/pytest -m db_matrix --db=postgres; rc=$$?; \
-	  if [ $$rc -eq 5 ]; then echo "(no db_matrix tests collected: fine)"; exit 0; fi; exit $$rc'; \
+	step pytest-postgres $(BIN)/pytest -m db_matrix --db=postgres; \
 	step pytest-newest $(SUBMAKE) test-newest; \
 	step docs $(SUBMAKE) docs; \
 	$(STEPS_END)
