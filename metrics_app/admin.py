@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import formats
 from django.utils.safestring import SafeString, mark_safe
@@ -21,6 +22,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from metrics_app import charts, clock, query, views
+from metrics_app.conf import conf
 from metrics_app.models import Series
 
 # Public here too: sites import the chart periods from the admin (demo_site/api.py does).
@@ -95,6 +97,10 @@ class SeriesAdmin(SeriesAdminBase):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return SeriesChangeList
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Series]:
+        # Series live in METRICS_DATABASE, which need not be the admin's own database.
+        return super().get_queryset(request).using(conf.DATABASE)
 
     @admin.display(description=_("total"), ordering="total")
     def total_count(self, obj: Series) -> str:

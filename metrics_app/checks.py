@@ -26,6 +26,8 @@ CHECK_IDS: dict[str, str] = {
     "metrics_app.E007": "METRICS_LOCK_CACHE is not in CACHES.",
     "metrics_app.E008": "METRICS_DATABASE is not in DATABASES.",
     "metrics_app.E009": "METRICS_QUERY_DOWNSAMPLE is not 'celery', 'inline' or None.",
+    "metrics_app.E010": "METRICS_MAX_CLIENT_KEYS is not None or a positive integer smaller "
+    "than METRICS_MAX_BUFFERED_KEYS.",
     "metrics_app.W001": "METRICS_LOCK_CACHE is local to one process, so the downsample lock "
     "does not stop two processes.",
 }
@@ -58,8 +60,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     interval = _get("METRICS_FLUSH_INTERVAL")
     if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
         messages.append(_error("metrics_app.E002", f"Got {interval!r}."))
-    if not _positive_int(_get("METRICS_MAX_BUFFERED_KEYS")):
-        messages.append(_error("metrics_app.E003", f"Got {_get('METRICS_MAX_BUFFERED_KEYS')!r}."))
+    max_keys = _get("METRICS_MAX_BUFFERED_KEYS")
+    if not _positive_int(max_keys):
+        messages.append(_error("metrics_app.E003", f"Got {max_keys!r}."))
+    client_keys = _get("METRICS_MAX_CLIENT_KEYS")
+    if client_keys is not None and not (
+        _positive_int(client_keys) and (not _positive_int(max_keys) or client_keys < max_keys)
+    ):
+        # Equal to the whole buffer, it would leave no room kept for the code's own names.
+        messages.append(_error("metrics_app.E010", f"Got {client_keys!r}."))
     buffer = _get("METRICS_BUFFER")
     if buffer not in ("memory", "redis"):
         messages.append(_error("metrics_app.E004", f"Got {buffer!r}."))

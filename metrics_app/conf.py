@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_FLUSH_INTERVAL": 10.0,
     "METRICS_RETENTION": DEFAULT_RETENTION,
     "METRICS_MAX_BUFFERED_KEYS": 100_000,
+    "METRICS_MAX_CLIENT_KEYS": None,
     "METRICS_BUFFER": "memory",
     "METRICS_REDIS_CACHE": "default",
     "METRICS_REDIS_KEY": "metrics:buffer",
@@ -53,6 +54,12 @@ class Settings:
     @property
     def MAX_BUFFERED_KEYS(self) -> int:
         return int(_get("METRICS_MAX_BUFFERED_KEYS"))
+
+    @property
+    def MAX_CLIENT_KEYS(self) -> int:
+        """Explicit, or a tenth of ``METRICS_MAX_BUFFERED_KEYS`` (at least 1)."""
+        value = _get("METRICS_MAX_CLIENT_KEYS")
+        return max(1, self.MAX_BUFFERED_KEYS // 10) if value is None else int(value)
 
     @property
     def BUFFER(self) -> str:

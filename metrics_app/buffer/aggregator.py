@@ -8,12 +8,18 @@ queues it as a :class:`Batch` with an id ``<process uuid>:<sequence>``. A batch 
 queue only once it is written (:meth:`Aggregator.written`), so a batch that failed keeps its
 id for the retry, and the flush ledger knows a retry whose first commit succeeded.
 
-**The bound.** Buffered keys (the live dict plus queued batches) never exceed ``max_keys``.
-At the bound, counts for keys already buffered are still added; a count for a *new*
-``(name, minute)`` is dropped, the first drop until the next seal is logged at ERROR and sent
-as the ``buffer_full`` signal, and :meth:`Aggregator.take_dropped` hands the totals to the
-flusher, which logs them. Memory therefore stays bounded while the database is down, and what
-is lost is said out loud.
+**The bounds.** Buffered keys (the live dict plus queued batches) never exceed ``max_keys``,
+and of them, keys whose name a client chose (``client_chosen``: built from a URL, say) never
+exceed ``max_client_keys``. So a client that makes up a new name per request fills at most
+its share, and the rest, ``max_keys - max_client_keys``, stays free for the names the code
+chooses (the limiter's ``ratelimit:<rule>`` among them): a flood of junk names cannot push
+out the counts that chart the attack.
+
+At a bound, counts for keys already buffered are still added; a count for a *new*
+``(name, minute)`` is dropped, the first drop of each kind until the next seal is logged at
+ERROR and sent as the ``buffer_full`` signal, and :meth:`Aggregator.take_dropped` hands the
+totals to the flusher, which logs them. Memory therefore stays bounded while the database is
+down, and what is lost is said out loud.
 """
 
 from __future__ import annotations
@@ -38,27 +44,34 @@ class Batch:
 
     flush_id: str
     counts: CountsDict
+    #: How many of ``counts``' keys have a client-chosen name.
+    client_keys: int = 0
 
 
 class Aggregator:
     """This process's counts: the live dict, the queue of sealed batches, what was dropped."""
 
-    def __init__(self, max_keys: int = 100_000) -> None:
+    def __init__(self, max_keys: int = 100_000, max_client_keys: int = 10_000) -> None:
         #: Keys (live and queued) past which a new key is dropped.
         self.max_keys = max_keys
+        #: Keys with a client-chosen name (live and queued) past which a new one is dropped.
+        self.max_client_keys = max_client_keys
         #: The first part of every flush id: unique to this aggregator, so to this process.
         self.process_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._counts: CountsDict = {}
         self._pending: deque[Batch] = deque()
         self._pending_keys = 0
+        self._live_client_keys = 0
+        self._pending_client_keys = 0
         self._sequence = 0
         self._dropped_events = 0
         self._dropped_keys = 0
         self._drop_reported = False
+        self._client_drop_reported = False
 
-    def add(self, name: str, minute: int, count: int) -> None:
-        """Add ``count`` to ``(name, minute)``, or drop it at the bound (see the module)."""
+    def add(self, name: str, minute: int, count: int, client_chosen: bool = False) -> None:
+        """Add ``count`` to ``(name, minute)``, or drop it at a bound (see the module)."""
         key = (name, minute)
         with self._lock:
             counts = self._counts
@@ -66,12 +79,17 @@ class Aggregator:
             if old is not None:
                 counts[key] = old + count
                 return
-            if len(counts) + self._pending_keys < self.max_keys:
+            # Client-chosen names meet their own bound first (their share of the buffer).
+            share_full = client_chosen and (
+                self._live_client_keys + self._pending_client_keys >= self.max_client_keys
+            )
+            if not share_full and len(counts) + self._pending_keys < self.max_keys:
                 counts[key] = count
+                self._live_client_keys += client_chosen
                 return
             self._dropped_events += count
             self._dropped_keys += 1
-        self._report_drop(name, count)
+        self._report_drop(name, count, share_full)
 
     def drop(self, count: int) -> None:
         """Count ``count`` events that could not be buffered elsewhere as dropped."""
@@ -79,17 +97,27 @@ class Aggregator:
             self._dropped_events += count
             self._dropped_keys += 1
 
-    def _report_drop(self, name: str, count: int) -> None:
-        if self._drop_reported:
-            return
-        self._drop_reported = True
+    def _report_drop(self, name: str, count: int, share_full: bool) -> None:
+        # One report per bound: a flood of client-chosen names, reported first, must not
+        # silence the report that names chosen by the code are being dropped too.
+        if share_full:
+            if self._client_drop_reported:
+                return
+            self._client_drop_reported = True
+            setting, bound = "METRICS_MAX_CLIENT_KEYS", self.max_client_keys
+        else:
+            if self._drop_reported:
+                return
+            self._drop_reported = True
+            setting, bound = "METRICS_MAX_BUFFERED_KEYS", self.max_keys
         logger.error(
-            "metrics buffer full (METRICS_MAX_BUFFERED_KEYS=%d): dropping counts for new keys "
-            "such as %r until a flush succeeds",
-            self.max_keys,
+            "metrics buffer full (%s=%d): dropping counts for new keys such as %r until a "
+            "flush succeeds",
+            setting,
+            bound,
             name,
         )
-        buffer_full.send(sender=None, name=name, count=count, max_keys=self.max_keys)
+        buffer_full.send(sender=None, name=name, count=count, max_keys=bound, setting=setting)
 
     def seal(self, blocking: bool = True) -> bool:
         """Queue the live counts as a new batch (if any). False if the lock was busy."""
@@ -97,10 +125,13 @@ class Aggregator:
             return False
         try:
             counts, self._counts = self._counts, {}
+            client_keys, self._live_client_keys = self._live_client_keys, 0
             if counts:
                 self._sequence += 1
-                self._pending.append(Batch(f"{self.process_id}:{self._sequence}", counts))
+                flush_id = f"{self.process_id}:{self._sequence}"
+                self._pending.append(Batch(flush_id, counts, client_keys))
                 self._pending_keys += len(counts)
+                self._pending_client_keys += client_keys
         finally:
             self._lock.release()
         return True
@@ -110,7 +141,7 @@ class Aggregator:
         with self._lock:
             dropped = self._dropped_events, self._dropped_keys
             self._dropped_events = self._dropped_keys = 0
-            self._drop_reported = False
+            self._drop_reported = self._client_drop_reported = False
         return dropped
 
     def oldest(self) -> Batch | None:
@@ -122,6 +153,7 @@ class Aggregator:
         self._pending.popleft()
         with self._lock:
             self._pending_keys -= len(batch.counts)
+            self._pending_client_keys -= batch.client_keys
 
     @property
     def pending_keys(self) -> int:
@@ -134,10 +166,12 @@ class Aggregator:
             return dict(self._counts)
 
     def stats(self) -> dict[str, int]:
-        """Buffered keys, queued batches and events dropped since the last flush."""
+        """Buffered keys (client-chosen ones apart too), queued batches and events dropped
+        since the last flush."""
         with self._lock:
             return {
                 "buffered_keys": len(self._counts) + self._pending_keys,
+                "client_keys": self._live_client_keys + self._pending_client_keys,
                 "pending_batches": len(self._pending),
                 "dropped_events": self._dropped_events,
             }

@@ -34,31 +34,35 @@ logger = logging.getLogger("metrics_app")
 class Target(Protocol):
     """Where ``record()`` adds a count once the buffer has started."""
 
-    def add(self, name: str, minute: int, count: int) -> None: ...
+    def add(self, name: str, minute: int, count: int, client_chosen: bool = False) -> None: ...
 
 
 class RedisTarget:
-    """``METRICS_BUFFER = "redis"``: one ``HINCRBY`` per count (:mod:`metrics_app.redis_buffer`).
+    """``METRICS_BUFFER = "redis"``: one script call per count (:mod:`metrics_app.redis_buffer`).
 
-    When Redis fails, the count is lost, not the request: it is counted as dropped in the
-    aggregator's stats, and logged at most once a minute.
+    When Redis fails, or the shared hash is at a bound, the count is lost, not the request:
+    it is counted as dropped in the aggregator's stats, and logged at most once a minute.
     """
 
     def __init__(self, aggregator: Aggregator) -> None:
         self._aggregator = aggregator
         self._logged_at: float | None = None
 
-    def add(self, name: str, minute: int, count: int) -> None:
+    def add(self, name: str, minute: int, count: int, client_chosen: bool = False) -> None:
         try:
-            redis_buffer.record(name, minute, count)
+            if redis_buffer.record(name, minute, count, client_chosen):
+                return
+            reason = (
+                "the Redis buffer is at a bound (METRICS_MAX_CLIENT_KEYS for names chosen "
+                "by clients, else METRICS_MAX_BUFFERED_KEYS)"
+            )
         except Exception as exc:
-            self._aggregator.drop(count)
-            now = time.monotonic()
-            if self._logged_at is None or now - self._logged_at > 60:
-                self._logged_at = now
-                logger.error(
-                    "metrics: the Redis buffer failed, counts of %r dropped: %s", name, exc
-                )
+            reason = f"the Redis buffer failed: {exc}"
+        self._aggregator.drop(count)
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at > 60:
+            self._logged_at = now
+            logger.error("metrics: counts of %r dropped: %s", name, reason)
 
 
 class ProcessBuffer:
@@ -74,10 +78,10 @@ class ProcessBuffer:
         self.started = False
         self._start_lock = threading.Lock()
 
-    def add(self, name: str, minute: int, count: int) -> None:
+    def add(self, name: str, minute: int, count: int, client_chosen: bool = False) -> None:
         """Start, then add through the target just chosen."""
         self.start()
-        self.target.add(name, minute, count)
+        self.target.add(name, minute, count, client_chosen)
 
     def start(self) -> None:
         """Install the exit hooks, then choose the target and start the thread (once)."""
@@ -93,6 +97,7 @@ class ProcessBuffer:
         if not self.started:
             return
         self.aggregator.max_keys = conf.MAX_BUFFERED_KEYS
+        self.aggregator.max_client_keys = conf.MAX_CLIENT_KEYS
         in_memory = conf.BUFFER != "redis"
         self.target = self.aggregator if in_memory else self.redis
         if in_memory and conf.FLUSH_INTERVAL > 0:
@@ -118,13 +123,23 @@ def current() -> ProcessBuffer:
 MAX_COUNT = 2**48
 
 
-def record(name: str, count: int = 1, at: datetime | float | None = None) -> None:
+def record(
+    name: str,
+    count: int = 1,
+    at: datetime | float | None = None,
+    *,
+    client_chosen: bool = False,
+) -> None:
     """Count ``count`` events of series ``name`` in the minute of ``at`` (default now).
 
     Thread-safe and free of I/O (unless ``METRICS_BUFFER = "redis"``): the counts reach the
     database at the next flush. ``at`` is an aware datetime or Unix seconds. Raises
     ``ValueError`` for a name no database can store, or a count that is not an int from 0
     to :data:`MAX_COUNT`.
+
+    ``client_chosen=True`` says a client chose ``name`` (it holds part of a URL, say): such
+    names share ``METRICS_MAX_CLIENT_KEYS`` of the buffer, so a client that makes up a new
+    name per request cannot crowd out the names the code chooses.
     """
     if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable():
         # Three cheap tests pass the usual name without a call (this runs on every counted
@@ -140,7 +155,7 @@ def record(name: str, count: int = 1, at: datetime | float | None = None) -> Non
         minute = int(at.timestamp() // 60)
     else:
         minute = int(at // 60)
-    _buffer.target.add(name, minute, count)
+    _buffer.target.add(name, minute, count, client_chosen)
 
 
 def flush(*, raise_errors: bool = True, blocking: bool = True) -> int | None:
@@ -187,7 +202,12 @@ lifecycle.on_fork_in_child(_renew_after_fork)
 
 #: The settings a started buffer caches (the others are read where they are used).
 _CACHED_SETTINGS = frozenset(
-    {"METRICS_BUFFER", "METRICS_FLUSH_INTERVAL", "METRICS_MAX_BUFFERED_KEYS"}
+    {
+        "METRICS_BUFFER",
+        "METRICS_FLUSH_INTERVAL",
+        "METRICS_MAX_BUFFERED_KEYS",
+        "METRICS_MAX_CLIENT_KEYS",
+    }
 )
 
 

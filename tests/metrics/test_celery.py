@@ -82,7 +82,7 @@ def test_worker_drains_the_redis_buffer(celery_worker: Worker, redis_server: str
         "default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server}
     }
     with override_settings(CACHES=redis_cache, METRICS_BUFFER="redis"):
-        metrics_app.record("w:redis", 3)  # HINCRBY in the test process
+        metrics_app.record("w:redis", 3)  # into Redis from the test process
         metrics_app.record("w:redis", 2)
     assert celery_worker.call("metrics_app.flush_redis_buffer") == 1
     now = time.time()

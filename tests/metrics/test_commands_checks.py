@@ -47,10 +47,26 @@ def test_default_settings_pass_but_warn_about_a_local_lock_cache() -> None:
         ({"METRICS_LOCK_CACHE": "nope"}, "metrics_app.E007"),
         ({"METRICS_DATABASE": "nope"}, "metrics_app.E008"),
         ({"METRICS_QUERY_DOWNSAMPLE": "cron"}, "metrics_app.E009"),
+        ({"METRICS_MAX_CLIENT_KEYS": 0}, "metrics_app.E010"),
+        ({"METRICS_MAX_CLIENT_KEYS": "10"}, "metrics_app.E010"),
+        ({"METRICS_MAX_CLIENT_KEYS": 100_000}, "metrics_app.E010"),  # no room for the code's
+        ({"METRICS_MAX_BUFFERED_KEYS": 50, "METRICS_MAX_CLIENT_KEYS": 50}, "metrics_app.E010"),
     ],
 )
 def test_each_check_id(overrides: dict[str, object], check_id: str) -> None:
     assert check_id in ids(**overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"METRICS_MAX_CLIENT_KEYS": 99_999},
+        {"METRICS_MAX_CLIENT_KEYS": None},
+        {"METRICS_MAX_BUFFERED_KEYS": 50, "METRICS_MAX_CLIENT_KEYS": 49},
+    ],
+)
+def test_a_client_share_smaller_than_the_buffer_passes(overrides: dict[str, object]) -> None:
+    assert "metrics_app.E010" not in ids(**overrides)
 
 
 def test_every_check_id_is_documented() -> None:

@@ -165,6 +165,7 @@ def test_database_down_keeps_counts_and_retries(clock: FrozenClock) -> None:
     assert total("b") == 1
     assert buffer.stats() == {
         "buffered_keys": 0,
+        "client_keys": 0,
         "pending_batches": 0,
         "dropped_events": 0,
         "failures": 0,
