@@ -73,9 +73,11 @@ def chart_url(rule: str) -> str | None:
 
     if not apps.is_installed("metrics_app"):
         return None
+    from metrics_app.conf import conf as metrics_conf
     from metrics_app.models import Series
 
-    pk = Series.objects.filter(name=series_name(rule)).values_list("pk", flat=True).first()
+    series = Series.objects.using(metrics_conf.DATABASE)
+    pk = series.filter(name=series_name(rule)).values_list("pk", flat=True).first()
     if pk is None:
         return None
     try:
