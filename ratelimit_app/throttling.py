@@ -320,7 +320,8 @@ class SimpleRateThrottle(BaseThrottle):
             return True
         self.result = outcome
         self.usage = usage = usage_dict(outcome)
-        _show(request, view, self.name, usage)
+        if outcome.limited or _keyed_on_the_client(self):
+            _show(request, view, self.name, usage)
         if outcome.limited:
             ratelimited.send(
                 sender=type(self),
@@ -431,6 +432,17 @@ class ScopedRateThrottle(SimpleRateThrottle):
         return _user_key(self, request)
 
 
+#: The ``get_cache_key`` of our classes: each keys on the session's user or the client's
+#: address.
+_CLIENT_KEYS = frozenset(
+    [
+        AnonRateThrottle.get_cache_key,
+        UserRateThrottle.get_cache_key,
+        ScopedRateThrottle.get_cache_key,
+    ]
+)
+
+
 # -- one check for all of a view's throttles -------------------------------------------------
 
 
@@ -513,6 +525,14 @@ def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
 def _own_timer(throttle: SimpleRateThrottle) -> bool:
     """True when ``throttle`` reads the limiter's clock (its ``timer`` is not overridden)."""
     return type(throttle).timer is SimpleRateThrottle.timer and "timer" not in vars(throttle)
+
+
+def _keyed_on_the_client(throttle: SimpleRateThrottle) -> bool:
+    """True when ``throttle`` counts the requester itself (our classes' keys: the session's
+    user or the client's address). A ``get_cache_key`` of a project's own may key on a value
+    the request names (a posted user name): its counter is not the requester's to read, so
+    only a refusal shows it (docs/security.rst)."""
+    return type(throttle).get_cache_key in _CLIENT_KEYS
 
 
 def _show(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:

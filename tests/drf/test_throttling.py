@@ -261,6 +261,30 @@ def test_a_key_of_the_projects_own(backend_kind: str, scope: str) -> None:
         assert throttling.lookup(keyed, "k1")["count"] == 2
 
 
+def test_a_key_the_request_names_shows_its_counter_only_when_it_refuses(
+    backend_kind: str, scope: str
+) -> None:
+    """A log-in throttle of the project's own, keyed on the account a request names: a
+    stranger naming the victim must not read the victim's counter in the headers; a refusal
+    says what it says."""
+
+    def by_account(self: Any, request: Any, view: Any) -> str | None:
+        return request.META.get("HTTP_X_ACCOUNT")
+
+    keyed = throttle(throttling.SimpleRateThrottle, scope, "3/m", get_cache_key=by_account)
+    view = api_view(keyed, throttle(throttling.AnonRateThrottle, scope + "-anon", "100/m"))
+    with frozen_clock(T0):
+        get(view, ip="192.0.2.1", HTTP_X_ACCOUNT="victim")
+        probe = get(view, ip="198.51.100.9", HTTP_X_ACCOUNT="victim")
+        assert probe.status_code == 200
+        assert probe["RateLimit-Policy"] == f'"drf:{scope}-anon:100/m";q=100;w=60'
+        assert probe["RateLimit"].startswith(f'"drf:{scope}-anon:100/m";r=99;')
+        get(view, ip="192.0.2.1", HTTP_X_ACCOUNT="victim")
+        refused = get(view, ip="198.51.100.9", HTTP_X_ACCOUNT="victim")
+    assert refused.status_code == 429
+    assert f'"drf:{scope}:3/m";r=0;' in refused["RateLimit"]
+
+
 def test_a_parse_rate_of_the_projects_own(backend_kind: str, scope: str) -> None:
     """DRF's idiom for rates it cannot read ("2 per 15 minutes"): its answer is the rate."""
 
