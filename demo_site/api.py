@@ -6,10 +6,20 @@
   ``metrics_app`` (its all-time total and one count per bucket of the period).
 
 Every API view is throttled by ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]`` (our
-``AnonRateThrottle`` and ``UserRateThrottle``: the one-line switch from DRF's), and creating
-a link also by the scope ``links``; the rates are in ``DEFAULT_THROTTLE_RATES``. A view's
-throttles are checked in one round trip, answers carry the ``RateLimit`` headers, and a 429
-its ``Retry-After`` (see ``docs/drf.rst``).
+``AnonRateThrottle`` and ``UserRateThrottle``: the one-line switch from DRF's), with the
+rates of ``DEFAULT_THROTTLE_RATES``. A view's throttles are checked in one round trip,
+answers carry the ``RateLimit`` headers, and a 429 its ``Retry-After`` (see
+``docs/drf.rst``).
+
+Three limits are not DRF's throttles, because a throttle cannot hold them:
+
+* a password (HTTP Basic) is checked before any throttle runs: the log-in rules of the
+  settings count wrong ones, with the log-in form's, in one budget per account
+  (:mod:`demo_site.accounts.passwords`); the API reads Basic credentials on POST only,
+  the method those rules cover (:class:`demo_site.authentication.BasicAuthenticationOnPost`);
+* creating a link counts in the shortener form's budget, one per account or address
+  whichever door is used (:data:`demo_site.shortener.views.CREATE_LIMIT`);
+* an unknown key (404) counts in the ``shorturl-scan`` rule, with the pages that take a key.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from typing import Any
 
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
+from rest_framework.exceptions import Throttled
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,27 +39,31 @@ from rest_framework.views import APIView
 from demo_site.shortener.forms import LinkForm
 from demo_site.shortener.keys import KeyspaceExhausted, create_link
 from demo_site.shortener.models import Link
-from demo_site.shortener.views import bounds, short_url
+from demo_site.shortener.views import CREATE_LIMIT, bounds, short_url
 from metrics_app import query
 from metrics_app.admin import period_from, step_of
 from metrics_app.conf import conf as metrics_conf
-from ratelimit_app.throttling import ScopedRateThrottle
+from ratelimit_app import responses
+from ratelimit_app.conf import conf
+from ratelimit_app.core import get_usage
+from ratelimit_app.throttling import ThrottleUnavailable
 
 logger = logging.getLogger(__name__)
 
 
 class DemoAPIView(APIView):
     """JSON only (no browsable API: ``rest_framework`` need not be an installed app), and
-    the throttles the settings name now, plus the view's :attr:`extra_throttles`."""
+    the authentication and throttles the settings name now."""
 
     renderer_classes = [JSONRenderer]
-    extra_throttles: list[type] = []
+
+    def get_authenticators(self) -> list[Any]:
+        # APIView keeps the classes it found when DRF was imported; read them now, so that
+        # the settings (and a test's override_settings) decide.
+        return [cls() for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]
 
     def get_throttles(self) -> list[Any]:
-        # APIView keeps the DEFAULT_THROTTLE_CLASSES it found when DRF was imported; read
-        # them now, so that the settings (and a test's override_settings) decide.
-        classes = [*api_settings.DEFAULT_THROTTLE_CLASSES, *self.extra_throttles]
-        return [cls() for cls in classes]
+        return [cls() for cls in api_settings.DEFAULT_THROTTLE_CLASSES]
 
 
 def link_json(request: Request, link: Link) -> dict[str, Any]:
@@ -65,10 +80,8 @@ def link_json(request: Request, link: Link) -> dict[str, Any]:
 class LinkList(DemoAPIView):
     """``POST``: shorten ``{"url": ...}`` (validated as the form validates it)."""
 
-    extra_throttles = [ScopedRateThrottle]
-    throttle_scope = "links"
-
     def post(self, request: Request) -> Response:
+        self.count_creation(request)
         data = request.data
         url = data.get("url") if hasattr(data, "get") else None
         form = LinkForm({"url": url if isinstance(url, str) else ""})
@@ -81,6 +94,24 @@ class LinkList(DemoAPIView):
             return Response({"detail": "No free short key was found. Try again."}, status=503)
         found = link_json(request, link)
         return Response(found, status=201, headers={"Location": found["short_url"]})
+
+    def count_creation(self, request: Request) -> None:
+        """Count the request in the budget the shortener's form counts in (every POST,
+        valid or not, as there); over it, DRF's 429 (``Throttled``: a ``Ratelimited``
+        raised here would be DRF's 403), with the ``RateLimit`` headers either way. When
+        the counters are down and ``RATELIMIT_FAIL_OPEN`` is off, a 503, as the form's
+        decorator answers: the client did nothing wrong."""
+        usage = get_usage(request._request, increment=True, **CREATE_LIMIT)
+        if usage is None:
+            return
+        if conf.HEADERS:  # after the throttles' own: one list of policies
+            for name, value in responses.ratelimit_headers([(None, usage)]).items():
+                known = self.headers.get(name)
+                self.headers[name] = f"{known}, {value}" if known else value
+        if usage["should_limit"]:
+            if not usage["rate"]:  # the counters are down and the limit fails closed
+                raise ThrottleUnavailable(CREATE_LIMIT["group"])
+            raise Throttled(wait=usage["retry_after"])
 
 
 class LinkVisits(DemoAPIView):

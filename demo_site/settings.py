@@ -101,36 +101,72 @@ RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
 # The demo's 429 page shows nothing of the request (templates/ratelimit_app/429.html): render
 # it once per answer, so a flood of refusals costs less than serving.
 RATELIMIT_CACHE_PAGES = True
-# A 404 is a failure too: the "shorturl-scan" rule counts the keys a client guesses wrong.
-RATELIMIT_FAILURE_STATUSES = [400, 401, 403, 404]
+# What fails, for the "failures" rules: a 404 (the "shorturl-scan" rule counts the keys a
+# client guesses wrong) and a 401 (a refused HTTP Basic password on the API). Wrong passwords
+# are told by Django's user_login_failed, which every door that checks one sends. Not 400 or
+# 403: a form with errors or a failed CSRF check tries no password, and a 400 from the API's
+# POST with the right password must not count as a wrong one.
+RATELIMIT_FAILURE_STATUSES = [401, 404]
+# Every door that checks a password (demo_site/accounts/passwords.py): the log-in forms, the
+# password changes (the old password), and the JSON API's HTTP Basic, which the API reads on
+# POST only. The log-in rules cover them all: one budget per account whichever is used.
+PASSWORD_DOORS = [
+    "/accounts/login/",
+    "/admin/login/",
+    "/accounts/password_change/",
+    "/admin/password_change/",
+    "/api/",
+]
 RATELIMIT_RULES = [
-    # Wrong passwords per account (the login form's username, compared like an email:
-    # case and spaces do not matter): 5 a minute and 10 a day. Only failures count.
+    # Wrong passwords per account and client address together: 5 a minute and 20 a day. A
+    # stranger who uses them up locks out their own address, not the account's owner. The
+    # account is the one the door checks (the log-in form's username, the signed-in user,
+    # the Basic user name), compared like an email: case and spaces do not matter.
+    {
+        "name": "login-pair",
+        "path": PASSWORD_DOORS,
+        "methods": ["POST"],
+        "key": "demo_site.accounts.passwords.account_and_address",
+        "rate": "5/m;20/d",
+        "count": "failures",
+    },
+    # ...and per account from every address: 100 a day stops a botnet that spreads its
+    # guesses over many addresses. Locking the owner out takes 100 wrong passwords from at
+    # least five addresses (docs/rules.rst, "Three limits on the log-in").
     {
         "name": "login-account",
-        "path": ["/accounts/login/", "/admin/login/"],
+        "path": PASSWORD_DOORS,
         "methods": ["POST"],
-        "key": "email:username",
-        "rate": "5/m;10/d",
+        "key": "demo_site.accounts.passwords.account",
+        "rate": "100/d",
         "count": "failures",
     },
     # ...and per client address, so that one address cannot spray many accounts.
     {
         "name": "login-ip",
-        "path": ["/accounts/login/", "/admin/login/"],
+        "path": PASSWORD_DOORS,
         "methods": ["POST"],
         "key": "ip",
         "rate": "20/m;200/d",
         "count": "failures",
     },
     # Password-reset emails: 5 an hour per address (every request counts, whether the
-    # address has an account or not, so the answer gives nothing away).
+    # address has an account or not, so the answer gives nothing away)...
     {
         "name": "password-reset",
         "path": "/accounts/password_reset/",
         "methods": ["POST"],
         "key": "email",
         "rate": "5/h",
+    },
+    # ...and 10 an hour, 30 a day per client address, whatever the addresses asked for: one
+    # client cannot mail every account it knows of.
+    {
+        "name": "password-reset-ip",
+        "path": "/accounts/password_reset/",
+        "methods": ["POST"],
+        "key": "ip",
+        "rate": "10/h;30/d",
     },
     # Sign-ups: 20 a day per client address.
     {
@@ -150,11 +186,13 @@ RATELIMIT_RULES = [
         "rate": "1/s",
     },
     # Short keys guessed wrong (404s) per client address: scanning the key space is slow.
-    # Both pages that take a key tell whether it exists, so both count, in one budget:
-    # alternating between them gains nothing.
+    # Every door that tells whether a key exists counts, in one budget: the redirect, the
+    # link's page and the API's visits (alternating between them gains nothing). GET and
+    # HEAD only: the API's POST /api/links/ takes no key.
     {
         "name": "shorturl-scan",
-        "path": ["/s/", "/links/"],
+        "path": ["/s/", "/links/", "/api/links/"],
+        "methods": ["GET", "HEAD"],
         "key": "ip",
         "rate": "30/m;300/d",
         "count": "failures",
@@ -163,7 +201,14 @@ RATELIMIT_RULES = [
 
 # -- The JSON API (demo_site/api.py): Django REST framework on our sliding windows. ----------
 # Switching from DRF's throttles is the module path in DEFAULT_THROTTLE_CLASSES (docs/drf.rst).
+# DRF checks a password before any throttle runs: the log-in rules above hold the API's
+# HTTP Basic, which it reads on POST only (the rules' method), to one budget per account.
+# Creating a link counts in the shortener form's budget (shortener/views.py, CREATE_LIMIT).
 REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "demo_site.authentication.BasicAuthenticationOnPost",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_THROTTLE_CLASSES": [
         "ratelimit_app.throttling.AnonRateThrottle",
         "ratelimit_app.throttling.UserRateThrottle",
@@ -171,8 +216,6 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "anon": "30/m;1000/d",
         "user": "120/m;10000/d",
-        # Creating links, per user or client address: as the form's (shortener/views.py).
-        "links": "10/m;100/d",
     },
 }
 

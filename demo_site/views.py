@@ -17,16 +17,26 @@ from ratelimit_app.conf import conf
 
 #: How to reach each rule's 429 from a browser (docs/demo.rst says the same).
 HOW_TO_TRY = {
-    "login-account": "Log in as demo with a wrong password six times within a minute: the "
-    "sixth attempt is refused, even with the right password.",
+    "login-pair": "Log in as demo with a wrong password six times within a minute: the "
+    "sixth attempt is refused, even with the right password, from your address only. The "
+    "log-in forms, the password changes and the API's HTTP Basic share this budget.",
+    "login-account": "Fail 100 log-ins for one account within a day, 20 from each of five "
+    "addresses: the 101st is refused from every address, even with the right password.",
     "login-ip": "Fail 21 log-ins within a minute, each with another username: the 21st is "
     "refused.",
     "password-reset": "Ask for a password reset for one address six times within an hour "
     "(the emails are printed in the terminal that runs make demo).",
+    "password-reset-ip": "Ask for password resets for eleven different addresses within an "
+    "hour: the eleventh is refused.",
     "signup": "Sign up 21 times in a day from one address (docs/demo.rst has a shell loop).",
     "send-message": "Send two messages within a second: double-click Send.",
-    "shorturl-scan": "Open 31 short links or link pages that do not exist within a minute "
-    "(/s/nope1, /links/nope2/, ...).",
+    "shorturl-scan": "Open 31 short links, link pages or API visits that do not exist "
+    "within a minute (/s/nope1, /links/nope2/, /api/links/nope3/visits/, ...).",
+}
+#: What the demo's own keys count, as the page says it.
+KEY_TEXT = {
+    "demo_site.accounts.passwords.account_and_address": "account and address",
+    "demo_site.accounts.passwords.account": "account",
 }
 
 
@@ -53,7 +63,7 @@ def limits(request: HttpRequest) -> HttpResponse:
                 "methods": described["methods"]
                 if isinstance(described["methods"], str)
                 else " ".join(described["methods"]),
-                "key": described["key"],
+                "key": KEY_TEXT.get(described["key"], described["key"]),
                 "rate": described["rate"],
                 "failures_only": rule.failures_only,
                 "how": HOW_TO_TRY.get(rule.name, ""),

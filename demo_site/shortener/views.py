@@ -37,6 +37,15 @@ logger = logging.getLogger(__name__)
 
 #: Links a client may create: per account when logged in, else per IP address.
 CREATE_RATE = "10/m;100/d"
+#: The limit on creating links, one budget whichever door is used: the form here (its
+#: decorator) and the API's POST (``demo_site.api``, through ``get_usage``) count with
+#: these same arguments, so they count in the same counters.
+CREATE_LIMIT: dict[str, Any] = {
+    "group": "shortener:create",
+    "key": "user_or_ip",
+    "rate": CREATE_RATE,
+    "method": "POST",
+}
 #: Links listed on the home page.
 RECENT_LINKS = 10
 
@@ -73,7 +82,11 @@ def recent_rows(request: HttpRequest) -> list[LinkRow]:
     names = [link.series_name for link in links]
     start, end = bounds(views.DEFAULT_PERIOD)
     recent = query.series_many(names, start, end)
-    totals = dict(Series.objects.filter(name__in=names).values_list("name", "total"))
+    totals = dict(
+        Series.objects.using(metrics_conf.DATABASE)
+        .filter(name__in=names)
+        .values_list("name", "total")
+    )
     rows = []
     for link in links:
         counts = [count for _, count in recent[link.series_name]]
@@ -114,8 +127,9 @@ def index(request: HttpRequest) -> HttpResponse:
     """``/``: the form (POST creates a link and shows its page) and the newest links.
 
     Creating is limited by a decorator, 10 a minute and 100 a day per user (or per IP when
-    anonymous); reading is not. An invalid URL is shown again with its error (400); so is a
-    URL refused by the limit (429), saying that no link was created and when to try again.
+    anonymous), in one budget with the API's POST (:data:`CREATE_LIMIT`); reading is not.
+    An invalid URL is shown again with its error (400); so is a URL refused by the limit
+    (429), saying that no link was created and when to try again.
     """
     if request.method != "POST":
         return _index(request, LinkForm())
@@ -126,7 +140,7 @@ def index(request: HttpRequest) -> HttpResponse:
         return _not_created(request, form, refused)
 
 
-@ratelimit(group="shortener:create", key="user_or_ip", rate=CREATE_RATE, method="POST")
+@ratelimit(**CREATE_LIMIT)
 def _create(request: HttpRequest, form: LinkForm) -> HttpResponse:
     """Every POST counts, valid or not: a client cannot probe the form for free."""
     if not form.is_valid():
@@ -217,7 +231,12 @@ def _series_admin_url(request: HttpRequest, name: str) -> str | None:
     user = request.user
     if not (user.is_active and user.is_staff and user.has_perm("metrics_app.view_series")):
         return None
-    pk = Series.objects.filter(name=name).values_list("pk", flat=True).first()
+    pk = (
+        Series.objects.using(metrics_conf.DATABASE)
+        .filter(name=name)
+        .values_list("pk", flat=True)
+        .first()
+    )
     if pk is None:
         return None
     return reverse("admin:metrics_app_series_change", args=[pk])

@@ -49,25 +49,34 @@ def assert_demo_429(response: Any, rule: str) -> None:
 
 
 class TestLogin:
-    def test_five_wrong_passwords_a_minute_per_account(self, client: Client, alice: User) -> None:
+    def test_five_wrong_passwords_a_minute_per_account_and_address(
+        self, client: Client, alice: User
+    ) -> None:
         with frozen_clock(T0) as clock:
             assert [log_in(client, "alice", "wrong") for _ in range(5)] == [200] * 5
-            refused = client.post("/accounts/login/", {"username": "alice", "password": PASSWORD})
-            assert_demo_429(refused, "login-account")
-            # A per-account limit: the page blames the account, not the client's address.
-            assert "were made for this account or address" in refused.content.decode()
-            assert "came from" not in refused.content.decode()
+            refused = client.post(
+                "/accounts/login/",
+                {"username": "alice", "password": PASSWORD},
+                REMOTE_ADDR="192.0.2.1",
+            )
+            assert_demo_429(refused, "login-pair")
+            # The page blames the account at this address, and nothing else.
+            text = refused.content.decode()
+            assert "Too many wrong passwords were tried for this account from your" in text
             assert log_in(client, " ALICE ", "wrong") == 429  # the same account
             assert log_in(client, "bob", "wrong") == 200  # another account
+            assert log_in(client, "alice", PASSWORD, ip="192.0.2.9") == 302  # another address
             clock.advance(61)
             assert log_in(client, "alice", PASSWORD) == 302
 
-    def test_ten_wrong_passwords_a_day_per_account(self, client: Client, alice: User) -> None:
+    def test_twenty_wrong_passwords_a_day_per_account_and_address(
+        self, client: Client, alice: User
+    ) -> None:
         with frozen_clock(T0) as clock:
-            for _ in range(2):
+            for _ in range(4):
                 assert [log_in(client, "alice", "wrong") for _ in range(5)] == [200] * 5
                 clock.advance(61)
-            assert log_in(client, "alice", PASSWORD) == 429  # the day's ten are used
+            assert log_in(client, "alice", PASSWORD) == 429  # the day's twenty are used
             # A day later, plus up to one fine bucket (1/60 of the window): the limiter may
             # block early by that much, never late.
             clock.advance(86400 + 1440)
@@ -115,6 +124,56 @@ class TestPasswordReset:
         assert page.status_code == 200
         assert b"Choose a new password" in page.content
 
+    def test_one_address_cannot_mail_every_account(self, django_user_model: Any) -> None:
+        for n in range(12):
+            django_user_model.objects.create_user(
+                f"user{n}", email=f"user{n}@example.com", password=PASSWORD
+            )
+        with frozen_clock(T0) as clock:
+            codes = [
+                Client()
+                .post(
+                    "/accounts/password_reset/",
+                    {"email": f"user{n}@example.com"},
+                    REMOTE_ADDR="203.0.113.9",
+                )
+                .status_code
+                for n in range(12)
+            ]
+            assert codes == [302] * 10 + [429] * 2
+            assert len(mail.outbox) == 10
+            # Another address still gets its resets; the hour's ten come back an hour later.
+            other = Client().post(
+                "/accounts/password_reset/",
+                {"email": "user11@example.com"},
+                REMOTE_ADDR="192.0.2.8",
+            )
+            assert other.status_code == 302
+            clock.advance(3600 + 60)
+            again = Client().post(
+                "/accounts/password_reset/",
+                {"email": "user10@example.com"},
+                REMOTE_ADDR="203.0.113.9",
+            )
+            assert again.status_code == 302
+
+    def test_thirty_a_day_per_address(self, django_user_model: Any) -> None:
+        with frozen_clock(T0) as clock:
+            codes = []
+            for hour in range(4):
+                codes += [
+                    Client()
+                    .post(
+                        "/accounts/password_reset/",
+                        {"email": f"nobody{hour}-{n}@example.com"},
+                        REMOTE_ADDR="203.0.113.9",
+                    )
+                    .status_code
+                    for n in range(10)
+                ]
+                clock.advance(3600 + 60)
+        assert codes == [302] * 30 + [429] * 10
+
 
 class TestSignup:
     @staticmethod
@@ -146,6 +205,19 @@ class TestSignup:
                 for _ in range(21)
             ]
         assert codes == [400] * 20 + [429]
+
+    def test_probing_for_taken_names_is_limited(self, alice: User) -> None:
+        """The form says when a username or an address has an account (it must, to be
+        usable): every such probe is a sign-up POST, twenty a day per address."""
+        data = {"username": "alice", "email": "ALICE@example.com", "password1": "x"}
+        with frozen_clock(T0):
+            answers = [
+                Client().post("/accounts/signup/", data, REMOTE_ADDR="203.0.113.8")
+                for _ in range(21)
+            ]
+        assert [a.status_code for a in answers] == [400] * 20 + [429]
+        assert b"A user with that username already exists." in answers[0].content
+        assert b"An account already uses this address." in answers[0].content
 
     def test_one_account_per_email(self, client: Client, alice: User) -> None:
         data = {
@@ -206,8 +278,20 @@ def test_pages_render(client: Client, alice: User) -> None:
         response = client.get(path)
         assert response.status_code == 200, path
     limits = client.get("/limits/").content.decode()
-    for rule in ("login-account", "login-ip", "password-reset", "signup", "send-message"):
+    for rule in (
+        "login-pair",
+        "login-account",
+        "login-ip",
+        "password-reset",
+        "password-reset-ip",
+        "signup",
+        "send-message",
+        "shorturl-scan",
+    ):
         assert f"<code>{rule}</code>" in limits
+    # The demo's own keys are named as people say them, not by their module path.
+    assert "<td>account and address</td>" in limits
+    assert "demo_site.accounts.passwords" not in limits
     client.force_login(alice)
     page = client.get("/").content.decode()
     assert "alice" in page and "Log out" in page
