@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -50,15 +50,29 @@ def peer_class(item: pytest.Item, module: str) -> str:
     return ""
 
 
+class Difference(NamedTuple):
+    """A documented difference a peer's test pins: why it fails here, and the exception its
+    failure raises. Any other exception (a fixture that errors, a server CI could not start)
+    is then reported as the failure it is, not as the difference."""
+
+    reason: str
+    raises: type[BaseException]
+
+
 def mark_differences(
-    items: list[pytest.Item], here: Path, module: str, differences: dict[tuple[str, str], str]
+    items: list[pytest.Item],
+    here: Path,
+    module: str,
+    differences: dict[tuple[str, str], Difference],
 ) -> None:
-    """Strict xfails, with their reasons, for the peer's tests (collected in ``here``) that
-    pin a documented difference: a pass means the difference is gone and the docs are
-    wrong."""
+    """Strict xfails, with their reasons and the one exception each documents, for the
+    peer's tests (collected in ``here``) that pin a documented difference: a pass means the
+    difference is gone and the docs are wrong."""
     for item in items:
         if item.path.parent != here:
             continue
-        reason = differences.get((peer_class(item, module), item.name))
-        if reason is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+        difference = differences.get((peer_class(item, module), item.name))
+        if difference is not None:
+            item.add_marker(
+                pytest.mark.xfail(strict=True, reason=difference.reason, raises=difference.raises)
+            )

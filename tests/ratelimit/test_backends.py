@@ -15,7 +15,7 @@ import pytest
 from django.core.cache import caches
 from django.test import override_settings
 
-from ratelimit_app import windows
+from ratelimit_app import gcra, windows
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.engine import check
@@ -26,6 +26,18 @@ from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import several_memcached
 
 T0 = 1_800_000_000.5
+#: ``RATELIMIT_CACHE_PREFIX`` in this module (not the default), and the cache's own prefix
+#: (``KEY_PREFIX`` "" and ``VERSION`` 1, as Django's key function writes them). Expected keys
+#: are built from these literals, never from the backend's idea of its prefix, so a prefix
+#: the backend ignored fails here.
+PREFIX = "rl-contract:"
+CACHE_PREFIX = ":1:"
+
+
+@pytest.fixture(autouse=True)
+def custom_prefix() -> Iterator[None]:
+    with override_settings(RATELIMIT_CACHE_PREFIX=PREFIX):
+        yield
 
 
 def remaining_ttl(kind: str, key: str) -> float:
@@ -39,11 +51,12 @@ def remaining_ttl(kind: str, key: str) -> float:
     return cache._expire_info[key] - time.time()
 
 
-def physical_key(backend: Any, ns: str, suffix: str) -> str:
-    """The server key of a bucket (Redis keeps a uniform window's buckets in one hash)."""
-    if hasattr(backend, "physical_key"):
-        return str(backend.physical_key(ns, suffix)[0])
-    return str(backend.cache_prefix + backend.rl_prefix + ns + suffix)
+def physical_key(kind: str, ns: str, suffix: str) -> str:
+    """The server key of a bucket. Redis keeps a uniform window's buckets in one hash,
+    ``...:W/G`` (``:60/60:123`` and ``:60/60x10:12`` are fields of ``:60/60``)."""
+    if kind == "redis" and not suffix.startswith(":h") and suffix != gcra.SUFFIX:
+        suffix = suffix.rsplit(":", 1)[0].split("x")[0]
+    return CACHE_PREFIX + PREFIX + ns + suffix
 
 
 class TestContract:
@@ -159,10 +172,10 @@ class TestContract:
         backend.run(ns, plan, True)
         longest: dict[str, int] = {}  # Redis: the buckets of a window share one hash
         for suffix, ttl in plan.writes:
-            key = physical_key(backend, ns, suffix)
+            key = physical_key(backend_kind, ns, suffix)
             longest[key] = max(ttl, longest.get(key, 0))
         for suffix, ttl in plan.writes:
-            key = physical_key(backend, ns, suffix)
+            key = physical_key(backend_kind, ns, suffix)
             assert "alice" not in key and "example" not in key
             assert len(key.encode()) < 250 and not any(c.isspace() or ord(c) < 33 for c in key)
             # The counter is on the server under exactly that key, with the TTL planned
@@ -174,15 +187,15 @@ class TestContract:
         plan = windows.plan(parse("5/m"), time.time())
         ns = namespace(group, "ip", "192.0.2.9")
         suffix = plan.writes[0][0]
-        full_key = backend.rl_prefix + ns + suffix
         if backend_kind == "redis":
             key, field = backend.physical_key(ns, suffix)
+            assert key == physical_key(backend_kind, ns, suffix)
             caches["rl"].client.get_client().hset(key, field, "x")
         elif backend_kind == "memcached":
             node = backend.nodes[0].client  # type: ignore[attr-defined]
-            node.set(backend.cache_prefix + full_key, b"not-a-number")
+            node.set(physical_key(backend_kind, ns, suffix), b"not-a-number")
         else:
-            caches["rl"].set(full_key, "not-a-number")
+            caches["rl"].set(PREFIX + ns + suffix, "not-a-number")  # the cache adds ":1:"
         with pytest.raises(BackendError):
             backend.run(ns, plan, True)
 
@@ -209,12 +222,13 @@ class TestContract:
     def _store(backend_kind: str, backend: Any, ns: str, suffix: str, value: str) -> None:
         if backend_kind == "redis":
             key, field = backend.physical_key(ns, suffix)
+            assert key == physical_key(backend_kind, ns, suffix)
             caches["rl"].client.get_client().hset(key, field, value)
         elif backend_kind == "memcached":
-            full_key = backend.cache_prefix + backend.rl_prefix + ns + suffix
+            full_key = physical_key(backend_kind, ns, suffix)
             backend.nodes[0].client.set(full_key, value.encode(), expire=300)
         else:
-            caches["rl"].set(backend.rl_prefix + ns + suffix, value, 300)
+            caches["rl"].set(PREFIX + ns + suffix, value, 300)  # the cache adds ":1:"
 
     def test_threads_never_admit_more_than_the_limit(self, backend: Any, group: str) -> None:
         admitted = []
@@ -232,12 +246,20 @@ class TestContract:
             t.start()
         for t in threads:
             t.join()
+        topped_up = top_up(group, ("ip", "192.0.2.50"), "20/m")
+        # docs/concepts.rst, "Never lenient": no window of length W ever admits more than N
+        # requests, under any amount of concurrency.
         assert len(admitted) <= 20
-        assert len(admitted) >= 1
+        # docs/concepts.rst, "Refused hits are taken back" and "Tight": a refused request
+        # does not use up the quota, so once the concurrent requests are answered the window
+        # holds the admitted ones alone and one request at a time is admitted until it holds
+        # N. (Concurrent requests may be refused where they would have fit: the strict side.)
+        assert len(admitted) + topped_up == 20
 
     def test_concurrent_hits_never_pass_the_limit(self, backend: Any, group: str) -> None:
         """Many hits at once on one subject: never more than the limit admitted (a hit may
-        be refused where it would have fit, when a read sees hits that came after it)."""
+        be refused where it would have fit, when a read sees hits that came after it), and
+        the refused ones taken back."""
 
         def worker(subject: tuple[str, str], barrier: Any, admitted: list[int]) -> None:
             barrier.wait()
@@ -256,7 +278,16 @@ class TestContract:
                 t.start()
             for t in threads:
                 t.join()
-            assert 1 <= len(admitted) <= 5, f"round {round_}"
+            topped_up = top_up(group, subject, "5/m;50/h")
+            # docs/concepts.rst, "Never lenient": no window of length W ever admits more
+            # than N requests, under any amount of concurrency.
+            assert len(admitted) <= 5, f"round {round_}"
+            # docs/concepts.rst, "Refused hits are taken back" and "Tight": a refused request
+            # does not use up the quota, so once the concurrent requests are answered the
+            # window holds the admitted ones alone and one request at a time is admitted
+            # until it holds N. (Concurrent requests may be refused where they would have
+            # fit: the strict side.)
+            assert len(admitted) + topped_up == 5, f"round {round_}"
 
     def test_a_busy_subject_reads_every_bucket(self, backend: Any, group: str) -> None:
         """Every bucket a check reads holds a value: a reply of many kilobytes, read whole."""
@@ -307,6 +338,15 @@ class TestContract:
             assert not check(group, ("ip", "192.0.2.60"), rate, True).limited
 
 
+def top_up(group: str, subject: tuple[str, str], rate: str) -> int:
+    """Counted hits of ``subject`` one at a time until one is refused: how many the window
+    still admits (stops at 1000, far over any limit here)."""
+    for admitted in range(1000):
+        if check(group, subject, parse(rate), True).limited:
+            return admitted
+    raise AssertionError(f"{rate} never refused {subject}")
+
+
 def _process_worker(args: tuple[str, str, int]) -> int:
     group, ip, hits = args
     reset_backends()  # never share a parent's sockets after fork
@@ -322,8 +362,16 @@ def test_processes_never_admit_more_than_the_limit(kind: str, request: Any, grou
         reset_backends()
         context = multiprocessing.get_context("fork")
         with context.Pool(4) as pool:
-            admitted = pool.map(_process_worker, [(group, "192.0.2.70", 40)] * 4)
-        assert sum(admitted) == 30  # all within one minute: exactly the limit
+            admitted = sum(pool.map(_process_worker, [(group, "192.0.2.70", 40)] * 4))
+        topped_up = top_up(group, ("ip", "192.0.2.70"), "30/m")
+    # docs/concepts.rst, "Never lenient": no window of length W ever admits more than N
+    # requests, under any amount of concurrency.
+    assert admitted <= 30
+    # docs/concepts.rst, "Refused hits are taken back" and "Tight": a refused request does
+    # not use up the quota, so once the concurrent requests are answered the window holds
+    # the admitted ones alone and one request at a time is admitted until it holds N.
+    # (Concurrent requests may be refused where they would have fit: the strict side.)
+    assert admitted + topped_up == 30
 
 
 @pytest.fixture
@@ -391,10 +439,7 @@ def test_several_memcached_nodes(two_memcached: list[Any], group: str) -> None:
         for n in range(40):
             ns = namespace(group, "ip", f"192.0.2.{n}")
             backend.run(ns, plan, True)
-            keys = [
-                (backend.cache_prefix + backend.rl_prefix + ns + s).encode()
-                for s, _ in plan.writes
-            ]
+            keys = [physical_key("memcached", ns, s).encode() for s, _ in plan.writes]
             holders = [
                 sum(node.client.raw_command(b"mg " + k + b" v").startswith(b"VA") for k in keys)
                 for node in backend.nodes

@@ -51,6 +51,17 @@ T0 = 1_800_000_000.0
 #: bucket minus the fine buckets before the window (buckets read only to be subtracted).
 T_FINAL = T0 + 3.5
 LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+#: ``RATELIMIT_CACHE_PREFIX`` in this module (not the default), and the cache's own prefix
+#: (``KEY_PREFIX`` "" and ``VERSION`` 1). Keys read back raw are built from these literals,
+#: never from the backend's idea of its prefix, so a prefix the backend ignored fails here.
+PREFIX = "rl-raw:"
+CACHE_PREFIX = ":1:"
+
+
+@pytest.fixture(autouse=True)
+def custom_prefix() -> Iterator[None]:
+    with override_settings(RATELIMIT_CACHE_PREFIX=PREFIX):
+        yield
 
 
 @pytest.fixture
@@ -89,8 +100,7 @@ def raw_get(address: str, keys: list[str]) -> dict[str, bytes]:
 
 
 def server_key(ns: str, suffix: str) -> str:
-    backend = get_backend()
-    return backend.cache_prefix + backend.rl_prefix + ns + suffix
+    return CACHE_PREFIX + PREFIX + ns + suffix
 
 
 def one_hit_in_every_bucket_read(final: windows.Plan, now: float) -> list[float]:

@@ -28,6 +28,17 @@ from ratelimit_app.keys import namespace
 from ratelimit_app.rates import parse
 
 T0 = 1_800_000_000.5
+#: ``RATELIMIT_CACHE_PREFIX`` in this module (not the default), and django-redis's own
+#: prefix (``KEY_PREFIX`` "" and ``VERSION`` 1): keys looked up on the server are built from
+#: these literals, so a prefix the backend ignored fails here.
+PREFIX = "rl-redis:"
+CACHE_PREFIX = ":1:"
+
+
+@pytest.fixture(autouse=True)
+def custom_prefix() -> Iterator[None]:
+    with override_settings(RATELIMIT_CACHE_PREFIX=PREFIX):
+        yield
 
 
 @pytest.fixture
@@ -111,7 +122,8 @@ def test_hashes_stay_small_for_a_busy_subject(redis_cache: str, group: str) -> N
         backend.run(ns, windows.plan(rates, T0 + t), True)
     fine, _ = backend.physical_key(ns, windows.plan(rates, T0).writes[0][0])
     coarse, _ = backend.physical_key(ns, windows.plan(rates, T0).writes[1][0])
-    assert fine == coarse  # one hash a window: x-fields are its coarse buckets
+    # One hash a window, ``...:W/G``: x-fields are its coarse buckets.
+    assert fine == coarse == f"{CACHE_PREFIX}{PREFIX}{ns}:60/60"
     fields = [f.decode() for f in server(backend).hkeys(fine)]
     coarse_fields = [f for f in fields if f.startswith("x")]
     assert 3 * 60 <= len(fields) - len(coarse_fields) <= 3 * 60 + 2 * 10

@@ -8,6 +8,7 @@ Commands print one JSON line on stdout (``progress`` lines before it for ``downs
 * ``seed``: wipe the metrics tables and write :func:`seed_counts` (deterministic).
 * ``downsample BATCH``: one downsampling run as of :data:`NOW`, a progress line per batch.
 * ``snapshot``: every bucket and every series total.
+* ``ledger``: every flush-ledger row, as ``[flush id, Unix time of its write]``.
 * ``sigterm-in-query SECONDS``: record 7 visits, then wait in ``pg_sleep(SECONDS)`` for a
   SIGTERM; prints ``ready`` first, ``previous_handler`` when the chained handler runs.
 * ``drain``: what the Celery task ``flush_redis_buffer`` does: the Redis buffer into the
@@ -105,6 +106,13 @@ def snapshot() -> None:
     out(buckets=buckets, totals=dict(Series.objects.values_list("name", "total")))
 
 
+def ledger() -> None:
+    from metrics_app.models import FlushLedger
+
+    rows = FlushLedger.objects.values_list("flush_id", "created")
+    out(rows=sorted([flush_id, created.timestamp()] for flush_id, created in rows))
+
+
 def sigterm_in_query(seconds: float) -> None:
     """Record visits, then wait in a PostgreSQL query (``pg_sleep``) for the SIGTERM the test
     sends: the flush must not run on the interrupted connection (it would wait on itself),
@@ -138,6 +146,8 @@ def main(argv: list[str]) -> None:
         downsample(int(args[0]))
     elif command == "snapshot":
         snapshot()
+    elif command == "ledger":
+        ledger()
     elif command == "sigterm-in-query":
         sigterm_in_query(float(args[0]))
     elif command == "drain":
