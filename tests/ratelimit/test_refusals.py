@@ -309,6 +309,30 @@ def test_a_test_suite_that_clears_the_cache_forgets_the_refusals_too(
     assert usage is not None and not usage["should_limit"]
 
 
+def test_the_memory_holds_at_most_refusal_memory_size_subjects(
+    backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``RATELIMIT_REFUSAL_MEMORY_SIZE``: the least recently refused subject is forgotten
+    (its next request is checked again, with a round trip); the others are still refused
+    from memory."""
+    addresses = ["192.0.2.61", "192.0.2.62", "192.0.2.63"]
+    with (
+        rules(rule(rate="1/m"), RATELIMIT_REFUSAL_MEMORY=60, RATELIMIT_REFUSAL_MEMORY_SIZE=2),
+        frozen_clock(T0),
+    ):
+        for address in addresses:
+            assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 200
+            assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 429
+        assert len(engine.REFUSALS) == 2
+        trips = RoundTrips(monkeypatch)
+        for address in addresses[1:]:  # remembered: no round trip
+            assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 429
+        assert trips.count == 0
+        # The first was forgotten: checked again (still refused, by the counters).
+        assert client.get("/rules/named/", REMOTE_ADDR=addresses[0]).status_code == 429
+        assert trips.count > 0
+
+
 def test_inside_djangos_test_environment_cache_clear_alone_resets_a_limit(
     backend_kind: str,
 ) -> None:
