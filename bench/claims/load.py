@@ -97,6 +97,10 @@ LINK_KEY = "bench"
 LINK_URL = "https://example.com/"
 FORM = "email=bench%40example.com&password=x"
 BENCH_RULES = ("bench-ip-m", "bench-email-h", "bench-ip-d")
+#: The rules whose headers an admitted answer carries: those that count the client itself
+#: (the email rule counts a value the request names: docs/rules.rst, "Headers on admitted
+#: requests").
+BENCH_SHOWN = ("bench-ip-m", "bench-ip-d")
 START_TIMEOUT = 60.0
 
 
@@ -123,20 +127,20 @@ class Case:
 CASES = (
     Case("plain", "plain view", "/bench/plain/"),
     Case("counted", "+ visit counting", "/bench/counted/", series="bench:visits"),
-    Case("rules", "+ 3 rules (RatelimitMiddleware)", "/bench/rules/", rules=BENCH_RULES),
+    Case("rules", "+ 3 rules (RatelimitMiddleware)", "/bench/rules/", rules=BENCH_SHOWN),
     Case(
         "rules+counted",
         "+ 3 rules + visit counting",
         "/bench/rules/counted/",
         series="bench:visits",
-        rules=BENCH_RULES,
+        rules=BENCH_SHOWN,
     ),
     Case(
         "floor",
         "floor: 1 round trip + visit counting",
         "/bench/floor/counted/",
         series="bench:visits",
-        rules=BENCH_RULES,
+        rules=BENCH_SHOWN,
     ),
     Case("django-ratelimit", "+ 3 django-ratelimit decorators", "/bench/django-ratelimit/"),
     Case(
