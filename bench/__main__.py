@@ -12,6 +12,7 @@ import time
 
 from bench.claims import (
     accuracy,
+    big_bodies,
     drf_throttle,
     leaky_bucket,
     load,
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     meter_rows = leaky_bucket.run(rounds=rounds, calls=calls, ips=ips)
     print(leaky_bucket.render(meter_rows, rounds, calls), end="\n\n")
     print(accuracy.render(accuracy.run(scale=scale)), end="\n\n")
+    body_rounds = 2 if args.quick else big_bodies.ROUNDS
+    print(big_bodies.render(big_bodies.run(rounds=body_rounds), body_rounds), end="\n\n")
     # Django REST framework: our throttles against DRF's, per request and under concurrency.
     drf_rows = drf_throttle.run(rounds=rounds, calls=calls)
     drf_found = drf_throttle.run_concurrency()

@@ -7,6 +7,13 @@ must count as the value it pads. A value that is still too long, or cannot be ke
 (a lone surrogate, bytes that are not UTF-8), is a subject of its own, derived from it by a
 hash: never the IP fallback, which would let a client pad its way out of an account's limit.
 
+The work a value costs stays a few passes over it in C, whatever it holds: its padding is
+stripped first, and a value still longer than ``NORMALISED_AT_MOST`` (NFKC shrinks text at
+most fourfold, so it could never become short) is hashed as it is, never normalised: NFKC
+turns one character into up to 18, a 2.5 MB form field into 16 million characters. A JSON
+body is parsed once a request, whatever the number of keys that read it, and a JSON array
+or object too long to be anyone's name is never written out as text.
+
 Only a value that is genuinely absent (no field, an empty one, a body the view cannot read
 either) makes :func:`subject` fall back to the client IP. Without a client address, that
 fallback and the ``ip`` keys raise ``ImproperlyConfigured`` (as django-ratelimit does): the
@@ -22,7 +29,7 @@ import json
 import re
 import socket
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -46,12 +53,21 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 #: Removed from every value: C0 and C1 controls, line and paragraph separators, and every
 #: invisible format character (Unicode category Cf: zero-width and bidirectional marks, soft
 #: hyphens, tags...), so values that look the same are the same.
-_CONTROL = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
+_CONTROL_CHARS = (
+    "\x00-\x1f\x7f-\x9f\u2028\u2029\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891"
     "\u08e2\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    "\U000e0001\U000e0020-\U000e007f]"
+    "\U000e0001\U000e0020-\U000e007f"
 )
+_CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
+#: What ``str.strip()`` strips (``str.isspace()``), spelled out so that a run of padding is
+#: matched by a table lookup per character rather than a test of each category.
+_SPACES = "\t-\r\x1c- \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+#: A run of padding: white space and the characters :data:`_CONTROL` removes.
+_PADDING = re.compile(f"[{_SPACES}{_CONTROL_CHARS}]*")
+#: NFKC shrinks text at most 4 to 1 (the longest canonical decomposition is 4 code points),
+#: so a value longer than this once its padding is stripped stays over ``MAX_VALUE_LENGTH``.
+NORMALISED_AT_MOST = 4 * MAX_VALUE_LENGTH
 #: Lone surrogates: Python strings may hold them (JSON's ``"\ud800"`` decodes to one), no
 #: encoding can write them.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -66,6 +82,10 @@ def parse_address(text: str) -> IPAddress | None:
     """The address ``text`` holds (surrounding spaces ignored), an IPv4-mapped IPv6 address
     (``::ffff:192.0.2.1``, what a dual-stack socket reports for an IPv4 peer) as its IPv4
     address; None when it holds none. Every comparison of addresses goes through it."""
+    if len(text) > MAX_ADDRESS_LENGTH:
+        text = text.strip()
+        if len(text) > MAX_ADDRESS_LENGTH:  # no address; not remembered (a client's text)
+            return None
     return _parse_address(text)
 
 
@@ -94,6 +114,10 @@ def unmap_network(network: IPNetwork) -> IPNetwork:
 
 def mask_ip(ip: str) -> str | None:
     """``ip`` masked by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK``; None if invalid."""
+    if len(ip) > MAX_ADDRESS_LENGTH:
+        ip = ip.strip()
+        if len(ip) > MAX_ADDRESS_LENGTH:  # no address; not remembered (a client's text)
+            return None
     return _masked(ip, conf.IPV4_MASK, conf.IPV6_MASK)
 
 
@@ -194,17 +218,23 @@ def _source(request: HttpRequest) -> tuple[str, object]:
 
 
 def _address(request: HttpRequest) -> str:
-    """The client's address, unvalidated (``''`` when there is none)."""
+    """The client's address, unvalidated (``''`` when there is none). Text a client may
+    have written (a header named by ``RATELIMIT_IP_META_KEY``, an ``X-Forwarded-For`` hop)
+    longer than any address is none: the address memos never keep it."""
     raw = _source(request)[1]
     text = raw.strip() if isinstance(raw, str) else ""
-    if conf.IP_META_KEY or not conf.TRUSTED_PROXIES or not trusted_proxy(text):
+    if conf.IP_META_KEY:
+        return text if len(text) <= MAX_ADDRESS_LENGTH else ""
+    if not conf.TRUSTED_PROXIES or not trusted_proxy(text):
         return text
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
     for hop in reversed(forwarded.split(",")[-32:]):
-        if hop.strip() and not trusted_proxy(hop):
+        hop = hop.strip()
+        if hop and not trusted_proxy(hop):
             # A proxy appends the address it saw, which is always valid; garbage here
             # means a misconfigured proxy: count the proxy itself rather than no one.
-            return hop.strip() if _parse_address(hop) else text
+            valid = len(hop) <= MAX_ADDRESS_LENGTH and _parse_address(hop) is not None
+            return hop if valid else text
     return text
 
 
@@ -242,6 +272,12 @@ def _as_text(value: object) -> str:
             return bytes(value).decode()
         except UnicodeDecodeError:
             return derived("invalid", bytes(value))
+    if isinstance(value, list | dict) and not _may_be_short(value):
+        # A JSON array or object whose text is longer than any name, and would cost a pass
+        # over every element to write out (50 ms for 2.5 MB of small numbers): a subject
+        # of its own, by its kind and size.
+        shape = "array" if isinstance(value, list) else "object"
+        return derived("long", f"{shape}:{len(value)}".encode())
     try:
         return str(value)
     except ValueError:
@@ -250,20 +286,47 @@ def _as_text(value: object) -> str:
         raise
 
 
+def _may_be_short(value: list[Any] | dict[Any, Any]) -> bool:
+    """Whether ``str(value)`` may be at most ``NORMALISED_AT_MOST`` characters: every element
+    writes one at least, a string as many as it holds. Reads that many elements at most."""
+    budget = NORMALISED_AT_MOST
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            budget -= 2 * len(item)
+            if budget < 0:
+                return False
+            stack += item.keys()
+            stack += item.values()
+        elif isinstance(item, list):
+            budget -= len(item)
+            if budget < 0:
+                return False
+            stack += item
+        elif isinstance(item, str):
+            budget -= len(item)
+            if budget < 0:
+                return False
+    return True
+
+
 def _clean(value: object, fold: bool = False) -> str | None:
     """The normal form of a key value; None only when nothing is left of it."""
     if value is None:
         return None
     # Padding first: stripping is cheap, and everything NFKC turns into a space is white
     # space to strip() already, so stripping again after normalising gives the same value.
-    text = _as_text(value).strip()
-    if text.isascii() and text.isprintable():
-        # The common case: printable ASCII is its own NFKC form and holds no control
-        # character.
-        text = text.strip()
-    else:
-        # Normalise the whole value before any rule about its length: Django strips what
-        # the client padded a value with, so the padded value is the value.
+    text = (value if type(value) is str else _as_text(value)).strip()
+    if len(text) > NORMALISED_AT_MOST or not (text.isascii() and text.isprintable()):
+        # Short printable ASCII (the common case) is its own NFKC form and holds no control
+        # character. Anything else loses its padding before any rule about its length:
+        # Django strips what the client padded a value with, so the padded value is the
+        # value.
+        if len(text) > NORMALISED_AT_MOST:
+            text = _unpadded(text)
+            if len(text) > NORMALISED_AT_MOST:
+                return _long(text, fold)
         text = _CONTROL.sub("", unicodedata.normalize("NFKC", text)).strip()
         if _SURROGATE.search(text):
             return derived("invalid", text.encode("utf-8", "surrogatepass"))
@@ -274,6 +337,36 @@ def _clean(value: object, fold: bool = False) -> str | None:
     if len(text) > MAX_VALUE_LENGTH:
         return derived("long", text.encode())
     return text
+
+
+def _unpadded(text: str) -> str:
+    """``text`` without the white space and control characters at either end: the runs of
+    padding are matched in C, and the rest is only copied."""
+    start = _padding_end(text)
+    if start == len(text):
+        return ""
+    end = len(text)
+    if _padding_end(text, end - 1) == end:  # padded at the end too: read it backwards
+        end -= _padding_end(text[::-1])
+    return text[start:end]
+
+
+def _padding_end(text: str, pos: int = 0) -> int:
+    """Where the run of padding that starts at ``pos`` ends."""
+    found = _PADDING.match(text, pos)
+    return found.end() if found else pos
+
+
+def _long(text: str, fold: bool) -> str:
+    """The subject of a value too long to be anyone's name once unpadded: a hash of it as
+    it is (case folded for emails), without normalising it, so its cost stays a few passes
+    over the text in C."""
+    if fold:
+        text = text.casefold()
+    try:
+        return derived("long", text.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        return derived("invalid", text.encode("utf-8", "surrogatepass"))
 
 
 def normalize_email(value: object) -> str | None:
@@ -293,10 +386,24 @@ def _unreadable(request: HttpRequest) -> bytes | None:
         return None
 
 
+#: The request attribute that keeps the body's JSON object (or :data:`_NO_JSON`) once read:
+#: the keys of every rule read it, and a big body costs its parse once.
+_JSON_MEMO = "_ratelimit_json"
+_NO_JSON: Any = object()
+
+
 def _json_body(request: HttpRequest) -> dict[str, Any] | None:
     """The body as a JSON object, as a view reads it: ``json.loads(request.body)`` (UTF-8,
     -16 or -32) or, failing that, decoded by the charset the request declares (as Django
-    REST framework's parser does). None when it is no JSON object."""
+    REST framework's parser does). None when it is no JSON object. Parsed once a request."""
+    found = request.__dict__.get(_JSON_MEMO)
+    if found is None:
+        found = _parse_json(request)
+        request.__dict__[_JSON_MEMO] = _NO_JSON if found is None else found
+    return None if found is _NO_JSON else found
+
+
+def _parse_json(request: HttpRequest) -> dict[str, Any] | None:
     body = _unreadable(request)
     if not body:
         return None
@@ -312,6 +419,45 @@ def _json_body(request: HttpRequest) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+#: The attributes of a Django REST framework ``Request`` that hold its parsed body (and the
+#: stream it parses): put back as they were when a parse fails (see :func:`_drf_value`).
+_DRF_PARSED = ("_data", "_files", "_full_data", "_stream")
+
+
+def _is_drf(request: object) -> bool:
+    """True for Django REST framework's ``Request``, which wraps Django's request
+    (``_request``) and parses the body into ``data`` with the view's parsers. Recognised by
+    its shape: this low layer imports nothing of DRF."""
+    return isinstance(getattr(request, "_request", None), HttpRequest) and hasattr(
+        type(request), "data"
+    )
+
+
+def _drf_value(request: Any, field: str) -> object:
+    """``field`` as the view reads it from DRF's ``request.data`` (whatever the body: form,
+    multipart, JSON), parsed by the view's own parsers, once: DRF keeps what it parsed for
+    the view. A file is no value (``request.POST`` holds none). Never raises.
+
+    The body is kept in memory first when Django allows it, so a body DRF cannot parse is
+    left unparsed for the view, which meets the error itself (400, 415) as it would
+    without the limit; DRF's own answer after a failed parse would be an empty form."""
+    cached = _unreadable(request._request) is not None
+    before = [getattr(request, name, None) for name in _DRF_PARSED]
+    try:
+        data = request.data
+    except Exception:  # ParseError, UnsupportedMediaType, RequestDataTooBig...
+        if cached:
+            for name, value in zip(_DRF_PARSED, before, strict=True):
+                setattr(request, name, value)
+        return None
+    if not isinstance(data, Mapping):  # a JSON array or scalar
+        return None
+    from django.core.files import File  # an upload: what DRF's views alone receive here
+
+    value = data.get(field)
+    return None if isinstance(value, File) else value
+
+
 def form_value(request: HttpRequest, field: str) -> object:
     """A field as the view can read it; None when absent. Never raises.
 
@@ -321,8 +467,11 @@ def form_value(request: HttpRequest, field: str) -> object:
     the field, as a JSON object. A JSON value that is not a string is the text a form field
     would make of it (``5`` is ``"5"``); ``null`` is absent. A body that cannot be read (too
     many fields, over ``DATA_UPLOAD_MAX_MEMORY_SIZE``, malformed multipart) gives None: the
-    view cannot read it either.
+    view cannot read it either. Inside a Django REST framework view (``@api_view``, an
+    ``APIView`` method) the request is DRF's, and the field is what ``request.data`` holds.
     """
+    if not isinstance(request, HttpRequest) and _is_drf(request):
+        return _drf_value(request, field)
     content_type = request.content_type or ""
     if content_type in _FORM_TYPES:
         try:
@@ -480,8 +629,10 @@ def normalize_value(spec: KeySpec, value: str) -> str | None:
 # --- namespaces: a subject as the counters store it ------------------------------------------
 
 #: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
-#: the memo starts over when full.
+#: the memo starts over when full. A value is the client's text: one longer than an
+#: address, an email or a derived subject is hashed again rather than remembered.
 NAMESPACE_MEMO = 8192
+NAMESPACE_MEMO_VALUE = 80
 _namespaces: dict[tuple[str, str, str], str] = {}
 
 
@@ -496,9 +647,10 @@ def namespace(group: str, kind: str, value: str) -> str:
     if found is None:
         raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
         found = "{" + conf.HASH(raw).hexdigest()[:32] + "}"
-        if len(_namespaces) >= NAMESPACE_MEMO:
-            _namespaces.clear()
-        _namespaces[group, kind, value] = found
+        if len(value) <= NAMESPACE_MEMO_VALUE:
+            if len(_namespaces) >= NAMESPACE_MEMO:
+                _namespaces.clear()
+            _namespaces[group, kind, value] = found
     return found
 
 

@@ -29,7 +29,16 @@ from django.http import HttpRequest
 
 from ratelimit_app import ALL, gcra, keys, rates
 
-__all__ = ["Limit", "LimitError", "Mistake", "build", "collect", "method_set", "raise_all"]
+__all__ = [
+    "Limit",
+    "LimitError",
+    "Mistake",
+    "build",
+    "collect",
+    "counted_methods",
+    "method_set",
+    "raise_all",
+]
 
 #: Keys whose values can be read on an event loop: no database query, no user code.
 ASYNC_SAFE_KEYS = ("ip", "email", "device")
@@ -95,6 +104,15 @@ def method_set(method: Method) -> frozenset[str] | None:
     return found or None
 
 
+def counted_methods(methods: frozenset[str] | None) -> frozenset[str] | None:
+    """The methods a limit or rule naming ``methods`` counts: HEAD wherever GET is, since
+    Django answers HEAD with the GET view (a HEAD request costs the view as much). Counted
+    in the same counter as GET: the scope stays that of the methods named."""
+    if methods is not None and "GET" in methods and "HEAD" not in methods:
+        return methods | {"HEAD"}
+    return methods
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Limit:
     """One validated limit (build it with :func:`build`).
@@ -120,6 +138,8 @@ class Limit:
     kind: str = field(init=False, repr=False)
     #: the methods as the scope spells them (upper case, sorted, comma-joined; "" for all),
     method_text: str = field(init=False, repr=False)
+    #: the methods of the requests it counts (:func:`counted_methods`: HEAD with GET),
+    counts: frozenset[str] | None = field(init=False, repr=False)
     #: whether its value does not depend on the group (:func:`keys.ignores_group`: the
     #: limits of one request keyed alike share it),
     shares_value: bool = field(init=False, repr=False)
@@ -135,6 +155,7 @@ class Limit:
         set_ = functools.partial(object.__setattr__, self)
         set_("static_rates", static)
         set_("method_text", text)
+        set_("counts", counted_methods(self.methods))
         set_("static_scope", None if static is None else rates.scope(self.group, text, static))
         set_("kind", kind)
         set_("shares_value", keys.ignores_group(self.key))
@@ -151,8 +172,8 @@ class Limit:
         return self.algorithm == gcra.LEAKY_BUCKET
 
     def applies_to(self, request: HttpRequest) -> bool:
-        """True when the request's method is one the limit counts."""
-        return self.methods is None or request.method in self.methods
+        """True when the request's method is one the limit counts (HEAD where GET is)."""
+        return self.counts is None or request.method in self.counts
 
     def rates_for(self, request: HttpRequest | None) -> tuple[rates.Rate, ...] | None:
         """The rates in force (a callable rate is asked with the request; None: no limit).

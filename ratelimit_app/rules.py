@@ -18,7 +18,6 @@ resolver, cached per path).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,11 +73,15 @@ class Rule:
     block: bool = True
     fail_open: bool = True
 
-    #: Whether only failed requests count: derived once, read on every request.
+    #: Derived once, read on every request: whether only failed requests count,
     failures_only: bool = field(init=False, repr=False)
+    #: and the methods of the requests it matches (HEAD with GET:
+    #: :func:`ratelimit_app.limits.counted_methods`).
+    matches: frozenset[str] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
+        object.__setattr__(self, "matches", limits.counted_methods(self.methods))
 
     # The limit's parts, for readers of a rule (the admin, the commands).
     @property
@@ -265,30 +268,42 @@ def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:
     return found, errors
 
 
-@functools.lru_cache(maxsize=4096)
+#: (path, method) pairs a rule set remembers the matching rules of, and the URL names of
+#: paths resolved; the longest path either remembers (a client chooses paths: each memo
+#: holds at most about 256 KiB of them) and the longest method (a client chooses that too).
+MATCH_MEMO = 1024
+MATCH_MEMO_PATH = 256
+MATCH_MEMO_METHOD = 16
+
+#: The URL name of each (path, URLconf) resolved lately; forgotten with the URLconf, and
+#: started over when full.
+_names: dict[tuple[str, str | None], str | None] = {}
+
+
 def _view_name(path: str, urlconf: str | None) -> str | None:
-    # Paths repeat, resolving walks the URL patterns: remember (cleared with URL settings).
+    """The URL name ``path`` resolves to (None: none), remembered unless longer than
+    ``MATCH_MEMO_PATH``: paths repeat, and resolving walks the URL patterns.
+    :meth:`RuleSet.match` reads the memo first."""
     try:
-        return resolve(path, urlconf).view_name
+        found = resolve(path, urlconf).view_name
     except Resolver404:
-        return None
+        found = None
+    if len(path) <= MATCH_MEMO_PATH:
+        if len(_names) >= MATCH_MEMO:
+            _names.clear()
+        _names[path, urlconf] = found
+    return found
 
 
 def clear_caches() -> None:
     """Forget resolved URL names (the URLconf changed)."""
-    _view_name.cache_clear()
+    _names.clear()
 
 
 @receiver(setting_changed)
 def _urlconf_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "ROOT_URLCONF":
         clear_caches()
-
-
-#: (path, method) pairs a rule set remembers the matching rules of, and the longest path it
-#: remembers (a client chooses paths: the memo holds at most about 256 KiB of them).
-MATCH_MEMO = 1024
-MATCH_MEMO_PATH = 256
 
 
 class RuleSet:
@@ -316,21 +331,26 @@ class RuleSet:
 
         A rule applies when the path starts with one of its ``path`` prefixes or the URL
         resolves to one of its ``url_name`` names (a rule with both needs both), and the
-        method is one of its ``methods``.
+        method is one of its ``methods`` (HEAD where GET is: Django answers HEAD with the
+        GET view).
         """
         path = request.path_info
         if not (self._url_rules or path.startswith(self._prefixes)):
             return ()  # the common case: one C-level prefix test
         method = request.method
         if self._url_rules or (self._both and path.startswith(self._both_prefixes)):
-            name = _view_name(path, getattr(request, "urlconf", None))
+            urlconf = getattr(request, "urlconf", None)
+            try:
+                name = _names[path, urlconf]
+            except KeyError:
+                name = _view_name(path, urlconf)
             return self._select(path, method, name)
         # No URL name needed: the path and the method decide, and paths repeat.
         matched = self._matched
         found = matched.get((path, method))
         if found is None:
             found = self._select(path, method, None)
-            if len(path) <= MATCH_MEMO_PATH:
+            if len(path) <= MATCH_MEMO_PATH and len(method or "") <= MATCH_MEMO_METHOD:
                 if len(matched) >= MATCH_MEMO:
                     matched.clear()
                 matched[path, method] = found
@@ -340,7 +360,7 @@ class RuleSet:
         return tuple(
             r
             for r in self.rules
-            if (r.methods is None or method in r.methods)
+            if (r.matches is None or method in r.matches)
             and (not r.paths or path.startswith(r.paths))
             and (not r.url_names or name in r.url_names)
         )

@@ -607,6 +607,135 @@ def test_every_invisible_format_character_is_removed() -> None:
     assert survivors == []
 
 
+# --- the work a value costs ---------------------------------------------------------------
+
+#: Characters enough to see what grows with a value (the bench, ``bench.claims.big_bodies``,
+#: measures bodies of 2.5 MB).
+BIG = 100_000
+#: Every character a value's padding may hold: white space, controls, invisible format
+#: characters (tags among them).
+PAD_CHARS = sorted(
+    {chr(c) for c in range(0x3001) if chr(c).isspace()}
+    | {c for c in REMOVED}
+    | set("\u00ad\u180e\u2066\u2069\U000110bd\U0001d173\U000e0001\U000e0020\U000e007f")
+)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "\ufdfa" * BIG,  # 18 characters each once normalised
+        "\u200b" * BIG + "Alice@Example.com",
+        "Alice@Example.com" + " \U000e007f" * BIG,
+        "a\x00" * BIG,
+        "\u0041\u030a" * BIG,  # NFKC composes each pair: half as long
+    ],
+    ids=["fdfa", "zero-width-padding", "tag-padding", "controls-inside", "composing"],
+)
+def test_normalising_reads_a_bounded_number_of_characters(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """NFKC once ran over the whole value before its length rule: a form field of 2.6 MB of
+    U+FDFA became 16 million characters and over a second of CPU a request. Only a value
+    that could still be short once normalised is normalised."""
+    lengths: list[int] = []
+    normalize = unicodedata.normalize
+
+    def recording(form: Any, text: str) -> str:
+        lengths.append(len(text))
+        return normalize(form, text)
+
+    fields = {"email": value, "name": value}
+    requests = [post(t, fields, REMOTE_ADDR=CLIENT_IP) for t in ("multipart", "json")]
+    header = rf.get("/", HTTP_X_API_KEY=value, REMOTE_ADDR=CLIENT_IP)
+    monkeypatch.setattr(unicodedata, "normalize", recording)
+    found = {keys.subject(spec, "g", r) for spec in ("email", "post:name") for r in requests}
+    found.add(keys.subject("header:x-api-key", "g", header))
+    found.add(keys.subject(lambda g, r: value, "g", header))
+    assert max(lengths, default=0) <= keys.NORMALISED_AT_MOST
+    for _, subject in found:
+        assert_clean(subject)
+
+
+def test_a_huge_padded_value_is_the_value_it_pads() -> None:
+    """Padding is stripped at either end however much there is: it is read in C, a table
+    lookup a character, and the value it pads is normalised as any other."""
+    for pad in ("\u200b" * BIG, "\U000e007f" * BIG, " \x00\u3000" * BIG):
+        for padded in (pad + "Ａlice@Example.com", "Alice@Example.com" + pad):
+            assert keys.normalize_email(padded) == "alice@example.com"
+        assert keys.normalize_email(pad) is None  # padding alone: absent
+    long_value = "\ufdfa" * BIG
+    derived = keys.normalize_email(long_value)
+    assert derived is not None and derived.startswith("long:sha256:")
+    assert keys.normalize_email("\u200b \x00" + long_value + "\U000e007f\t") == derived
+    assert keys.normalize_email(long_value + "x") != derived
+    folded = keys.normalize_email("Ä" * BIG)
+    assert folded is not None and folded == keys.normalize_email("ä" * BIG)
+    invalid = keys.normalize_email("\ud800" + long_value)
+    assert invalid is not None and invalid.startswith("invalid:sha256:")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    core=st.one_of(hostile_text, huge_text),
+    before=st.tuples(st.text(st.sampled_from(PAD_CHARS), max_size=8), st.integers(0, 3000)),
+    after=st.tuples(st.text(st.sampled_from(PAD_CHARS), max_size=8), st.integers(0, 3000)),
+    fold=st.booleans(),
+)
+@example(core="x" * 1000, before=("\u200b", 1000), after=("", 0), fold=False)
+@example(core="\ufdfa" * 300, before=("\x00", 2000), after=(" ", 2000), fold=True)
+def test_padding_of_any_length_never_changes_the_subject(
+    core: str, before: tuple[str, int], after: tuple[str, int], fold: bool
+) -> None:
+    """Around the length beyond which a value is hashed unnormalised too: padding,
+    however long, and the value it pads are one subject."""
+
+    def padding(chunk_and_size: tuple[str, int]) -> str:
+        return _repeat(chunk_and_size) if chunk_and_size[0] else ""
+
+    padded = padding(before) + core + padding(after)
+    assert keys._clean(padded, fold) == keys._clean(core, fold)
+
+
+class _Written(list[Any]):
+    """A list that counts how often it is written out as text."""
+
+    writes = 0
+
+    def __repr__(self) -> str:
+        type(self).writes += 1
+        return super().__repr__()
+
+
+def test_a_huge_json_array_is_never_written_out() -> None:
+    """A field holding a JSON array is the text ``str()`` makes of it, as a form field
+    would: for 2.5 MB of small numbers that took 50 ms a key. An array or object whose text
+    would be over the length any value is normalised at is a subject of its own without
+    being written out; a small one is still its text."""
+    request = rf.get("/", REMOTE_ADDR=CLIENT_IP)
+    _Written.writes = 0
+    huge = _Written([0] * BIG)
+    found = keys.subject(lambda g, r: huge, "g", request)
+    assert _Written.writes == 0
+    assert found[1].startswith("long:sha256:")
+    assert found == keys.subject(lambda g, r: [1] * BIG, "g", request)  # by kind and size
+    assert found != keys.subject(lambda g, r: [1] * (BIG + 1), "g", request)
+    nested = {"email": [[0] * BIG], "name": {"a": "x" * BIG}}
+    body = post("json", nested, REMOTE_ADDR=CLIENT_IP)
+    for spec in ("email", "post:email", "post:name"):
+        kind, value = keys.subject(spec, "g", body)
+        assert kind == spec and value.startswith("long:sha256:")
+    small = _Written(["a@b.c"])
+    assert keys.subject(lambda g, r: small, "g", request)[1] == "['a@b.c']"
+    assert _Written.writes == 1
+
+
+def test_the_padding_pattern_strips_what_str_strip_strips() -> None:
+    spaces = {chr(c) for c in range(0x110000) if chr(c).isspace()}
+    assert {c for c in spaces if keys._PADDING.fullmatch(c)} == spaces
+    assert not keys._PADDING.fullmatch("a\u3000")
+
+
 @settings(max_examples=100, deadline=None)
 @given(agent=hostile_text)
 def test_device_is_one_of_four(agent: str) -> None:

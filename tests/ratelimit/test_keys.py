@@ -2,10 +2,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import tracemalloc
 import urllib.parse
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
 from django.test import RequestFactory, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -552,3 +556,109 @@ def test_trusted_proxy_memo_holds_no_long_strings() -> None:
         assert keys.trusted_proxy(" " * 100 + "10.0.0.1 ")
         assert not keys.trusted_proxy("10.0.0.1" + "0" * 100)
         assert all(len(ip) <= keys.MAX_ADDRESS_LENGTH for ip in keys._trusted)
+
+
+def test_a_json_body_is_parsed_once_whatever_the_number_of_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every rule whose key reads the body once parsed it again: a 2.5 MB JSON body of many
+    members costs tens of milliseconds a parse."""
+    calls: list[int] = []
+    loads = json.loads
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return loads(*args, **kwargs)
+
+    good = rf.post("/", json.dumps({"email": "A@x.com", "username": "Bob"}), "application/json")
+    bad = rf.post("/", "{not json", "application/json", REMOTE_ADDR="192.0.2.40")
+    monkeypatch.setattr(json, "loads", counting)
+    specs = ("email", "post:username", "email:username", "post:missing")
+    assert [keys.subject(spec, "g", good) for spec in specs] == [
+        ("email", "a@x.com"),
+        ("post:username", "Bob"),
+        ("email:username", "bob"),
+        ("ip", "127.0.0.1"),  # absent: the client IP
+    ]
+    assert len(calls) == 1
+    assert {keys.subject(spec, "g", bad) for spec in specs} == {("ip", "192.0.2.40")}
+    assert len(calls) == 2
+
+
+# --- what the process memos keep ------------------------------------------------------------
+
+
+def _retained(call: Callable[[int], object], n: int = 300) -> int:
+    """Bytes still allocated after ``call(i)`` for each ``i < n``: what memos kept (emptied
+    first, so that none is full and forgets as much as it keeps)."""
+    keys._parse_address.cache_clear()
+    keys._masked.cache_clear()
+    keys._namespaces.clear()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            call(i)
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def _request(**meta: str) -> HttpRequest:
+    request = HttpRequest()
+    request.META = dict(meta)
+    return request
+
+
+@override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"])
+def test_forwarded_for_hops_longer_than_an_address_are_not_remembered() -> None:
+    """A client writes what it likes in X-Forwarded-For before the proxy appends to it:
+    8 kB hops, each new, once filled the address memo (4,096 of them: 32 MB a process)."""
+
+    def send(i: int) -> None:
+        hops = f"{i:05d}{'1' * 8000}, 198.51.100.{i % 200}x{'2' * 8000}"
+        request = _request(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=hops)
+        assert keys.client_ip(request) == "10.0.0.1"  # garbage: the proxy is counted
+
+    assert _retained(send) < 300_000
+    padded = _request(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR=" " * 500 + "192.0.2.7 ")
+    assert keys.client_ip(padded) == "192.0.2.7"
+
+
+@override_settings(RATELIMIT_IP_META_KEY="HTTP_X_REAL_IP")
+def test_an_address_header_longer_than_an_address_is_not_remembered() -> None:
+    def send(i: int) -> None:
+        with pytest.raises(ImproperlyConfigured):
+            keys.client_ip(_request(HTTP_X_REAL_IP=f"{i:05d}{'1' * 8000}"))
+
+    assert _retained(send) < 300_000
+    assert keys.client_ip(_request(HTTP_X_REAL_IP=" " * 500 + "192.0.2.8")) == "192.0.2.8"
+
+
+def test_the_address_helpers_remember_no_long_text() -> None:
+    """``parse_address`` and ``mask_ip`` read X-Forwarded-For hops for the DRF throttles."""
+
+    def call(i: int) -> None:
+        text = f"{i:05d}{'1' * 8000}"
+        assert keys.parse_address(text) is None
+        assert keys.mask_ip(text) is None
+
+    assert _retained(call) < 300_000
+    assert keys.parse_address(" " * 500 + "10.0.0.1 ") == ipaddress.ip_address("10.0.0.1")
+    assert keys.mask_ip(" " * 500 + "::ffff:10.0.0.1") == "10.0.0.1"
+
+
+def test_the_namespace_memo_remembers_no_long_values() -> None:
+    """A subject is the client's text (up to 320 characters): 8,192 of them, in characters
+    of four bytes, once kept 12 MB a process."""
+
+    def call(i: int) -> None:
+        keys.namespace("g", "post:name", f"{i:05d}" + "\U0001f600" * 300)
+
+    assert _retained(call, 1000) < 300_000
+    long_value = "v" * (keys.NAMESPACE_MEMO_VALUE + 1)
+    assert keys.namespace("g", "k", long_value) == keys.namespace("g", "k", long_value)
+    assert ("g", "k", long_value) not in keys._namespaces
+    derived = keys.derived("long", b"x")
+    keys.namespace("g", "k", derived)
+    assert ("g", "k", derived) in keys._namespaces  # derived subjects are remembered

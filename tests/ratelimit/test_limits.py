@@ -250,3 +250,68 @@ def test_django_ratelimits_public_helpers_import_from_core() -> None:
     request = RequestFactory().get("/", HTTP_X_API_KEY="k-1", REMOTE_ADDR="192.0.2.9")
     assert get_header(request, "X-Api-Key") == "k-1"
     assert user_or_ip(request) == "192.0.2.9"
+
+
+# -- HEAD counts wherever GET does ---------------------------------------------------------
+
+
+def test_head_is_counted_with_get_and_the_scope_is_unchanged() -> None:
+    """Django answers HEAD with the GET view: a limit on GET that let HEAD through was a
+    limit the client could walk around. The scope (the counters' keys) stays that of the
+    methods named, so counters kept before are the same counters."""
+    get = limits.build("g", "ip", "5/m", method="GET")
+    assert get.methods == {"GET"} and get.counts == {"GET", "HEAD"}
+    assert get.method_text == "GET"
+    assert get.static_scope == core.scope("g", "GET", get.static_rates or ())
+    rf = RequestFactory()
+    assert get.applies_to(rf.head("/")) and get.applies_to(rf.get("/"))
+    assert not get.applies_to(rf.post("/"))
+    post = limits.build("g", "ip", "5/m", method=["POST"])
+    assert post.counts == {"POST"} and not post.applies_to(rf.head("/"))
+    head = limits.build("g", "ip", "5/m", method="HEAD")
+    assert head.counts == {"HEAD"} and not head.applies_to(rf.get("/"))
+    assert limits.build("g", "ip", "5/m").counts is None  # every method
+    rule = parse_rule({"name": "r", "path": "/", "methods": ["get"], "key": "ip", "rate": "5/m"})
+    assert rule.methods == {"GET"} and rule.matches == {"GET", "HEAD"}
+    assert rule.limit.method_text == ""  # a rule counts every method it covers in one counter
+
+
+def test_head_requests_are_counted_by_a_get_rule(backend_kind: str, client: Client) -> None:
+    rule = {"name": "get-only", "path": "/rules/named/", "methods": ["GET"], "key": "ip"}
+    with override_settings(RATELIMIT_RULES=[{**rule, "rate": "3/m"}]), frozen_clock(T0):
+        codes = [client.head("/rules/named/").status_code for _ in range(3)]
+        codes.append(client.get("/rules/named/").status_code)  # the same counter
+        codes.append(client.head("/rules/named/").status_code)
+        codes.append(client.post("/rules/named/").status_code)  # not a GET rule's
+    assert codes == [200, 200, 200, 429, 429, 200]
+
+
+def test_head_requests_are_counted_by_a_get_decorator(backend_kind: str) -> None:
+    from django.http import HttpResponse
+
+    from ratelimit_app.decorators import ratelimit
+    from ratelimit_app.exceptions import Ratelimited
+
+    @ratelimit(group="head-decorated", key="ip", rate="2/m", method="GET")
+    def view(request: Any) -> HttpResponse:
+        return HttpResponse("ok")
+
+    rf = RequestFactory()
+    with frozen_clock(T0):
+        assert view(rf.head("/")).status_code == 200
+        assert view(rf.get("/")).status_code == 200
+        with pytest.raises(Ratelimited):
+            view(rf.head("/"))
+        assert view(rf.post("/")).status_code == 200  # POST is not counted
+
+
+def test_is_ratelimited_counts_head_as_get(backend_kind: str) -> None:
+    head = RequestFactory().head("/", REMOTE_ADDR="192.0.2.30")
+    args = {"group": "head-core", "key": "ip", "rate": "1/m", "method": "GET"}
+    with frozen_clock(T0):
+        assert not core.is_ratelimited(head, increment=True, **args)
+        assert core.is_ratelimited(head, increment=True, **args)
+        get = RequestFactory().get("/", REMOTE_ADDR="192.0.2.30")
+        assert core.is_ratelimited(get, **args)  # the same counter
+        usage = core.get_usage(head, **args)
+    assert usage is not None and usage["count"] == 1
