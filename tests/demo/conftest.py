@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import override_settings
 
@@ -83,3 +84,15 @@ def site(demo_settings: dict[str, Any], db: None) -> Iterator[None]:
             caches[alias].clear()
     reset_backends()
     buffer.reset()
+
+
+#: The password of the demo user the tests make (:func:`alice`).
+PASSWORD = "correct horse battery staple"
+
+
+@pytest.fixture
+def alice(django_user_model: Any) -> User:
+    user: User = django_user_model.objects.create_user(
+        "alice", email="alice@example.com", password=PASSWORD
+    )
+    return user

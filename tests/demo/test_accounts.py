@@ -8,24 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from django.contrib.auth.models import User
 from django.core import mail
 from django.test import Client
 
 from demo_site.accounts.models import Message
 from ratelimit_app.testing import frozen_clock
+from tests.demo.conftest import PASSWORD
 
 T0 = 1_800_000_000.0
-PASSWORD = "correct horse battery staple"
-
-
-@pytest.fixture
-def alice(django_user_model: Any) -> User:
-    user: User = django_user_model.objects.create_user(
-        "alice", email="alice@example.com", password=PASSWORD
-    )
-    return user
 
 
 def log_in(client: Client, username: str, password: str, ip: str = "192.0.2.1") -> int:

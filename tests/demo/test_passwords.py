@@ -23,20 +23,12 @@ from rest_framework.request import Request
 from demo_site.accounts.passwords import basic_username
 from demo_site.shortener.models import Link
 from ratelimit_app.testing import frozen_clock
+from tests.demo.conftest import PASSWORD
 
 T0 = 1_800_000_000.0
-PASSWORD = "correct horse battery staple"
 #: The address the tests' own requests come from, unless they say otherwise.
 HOME = "192.0.2.1"
 STRANGER = "198.51.100.7"
-
-
-@pytest.fixture
-def alice(django_user_model: Any) -> User:
-    user: User = django_user_model.objects.create_user(
-        "alice", email="alice@example.com", password=PASSWORD
-    )
-    return user
 
 
 def basic(username: str, password: str) -> dict[str, str]:

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 from django.test.utils import override_settings
 
-from metrics_app import buffer
+from metrics_app import buffer, storage
 from metrics_app.testing import FrozenClock, frozen_clock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +134,19 @@ def celery_worker(request: pytest.FixtureRequest, redis_server: str) -> Iterator
     worker.start()
     yield worker
     worker.stop()
+
+
+def lose_first_commit_reply(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the next flush commit but raise as if the reply to its COMMIT were lost."""
+    real = storage.write_counts
+    calls: list[str] = []
+
+    def commit_then_lose_reply(counts: Any, flush_id: str, **kw: Any) -> bool:
+        calls.append(flush_id)
+        applied = real(counts, flush_id, **kw)
+        if len(calls) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return applied
+
+    monkeypatch.setattr(storage, "write_counts", commit_then_lose_reply)
+    return calls

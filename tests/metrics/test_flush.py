@@ -16,6 +16,7 @@ from metrics_app.models import Bucket, FlushLedger, Series
 from metrics_app.query import total
 from metrics_app.signals import flush_failed
 from metrics_app.testing import FrozenClock
+from tests.metrics.conftest import lose_first_commit_reply
 
 pytestmark = [pytest.mark.db_matrix, pytest.mark.django_db]
 
@@ -94,17 +95,7 @@ def test_lost_commit_reply_is_not_counted_twice(
     clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The COMMIT succeeds but the reply is lost: the retry must be a no-op."""
-    real = storage.write_counts
-    calls: list[str] = []
-
-    def commit_then_lose_reply(counts: Any, flush_id: str, **kw: Any) -> bool:
-        calls.append(flush_id)
-        applied = real(counts, flush_id, **kw)
-        if len(calls) == 1:
-            raise OperationalError("server closed the connection unexpectedly")
-        return applied
-
-    monkeypatch.setattr(storage, "write_counts", commit_then_lose_reply)
+    calls = lose_first_commit_reply(monkeypatch)
     metrics_app.record("a", 7)
     with pytest.raises(OperationalError):
         metrics_app.flush()

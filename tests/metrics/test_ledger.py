@@ -4,7 +4,6 @@ a batch retried inside the horizon is still not counted twice."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from django.db import OperationalError
@@ -15,6 +14,7 @@ from metrics_app import buffer, rollup, storage
 from metrics_app.models import FlushLedger
 from metrics_app.query import total
 from metrics_app.testing import FrozenClock
+from tests.metrics.conftest import lose_first_commit_reply
 
 pytestmark = [pytest.mark.db_matrix, pytest.mark.django_db]
 
@@ -54,22 +54,6 @@ def test_a_downsample_of_one_series_prunes_nothing(clock: FrozenClock) -> None:
     metrics_app.flush()
     assert rollup.downsample(series_names=["a"]).ledger_pruned == 0
     assert "old" in ledger()
-
-
-def lose_first_commit_reply(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make the next flush commit but raise as if the reply to its COMMIT were lost."""
-    real = storage.write_counts
-    calls: list[str] = []
-
-    def commit_then_lose_reply(counts: Any, flush_id: str, **kw: Any) -> bool:
-        calls.append(flush_id)
-        applied = real(counts, flush_id, **kw)
-        if len(calls) == 1:
-            raise OperationalError("server closed the connection unexpectedly")
-        return applied
-
-    monkeypatch.setattr(storage, "write_counts", commit_then_lose_reply)
-    return calls
 
 
 @pytest.mark.parametrize("days", [7, 1])
