@@ -44,12 +44,6 @@ __all__ = [
 ]
 
 
-def method_matches(request: HttpRequest, method: Method) -> bool:
-    """True when the request's method is one ``method`` (as the decorators take it) names."""
-    methods = method_set(method)
-    return methods is None or request.method in methods
-
-
 def group_name(fn: Callable[..., Any]) -> str:
     """django-ratelimit's default group: ``module.qualname`` of the view."""
     while isinstance(fn, functools.partial):
