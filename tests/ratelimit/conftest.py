@@ -170,3 +170,11 @@ class ReferenceMeter:
         remaining = max(0, math.floor(self.capacity - level))
         wait = max(Fraction(0), (level + 1 - self.capacity) / self.leak)
         return level, remaining, wait, level / self.leak
+
+
+@pytest.fixture
+def module_prefix(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``RATELIMIT_CACHE_PREFIX`` set to the test module's ``PREFIX``: a module whose
+    expected keys are built from that literal fails when a backend ignores the setting."""
+    with override_settings(RATELIMIT_CACHE_PREFIX=request.module.PREFIX):
+        yield

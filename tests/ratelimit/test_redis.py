@@ -36,9 +36,8 @@ CACHE_PREFIX = ":1:"
 
 
 @pytest.fixture(autouse=True)
-def custom_prefix() -> Iterator[None]:
-    with override_settings(RATELIMIT_CACHE_PREFIX=PREFIX):
-        yield
+def custom_prefix(module_prefix: None) -> None:
+    """This module's counters under :data:`PREFIX`."""
 
 
 @pytest.fixture
