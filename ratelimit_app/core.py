@@ -15,22 +15,14 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, clock, keys, limits, rates
+from ratelimit_app import ALL, UNSAFE, enforce, keys, limits, rates
 from ratelimit_app.conf import conf
-from ratelimit_app.engine import (
-    Check,
-    check_many,
-    failure_dict,
-    recall_many,
-    report_failure,
-    usage_dict,
-)
-from ratelimit_app.exceptions import BackendError
+from ratelimit_app.enforce import Decision
+from ratelimit_app.engine import failure_dict
 from ratelimit_app.gcra import SLIDING_WINDOW
 from ratelimit_app.keys import get_header, user_or_ip
 from ratelimit_app.limits import Limit, Method, method_set
 from ratelimit_app.operations import lookup, reset
-from ratelimit_app.signals import ratelimited
 
 __all__ = [
     "ALL",
@@ -98,7 +90,21 @@ def get_usage(
 def limit_usage(
     request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
 ) -> dict[str, Any] | None:
-    """:func:`get_usage` for a validated :class:`~ratelimit_app.limits.Limit`.
+    """:func:`get_usage` for a validated :class:`~ratelimit_app.limits.Limit`."""
+    decision = limit_decision(request, limit, increment, fail_open)
+    if decision is None:
+        return None
+    if decision.result is None:  # the counters failed, and the limit fails closed
+        return failure_dict()
+    return decision.usage()
+
+
+def limit_decision(
+    request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
+) -> Decision | None:
+    """The decided :class:`~ratelimit_app.enforce.Decision` of ``limit`` for ``request``, or
+    None when no limit applies (another method, no rate) or the counters failed and the
+    limit fails open.
 
     When the backend fails, a request that counts fails open or closed as ``fail_open`` (or
     ``RATELIMIT_FAIL_OPEN``) says; a look that counts nothing never enforces (as in
@@ -106,26 +112,16 @@ def limit_usage(
     """
     if not limit.applies_to(request):
         return None
-    rate_list = limit.rates_for(request)
-    if not rate_list:
+    check = limit.check(request, increment)
+    if check is None:
         return None
-    subject = keys.subject(limit.key, limit.group, request)
-    c = Check(
-        limit.scope_for(rate_list), subject, rate_list, increment, limit.algorithm, limit.burst
-    )
-    try:
-        result = (increment and recall_many([c], clock.now())[0]) or check_many([c])[0]
-    except BackendError as exc:
-        report_failure(exc)
-        if fail_open is None:
-            fail_open = conf.FAIL_OPEN or not increment
-        return None if fail_open else failure_dict()
-    found = usage_dict(result)
-    if increment and result.limited:
-        ratelimited.send(
-            sender=None, group=limit.group, subject=result.namespace, usage=found, request=request
-        )
-    return found
+    if fail_open is None:
+        fail_open = conf.FAIL_OPEN or not increment
+    decision = Decision(limit, check, fail_open=fail_open)
+    verdict = enforce.decide(request, [decision])
+    if verdict.failed is not None and fail_open:
+        return None
+    return decision
 
 
 def is_ratelimited(

@@ -6,7 +6,6 @@ Works on function views, async views, methods of class-based views (with or with
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,7 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates, responses
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.core import failure_dict, group_name, limit_usage
+from ratelimit_app.core import group_name, limit_decision
 from ratelimit_app.limits import Limit, Method
 
 __all__ = ["ratelimit"]
@@ -69,60 +68,95 @@ def ratelimit(
         if isinstance(fn, type):
             # Each view class gets its own default group, even when it inherits dispatch.
             name = f"{fn.__module__}.{fn.__qualname__}"
-            fn.dispatch = _wrap(fn.dispatch, group or name, name)  # type: ignore[attr-defined]
+            guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
+            fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
-        return _wrap(fn, group, group_name(fn))
-
-    def _wrap(fn: F, group: str | None, view_name: str) -> F:
-        limit: Limit | None = None
-        problems: list[str] = []
-        if rate is not None:  # django-ratelimit's "no rate, no limit"
-            try:
-                limit = limits.build(group or view_name, key, rate, method, algorithm, burst)
-            except ImproperlyConfigured as exc:
-                # Every mistake at once, for check E010 (a LimitError carries them all).
-                problems = [str(error) for error in getattr(exc, "errors", (exc,))]
-                registry[view_name] = problems
-
-        def before(request: HttpRequest) -> HttpResponse | None:
-            """Count the request; the answer instead of the view's, if any."""
-            if problems:
-                raise ImproperlyConfigured(f"@ratelimit on {view_name}: {' '.join(problems)}")
-            old_limited = getattr(request, "limited", False)
-            usage = None
-            if limit is not None and conf.ENABLE:
-                usage = limit_usage(request, limit, increment=True)
-            limited = bool(usage and usage["should_limit"])
-            request.limited = limited or old_limited  # type: ignore[attr-defined]
-            if limited and block:
-                if usage == failure_dict():
-                    # The counters are down and the limit fails closed: the page is
-                    # unavailable, as a fail-closed rule's is; the client did nothing wrong.
-                    return responses.unavailable(request)
-                raise _exception(usage, limit)
-            return None
-
-        if iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
-                request = _find_request(args)
-                if limit is not None and limit.async_safe and _inline_ok():
-                    answer = before(request)  # one bounded round trip: cheaper than a thread
-                else:
-                    answer = await sync_to_async(before)(request)
-                return answer if answer is not None else await fn(*args, **kwargs)
-
-            return async_wrapped  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            answer = before(_find_request(args))
-            return answer if answer is not None else fn(*args, **kwargs)
-
-        return wrapped  # type: ignore[return-value]
+        name = group_name(fn)
+        return _wrap(fn, _Guard(name, group or name, key, rate, method, block, algorithm, burst))
 
     return decorator
+
+
+class _Guard:
+    """One decorated view's limit, and what its requests get before the view runs."""
+
+    __slots__ = ("block", "limit", "problems", "view_name")
+
+    def __init__(
+        self,
+        view_name: str,
+        group: str,
+        key: keys.KeySpec | None,
+        rate: rates.RateSpec,
+        method: Method,
+        block: bool,
+        algorithm: str,
+        burst: int | None,
+    ) -> None:
+        self.view_name = view_name
+        self.block = block
+        self.limit: Limit | None = None
+        self.problems: list[str] = []
+        if rate is not None:  # django-ratelimit's "no rate, no limit"
+            try:
+                self.limit = limits.build(group, key, rate, method, algorithm, burst)
+            except ImproperlyConfigured as exc:
+                # Every mistake at once, for check E010 (a LimitError carries them all).
+                self.problems = [str(error) for error in getattr(exc, "errors", (exc,))]
+                registry[view_name] = self.problems
+
+    def inline(self) -> bool:
+        """True when an async view's check may run on the event loop: one bounded round
+        trip, cheaper than a thread."""
+        return self.limit is not None and self.limit.async_safe and _inline_ok()
+
+    def before(self, request: HttpRequest) -> HttpResponse | None:
+        """Count the request; the answer instead of the view's, if any (a refusal raises
+        ``RATELIMIT_EXCEPTION_CLASS`` when the limit blocks)."""
+        if self.problems:
+            raise ImproperlyConfigured(
+                f"@ratelimit on {self.view_name}: {' '.join(self.problems)}"
+            )
+        already = getattr(request, "limited", False)
+        decision = None
+        if self.limit is not None and conf.ENABLE:
+            decision = limit_decision(request, self.limit, increment=True)
+        if decision is None:  # no limit applies, or the counters failed open
+            request.limited = already  # type: ignore[attr-defined]
+            return None
+        if decision.result is None:
+            # The counters are down and the limit fails closed: the page is unavailable, as
+            # a fail-closed rule's is; the client did nothing wrong.
+            request.limited = True  # type: ignore[attr-defined]
+            return responses.unavailable(request) if self.block else None
+        limited = decision.result.limited
+        request.limited = limited or already  # type: ignore[attr-defined]
+        if limited and self.block:
+            raise responses.exception(decision)
+        return None
+
+
+def _wrap(fn: F, guard: _Guard) -> F:
+    """``fn`` (sync or async) with ``guard`` before it."""
+    if iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
+            request = _find_request(args)
+            if guard.inline():
+                answer = guard.before(request)
+            else:
+                answer = await sync_to_async(guard.before)(request)
+            return answer if answer is not None else await fn(*args, **kwargs)
+
+        return async_wrapped  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        answer = guard.before(_find_request(args))
+        return answer if answer is not None else fn(*args, **kwargs)
+
+    return wrapped  # type: ignore[return-value]
 
 
 def _inline_ok() -> bool:
@@ -130,16 +164,6 @@ def _inline_ok() -> bool:
         return get_backend().inline_ok
     except Exception:  # cannot be built: get_usage reports it, off the event loop
         return False
-
-
-def _exception(usage: dict[str, Any] | None, limit: Limit | None) -> Exception:
-    cls = conf.EXCEPTION_CLASS
-    exc = cls()
-    with contextlib.suppress(AttributeError):  # a custom class may use __slots__
-        exc.usage = usage  # type: ignore[attr-defined]
-        # The 429 page words its answer by whom the limit counts (its key).
-        exc.limit = limit  # type: ignore[attr-defined]
-    return exc
 
 
 ratelimit.ALL = ALL  # type: ignore[attr-defined]

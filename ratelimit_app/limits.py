@@ -22,23 +22,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Self, TypeVar
+from typing import Any, NamedTuple, NoReturn, Self, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from ratelimit_app import ALL, gcra, keys, rates
 
-__all__ = [
-    "Limit",
-    "LimitError",
-    "Mistake",
-    "build",
-    "collect",
-    "counted_methods",
-    "method_set",
-    "raise_all",
-]
+__all__ = ["Check", "Limit", "LimitError", "Mistake", "build"]
 
 #: Keys whose values can be read on an event loop: no database query, no user code.
 ASYNC_SAFE_KEYS = ("ip", "email", "device")
@@ -113,6 +104,24 @@ def counted_methods(methods: frozenset[str] | None) -> frozenset[str] | None:
     return methods
 
 
+class Check(NamedTuple):
+    """One subject's limit to check: the ``scope`` of its counters, the ``subject`` (kind,
+    value), the ``rates``, whether this request counts (``increment``) or only looks, the
+    ``algorithm``, and a leaky bucket's ``burst`` (None: the rate's count). Made by
+    :meth:`Limit.check`."""
+
+    scope: str
+    subject: tuple[str, str]
+    rates: tuple[rates.Rate, ...]
+    increment: bool
+    algorithm: str = gcra.SLIDING_WINDOW
+    burst: int | None = None
+
+
+#: The subjects of one request, found once per key (:meth:`Limit.check`).
+Subjects = dict[Any, tuple[str, str]]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Limit:
     """One validated limit (build it with :func:`build`).
@@ -184,6 +193,34 @@ class Limit:
         if found and self.metered:
             gcra.meter(found, self.burst)
         return found
+
+    def check(
+        self,
+        request: HttpRequest,
+        increment: bool = True,
+        subject: tuple[str, str] | None = None,
+        subjects: Subjects | None = None,
+    ) -> Check | None:
+        """This limit's check of ``request`` (None: no rate applies to it). ``subject``: one
+        found by the caller (a DRF throttle's cache key); ``subjects``: the values already
+        found for this request, shared by the limits keyed alike."""
+        rate_list = self.static_rates
+        if rate_list is None:
+            rate_list = self.rates_for(request)
+            if not rate_list:
+                return None
+            scope = self.scope_for(rate_list)
+        else:
+            scope = self.static_scope or self.scope_for(rate_list)
+        if subject is None:
+            if subjects is None or not self.shares_value:
+                subject = keys.subject(self.key, self.group, request)
+            else:
+                key = self.key
+                subject = subjects.get(key)
+                if subject is None:
+                    subject = subjects[key] = keys.subject(key, self.group, request)
+        return Check(scope, subject, rate_list, increment, self.algorithm, self.burst)
 
     def scope_for(self, rate_list: tuple[rates.Rate, ...]) -> str:
         """The scope of the counters for ``rate_list`` (the static scope when they are the

@@ -40,22 +40,13 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import keys, responses, store
+from ratelimit_app import enforce, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
-from ratelimit_app.engine import (
-    REFUSALS,
-    Check,
-    Result,
-    check_many,
-    recall_many,
-    report_failure,
-    take_back,
-    usage_dict,
-)
-from ratelimit_app.exceptions import BackendError, Ratelimited
+from ratelimit_app.enforce import Decision
+from ratelimit_app.exceptions import Ratelimited
+from ratelimit_app.limits import Subjects
 from ratelimit_app.rules import Rule
-from ratelimit_app.signals import ratelimited
 
 __all__ = ["RatelimitMiddleware"]
 
@@ -95,26 +86,60 @@ class _Pending:
     """What is left to do after the view: headers to add, and the provisional hits of
     failure-only rules to take back if the request does not fail."""
 
-    policies: list[tuple[str | None, dict[str, Any]]]
-    provisional: list[tuple[Check, Result]] = dataclasses.field(default_factory=list)
+    shown: list[Decision]
+    provisional: list[Decision] = dataclasses.field(default_factory=list)
     marker: _Failure = dataclasses.field(default_factory=_Failure)
 
     def failed(self, response: HttpResponse) -> bool:
         return self.marker.failed or response.status_code in conf.FAILURE_STATUSES
 
-    def to_take_back(self, response: HttpResponse) -> list[tuple[Check, Result]]:
+    def to_take_back(self, response: HttpResponse) -> list[Decision]:
         """The provisional hits to take back: all of them, unless the request failed."""
         if not self.provisional or self.failed(response):
             return []
         return self.provisional
 
 
-def _exception(usage: dict[str, Any] | None, rule: str | None) -> Exception:
-    exc = conf.EXCEPTION_CLASS()
-    with contextlib.suppress(AttributeError):  # a custom class may use __slots__
-        exc.usage = usage  # type: ignore[attr-defined]
-        exc.rule = rule  # type: ignore[attr-defined]
-    return exc
+#: :func:`_listed`'s answer for a client on the allow list: no rule applies.
+_ALLOWED = HttpResponse()
+
+
+def _listed(
+    request: HttpRequest, current: store.Snapshot, rules: Sequence[Rule]
+) -> HttpResponse | None:
+    """The client's own address and user against the lists: the 403 of a denied one,
+    :data:`_ALLOWED` for an allowed one (when rules apply), or None."""
+    allow, deny = current.allow, current.deny
+    if not (allow.networks or allow.users or deny.networks or deny.users):
+        return None
+    address = keys.client_address(request) if allow.networks or deny.networks else None
+    if deny.has_ip(address) or deny.has_user(request):
+        return responses.denied(request)
+    if rules and (allow.has_ip(address) or allow.has_user(request)):
+        return _ALLOWED
+    return None
+
+
+def _decisions(
+    request: HttpRequest, rules: Sequence[Rule], current: store.Snapshot
+) -> list[tuple[Rule, Decision]] | HttpResponse:
+    """The decision of each rule that applies (a callable rate may say none), or the 403 of
+    an email on the deny list. An email is a claim the request makes, not the client's
+    identity: an allowed one lifts the rules keyed on it, not the others."""
+    emails = current.allow.emails or current.deny.emails
+    subjects: Subjects = {}  # rules keyed alike (two on the IP) count one value
+    found = []
+    for rule in rules:
+        check = rule.limit.check(request, subjects=subjects)
+        if check is None:
+            continue
+        if emails and keys.is_email_kind(check.subject[0]):
+            if check.subject[1] in current.deny.emails:
+                return responses.denied(request)
+            if check.subject[1] in current.allow.emails:
+                continue
+        found.append((rule, Decision(rule.limit, check, rule.name, rule.block, rule.fail_open)))
+    return found
 
 
 def before(
@@ -124,150 +149,55 @@ def before(
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
     if current is None:
         current = store.current()
-    allow, deny = current.allow, current.deny
-    if allow.networks or allow.users or deny.networks or deny.users:
-        # The connection's address and the session's user are the client's own: an allowed
-        # one skips every rule, a denied one is refused everywhere.
-        address = keys.client_address(request) if allow.networks or deny.networks else None
-        if deny.has_ip(address) or deny.has_user(request):
-            return responses.denied(request)
-        if rules and (allow.has_ip(address) or allow.has_user(request)):
-            return None
-    checks: list[Check] = []
-    used: list[Rule] = []
-    all_block = True  # every rule used blocks
-    # Rules keyed alike (two rules on the IP) count one value: found once.
-    subjects: dict[Any, tuple[str, str]] = {}
-    for rule in rules:
-        limit = rule.limit
-        rate_list = limit.static_rates
-        if rate_list is None:
-            rate_list = limit.rates_for(request)
-            scope = limit.scope_for(rate_list) if rate_list else ""
-        else:
-            scope = limit.static_scope or limit.scope_for(rate_list)
-        if not rate_list:
-            continue
-        key = limit.key
-        subject = subjects.get(key) if limit.shares_value else None
-        if subject is None:
-            subject = subjects[key] = keys.subject(key, limit.group, request)
-        if (allow.emails or deny.emails) and keys.is_email_kind(subject[0]):
-            # An email is a claim the request makes, not the client's identity: a denied one
-            # is refused, an allowed one lifts the limits keyed on it, not the others.
-            if subject[1] in deny.emails:
-                return responses.denied(request)
-            if subject[1] in allow.emails:
-                continue
-        # Every rule counts the request in the check's own round trip. A failure-only rule's
-        # hit is provisional: taken back after the view unless the request failed. So
-        # concurrent attempts never pass the limit, and only requests that did not fail pay
-        # a second round trip.
-        checks.append(
-            Check(
-                scope,
-                subject,
-                rate_list,
-                True,
-                limit.algorithm,
-                limit.burst,
-            )
-        )
-        used.append(rule)
-        if not rule.block:
-            all_block = False
-    if not checks:
+    listed = _listed(request, current, rules)
+    if listed is not None:
+        return None if listed is _ALLOWED else listed
+    found = _decisions(request, rules, current)
+    if isinstance(found, HttpResponse):
+        return found
+    if not found:
         return None
-    results: Sequence[Result | None] | None = None
-    remembered: list[Result | None] = []
-    if REFUSALS:
-        # A subject this process refused, whose wait has not ended: refused again from
-        # memory by a blocking rule, with no round trip (refusals.py says why that is safe).
-        remembered = recall_many(
-            checks
-            if all_block
-            else [c if r.block else None for c, r in zip(checks, used, strict=True)]
-        )
-        if any(remembered):
-            results = remembered
-    if results is None:
-
-        def take_back(checks: Sequence[Check], results: list[Result]) -> set[int]:
-            # A request a blocking rule refuses counts nowhere; otherwise only refused hits
-            # are taken back (a non-blocking rule's own over-the-limit hit).
-            if any(r.limited and rule.block for r, rule in zip(results, used, strict=True)):
-                return set(range(len(checks)))
-            return {i for i, r in enumerate(results) if r.limited}
-
-        try:
-            results = check_many(checks, take_back=take_back)
-        except BackendError as exc:
-            report_failure(exc)
-            closed = [rule for rule in used if rule.block and not rule.fail_open]
-            if closed:
-                return responses.unavailable(request, closed[0].name)
-            return _Pending([])
-    policies: list[tuple[str | None, dict[str, Any]]] = []
-    blocking: list[tuple[Rule, dict[str, Any]]] = []
-    request_usage = getattr(request, "ratelimit_usage", None) or {}
-    limited = False
-    for rule, check, result in zip(used, checks, results, strict=True):
-        if result is None:  # not checked: another rule refused from memory
-            continue
-        usage = usage_dict(result)
-        request_usage[rule.name] = usage
-        if check.subject[0] in responses.OWN_KINDS:
-            policies.append((rule.name, usage))
-        if result.limited:
-            limited = True
-            ratelimited.send(
-                sender=RatelimitMiddleware,
-                group=rule.group,
-                rule=rule.name,
-                subject=result.namespace,
-                usage=usage,
-                request=request,
-            )
-            if rule.block:
-                blocking.append((rule, usage))
-    request.ratelimit_usage = request_usage  # type: ignore[attr-defined]
-    request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
-    if blocking:
-        rule, usage = max(blocking, key=lambda b: b[1]["retry_after"])
-        response = responses.too_many_requests(
-            request, _exception(usage, rule.name), usage, rule.name
-        )
-        if remembered is results:
+    # Every rule counts the request in the check's own round trip. A failure-only rule's hit
+    # is provisional: taken back after the view unless the request failed. So concurrent
+    # attempts never pass the limit, and only requests that did not fail pay a second trip.
+    verdict = enforce.decide(request, [d for _, d in found], sender=RatelimitMiddleware)
+    if verdict.failed is not None:
+        closed = verdict.closed()
+        return _Pending([]) if closed is None else responses.unavailable(request, closed)
+    _mark(request, verdict)
+    refusing = verdict.refusing()
+    if refusing is not None:
+        exc = responses.exception(refusing)
+        response = responses.too_many_requests(request, exc, decision=refusing)
+        if verdict.remembered:
             # A flood's repeats are counted (the signal, the rule's metrics series), not
             # logged one by one: django.request logged the refusal that started it.
             response._has_been_logged = True  # type: ignore[attr-defined]
         return response
-    provisional = [
-        (c, r)
-        for c, r, rule in zip(checks, results, used, strict=True)
-        if r is not None and rule.failures_only and (r.plan is not None or r.reply is not None)
-    ]
-    return _Pending(policies if conf.HEADERS else [], provisional)
+    shown = verdict.shown() if conf.HEADERS else []
+    provisional = [d for rule, d in found if rule.failures_only and d.provisional()]
+    return _Pending(shown, provisional)
+
+
+def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
+    """``request.ratelimit_usage`` (each rule checked: its usage dict) and
+    ``request.limited``, for the view (docs/rules: "Rules that do not block")."""
+    usage = getattr(request, "ratelimit_usage", None) or {}
+    limited = False
+    for d in verdict.decisions:
+        if d.result is not None:
+            usage[d.name] = d.usage()
+            limited = limited or d.result.limited
+    request.ratelimit_usage = usage  # type: ignore[attr-defined]
+    request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
 
 
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
     """Everything after the view: take back provisional hits, add the RateLimit headers."""
-    settle(pending.to_take_back(response))
-    if pending.policies:
-        responses.add_headers(response, pending.policies)
+    enforce.settle(pending.to_take_back(response))
+    if pending.shown:
+        responses.add_headers(response, [(d.name, d.usage() or {}) for d in pending.shown])
     return response
-
-
-def settle(provisional: list[tuple[Check, Result]]) -> None:
-    """Take back the provisional hits of a request that did not fail; a backend failure
-    is reported (the hits then stay counted: the safe side)."""
-    if not provisional:
-        return
-    checks, results = zip(*provisional, strict=True)
-    try:
-        take_back(checks, results)
-    except BackendError as exc:
-        report_failure(exc)
 
 
 def _async_inline(rules: Sequence[Rule]) -> bool:
@@ -344,15 +274,12 @@ class RatelimitMiddleware:
         with _tracking(pending.marker):
             response = await self.get_response(request)
         if not inline:
-            await sync_to_async(settle)(pending.to_take_back(response))
+            await sync_to_async(enforce.settle)(pending.to_take_back(response))
             pending.provisional = []
         return after(request, pending, response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
         """A ``Ratelimited`` raised by a decorated view becomes the same 429."""
         if isinstance(exception, Ratelimited | conf.EXCEPTION_CLASS):
-            usage = getattr(exception, "usage", None)
-            return responses.too_many_requests(
-                request, exception, usage, getattr(exception, "rule", None)
-            )
+            return responses.too_many_requests(request, exception)
         return None

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -37,8 +38,8 @@ from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
 
-from ratelimit_app import store
 from ratelimit_app.conf import conf
+from ratelimit_app.enforce import Decision
 from ratelimit_app.limits import Limit
 
 logger = logging.getLogger("ratelimit_app")
@@ -106,15 +107,6 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     if state:
         headers["RateLimit"] = ", ".join(state)
     return headers
-
-
-#: The kinds of subject that are the requester's own: the connection's address, the session's
-#: user (a ``user`` or ``user_or_ip`` key of an anonymous request counts the address). Only
-#: their counters are shown in an admitted response's headers: a value the request names
-#: (an email, a form field, a header) may be anyone's, and its counter is not the
-#: requester's to read (a login rule's counter would tell a stranger how many wrong
-#: passwords an account had lately).
-OWN_KINDS = frozenset(["ip", "user", "user_or_ip"])
 
 
 def add_headers(response: HttpResponse, policies: Policies) -> HttpResponse:
@@ -194,33 +186,83 @@ def _templates_changed(*, setting: str, **kwargs: Any) -> None:
         _rendered.cache_clear()
 
 
+def exception(decision: Decision) -> Exception:
+    """``RATELIMIT_EXCEPTION_CLASS`` for a refusal, carrying the ``decision`` and, for
+    projects' handlers, its ``usage`` dict and ``rule`` name."""
+    exc = conf.EXCEPTION_CLASS()
+    with contextlib.suppress(AttributeError):  # a custom class may use __slots__
+        exc.decision = decision  # type: ignore[attr-defined]
+        exc.limit = decision.limit  # type: ignore[attr-defined]
+        exc.usage = decision.usage()  # type: ignore[attr-defined]
+        exc.rule = decision.name  # type: ignore[attr-defined]
+    return exc
+
+
 def too_many_requests(
     request: HttpRequest,
     exception: Exception,
-    usage: dict[str, Any] | None,
+    usage: dict[str, Any] | None = None,
     rule: str | None = None,
+    decision: Decision | None = None,
 ) -> HttpResponse:
-    """The 429 for a limited request (``RATELIMIT_VIEW`` when it is set)."""
+    """The 429 for a limited request (``RATELIMIT_VIEW`` when it is set). The refusal is
+    ``decision``, else the one ``exception`` carries (:func:`exception`); ``usage`` and
+    ``rule`` describe one without a decision (a project's own ``Ratelimited``)."""
+    if decision is None:
+        decision = getattr(exception, "decision", None)
+    if decision is not None:
+        usage = usage or decision.usage()
+        rule = rule or decision.name
+    elif usage is None:
+        usage = getattr(exception, "usage", None)
     retry_after = max(1, int((usage or {}).get("retry_after") or 1))
     headers = {"Retry-After": str(retry_after)}
     if usage and usage.get("rate"):
         headers.update(ratelimit_headers([(rule, usage)]))
-    view = conf.VIEW
-    if view:
-        handler = import_string(view) if isinstance(view, str) else view
-        response = handler(request, exception)
-        if getattr(response, "status_code", None) == 429:
-            for name, value in headers.items():
-                if name not in response:
-                    response[name] = value
-        return response
-    rate = (usage or {}).get("rate")
+    if conf.VIEW:
+        return _projects_view(request, exception, headers)
+    limit = decision.limit if decision is not None else getattr(exception, "limit", None)
+    response = _refusal_page(
+        request,
+        retry_after,
+        (usage or {}).get("rate"),
+        rule,
+        limit if isinstance(limit, Limit) else None,
+    )
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+def _projects_view(
+    request: HttpRequest, exception: Exception, headers: dict[str, str]
+) -> HttpResponse:
+    """``RATELIMIT_VIEW``'s answer, with our headers where it answered 429 without them."""
+    view: Any = conf.VIEW
+    handler = import_string(view) if isinstance(view, str) else view
+    response: HttpResponse = handler(request, exception)
+    if getattr(response, "status_code", None) == 429:
+        for name, value in headers.items():
+            if name not in response:
+                response[name] = value
+    return response
+
+
+def _refusal_page(
+    request: HttpRequest,
+    retry_after: int,
+    rate: str | None,
+    rule: str | None,
+    limit: Limit | None,
+) -> HttpResponse:
+    """The 429 problem (JSON or the page) saying what was exceeded, by whom, and when to
+    come back."""
     what = f"the limit {rate}" if rate else "a rate limit"
     if rule:
         what += f" of rule {rule!r}"
     unit = "second" if retry_after == 1 else "seconds"
-    counted = counted_by(request, _limit_of(exception, rule))
-    response = problem(
+    counted = counted_by(request, limit)
+    return problem(
         request,
         429,
         f"This request exceeds {what}. Try again in {retry_after} {unit}.",
@@ -230,9 +272,6 @@ def too_many_requests(
         rule=rule,
         rate=rate,
     )
-    for name, value in headers.items():
-        response[name] = value
-    return response
 
 
 #: What the 429 page says a limit counted, by the kind of its key (``counted`` in the
@@ -260,26 +299,17 @@ def counted_by(request: HttpRequest, limit: Limit | None) -> str:
     return DEVICE if kind == "device" else ""
 
 
-def _limit_of(exception: Exception, rule: str | None) -> Limit | None:
-    """The limit that refused: ``@ratelimit`` puts it on its exception; a rule's is found by
-    the rule's name."""
-    limit = getattr(exception, "limit", None)
-    if isinstance(limit, Limit):
-        return limit
-    found = store.current().rules.by_name.get(rule) if rule else None
-    return found.limit if found is not None else None
-
-
 def denied(request: HttpRequest) -> HttpResponse:
     """The 403 for a client on the deny list."""
     return problem(request, 403, "Requests from this client are not accepted.")
 
 
-def unavailable(request: HttpRequest, rule: str | None = None) -> HttpResponse:
+def unavailable(request: HttpRequest, decision: Decision | None = None) -> HttpResponse:
     """The answer of a fail-closed limit (a rule, or ``@ratelimit`` with
     ``RATELIMIT_FAIL_OPEN = False``) while the counter backend is down: the service is
     unavailable (``RATELIMIT_FAIL_CLOSED_STATUS``), which is not the client's doing."""
     status = conf.FAIL_CLOSED_STATUS
+    rule = decision.name if decision is not None else None
     retry_after = max(1, int(conf.DEAD_RETRY))
     which = f"The rate limit of rule {rule!r}" if rule else "The rate limit of this page"
     response = problem(

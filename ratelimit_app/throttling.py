@@ -53,13 +53,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "ratelimit_app.throttling needs Django REST framework: pip install 'django-bucketry[drf]'"
     ) from exc
 
-from ratelimit_app import ALL, clock, engine, keys, limits, operations, rates, responses
+from ratelimit_app import ALL, clock, enforce, keys, limits, operations, rates, responses
 from ratelimit_app.conf import conf, drf_throttles_named
-from ratelimit_app.engine import REFUSALS, Check, Result, check_many, recall_many, usage_dict
-from ratelimit_app.exceptions import BackendError
+from ratelimit_app.enforce import Decision, Verdict
+from ratelimit_app.engine import Result
 from ratelimit_app.gcra import SLIDING_WINDOW
-from ratelimit_app.limits import Limit
-from ratelimit_app.signals import ratelimited
+from ratelimit_app.limits import Check, Limit
 
 __all__ = [
     "AnonRateThrottle",
@@ -100,14 +99,6 @@ class ThrottleUnavailable(drf_exceptions.APIException):
             f"The rate limit {name!r} cannot be checked right now. "
             f"Try again in {self.wait} seconds."
         )
-
-
-class _Failed:
-    """The backend failed: what each throttle of the batch then does is its own choice."""
-
-
-FAILED = _Failed()
-Outcome = Result | _Failed | None
 
 
 class BaseThrottle(drf_throttling.BaseThrottle):
@@ -180,13 +171,14 @@ class _SettingsRates:
 
 
 class _Dispatch:
-    """What the throttles of one request share: the results of the view's one check,
-    waiting for the throttle each belongs to, and the policies shown in the headers."""
+    """What the throttles of one request share: the decisions of the view's one check, each
+    waiting for its throttle, with the verdict it is part of; and the policies shown in the
+    headers."""
 
     __slots__ = ("policies", "waiting")
 
     def __init__(self) -> None:
-        self.waiting: dict[Check, list[Outcome]] = {}
+        self.waiting: dict[Check, list[tuple[Decision, Verdict]]] = {}
         self.policies: list[tuple[str | None, dict[str, Any]]] = []
 
 
@@ -279,8 +271,8 @@ class SimpleRateThrottle(BaseThrottle):
     def _misconfigured(self, exc: Exception) -> ImproperlyConfigured:
         return ImproperlyConfigured(f"{type(self).__name__} (scope {self.scope!r}): {exc}")
 
-    def plan(self, request: Any, view: Any) -> Check | None:
-        """What this throttle counts for the request, or None when it does not apply (no
+    def decision(self, request: Any, view: Any) -> Decision | None:
+        """What this throttle decides for the request, or None when it does not apply (no
         rate, no cache key, ``RATELIMIT_ENABLE`` off). Sets :attr:`key`."""
         if self.rate is None or not conf.ENABLE:
             return None
@@ -297,40 +289,36 @@ class SimpleRateThrottle(BaseThrottle):
                 f"proxies in RATELIMIT_TRUSTED_PROXIES (see docs/drf.rst)."
             )
         lim = self.limit()
-        found = lim.static_rates
-        assert found is not None  # a throttle's rate is literal: parse_rate took it
         subject = (SUBJECT_KIND, _subject(str(key), self.cache_format, self.scope))
-        return Check(lim.scope_for(found), subject, found, True, lim.algorithm, lim.burst)
+        check = lim.check(request, subject=subject)
+        assert check is not None  # a throttle's rate is literal: parse_rate took it
+        own = _keyed_on_the_client(self)
+        return Decision(lim, check, self.name, True, self._fails_open(), type(self), own)
+
+    def _fails_open(self) -> bool:
+        return conf.FAIL_OPEN if self.fail_open is None else self.fail_open
 
     def allow_request(self, request: Any, view: Any) -> bool:
         """Count the request; False when it is over the limit (then :meth:`wait` says how
         long). Calls :meth:`throttle_success` or :meth:`throttle_failure`, as DRF does."""
         self.result = self.usage = None
-        check = self.plan(request, view)
-        if check is None:
+        decision = self.decision(request, view)
+        if decision is None:
             return True
         self.now = t = self.timer()
-        outcome = _outcome(self, check, request, view, t)
-        if isinstance(outcome, _Failed):
-            fail_open = conf.FAIL_OPEN if self.fail_open is None else self.fail_open
-            if fail_open:
+        decision, verdict = _decided(self, decision, request, view, t)
+        if verdict.failed is not None:
+            if self._fails_open():
                 return True
             raise ThrottleUnavailable(self.name)
+        outcome = decision.result
         if outcome is None:  # not checked: another throttle of the view refused from memory
             return True
         self.result = outcome
-        self.usage = usage = usage_dict(outcome)
-        if outcome.limited or _keyed_on_the_client(self):
-            _show(request, view, self.name, usage)
+        self.usage = usage = decision.usage()
+        if decision.shown:
+            _show(request, view, self.name, usage)  # type: ignore[arg-type]
         if outcome.limited:
-            ratelimited.send(
-                sender=type(self),
-                group=self.name,
-                rule=self.name,
-                subject=outcome.namespace,
-                usage=usage,
-                request=getattr(request, "_request", request),
-            )
             return bool(self.throttle_failure())
         return bool(self.throttle_success())
 
@@ -420,13 +408,13 @@ class ScopedRateThrottle(SimpleRateThrottle):
         # The rate depends on the view: known when the view calls allow_request.
         pass
 
-    def plan(self, request: Any, view: Any) -> Check | None:
+    def decision(self, request: Any, view: Any) -> Decision | None:
         self.scope = getattr(view, self.scope_attr, None)
         if not self.scope:
             return None
         self.rate = self.get_rate()
         self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().plan(request, view)
+        return super().decision(request, view)
 
     def get_cache_key(self, request: Any, view: Any) -> str | None:
         return _user_key(self, request)
@@ -446,26 +434,27 @@ _CLIENT_KEYS = frozenset(
 # -- one check for all of a view's throttles -------------------------------------------------
 
 
-def _outcome(
-    throttle: SimpleRateThrottle, check: Check, request: Any, view: Any, t: float
-) -> Outcome:
-    """This throttle's result: left by the first throttle of the request, which checked
-    the view's throttles of ours together, or checked now."""
+def _decided(
+    throttle: SimpleRateThrottle, decision: Decision, request: Any, view: Any, t: float
+) -> tuple[Decision, Verdict]:
+    """This throttle's decision, decided: left by the first throttle of the request, which
+    decided the view's throttles of ours together, or decided now."""
     dispatch = _dispatch(request)
     if dispatch is not None:
-        waiting = dispatch.waiting.get(check)
+        waiting = dispatch.waiting.get(decision.check)
         if waiting:
             return waiting.pop(0)
-        batch = [check]  # the view's check has run: this one is extra, checked alone
+        batch = [decision]  # the view's check has run: this one is extra, decided alone
     else:
-        batch = _view_checks(throttle, check, request, view)
+        batch = _view_decisions(throttle, decision, request, view)
         dispatch = _Dispatch()
         with contextlib.suppress(AttributeError):  # a request that takes no attribute
             setattr(request, STASH, dispatch)
-    outcomes = _run(batch, t, _own_timer(throttle))
-    for c, outcome in zip(batch, outcomes, strict=True):
-        dispatch.waiting.setdefault(c, []).append(outcome)
-    return dispatch.waiting[check].pop(0)
+    at = None if _own_timer(throttle) else t
+    verdict = enforce.decide(request, batch, at=at)
+    for d in batch:
+        dispatch.waiting.setdefault(d.check, []).append((d, verdict))
+    return dispatch.waiting[decision.check].pop(0)
 
 
 def _dispatch(request: Any) -> _Dispatch | None:
@@ -476,19 +465,21 @@ def _dispatch(request: Any) -> _Dispatch | None:
     return found
 
 
-def _view_checks(leader: SimpleRateThrottle, check: Check, request: Any, view: Any) -> list[Check]:
-    """What every throttle of ours on ``view`` counts for the request (``leader``'s
-    ``check`` among them), as the view's ``get_throttles()`` makes them."""
+def _view_decisions(
+    leader: SimpleRateThrottle, decision: Decision, request: Any, view: Any
+) -> list[Decision]:
+    """What every throttle of ours on ``view`` decides for the request (``leader``'s
+    ``decision`` among them), as the view's ``get_throttles()`` makes them."""
     if not _several_throttles(view):
-        return [check]
+        return [decision]
     found = []
     for other in view.get_throttles():
         if isinstance(other, SimpleRateThrottle):
-            planned = other.plan(request, view)
-            if planned is not None:
-                found.append(planned)
-    if check not in found:  # called by hand, not through the view's list
-        found.insert(0, check)
+            made = other.decision(request, view)
+            if made is not None:
+                found.append(made)
+    if all(d.check != decision.check for d in found):  # called by hand, not by the view
+        found.insert(0, decision)
     return found
 
 
@@ -501,25 +492,6 @@ def _several_throttles(view: Any) -> bool:
     if getattr(type(view).get_throttles, "__qualname__", "") == "APIView.get_throttles":
         return len(getattr(view, "throttle_classes", ())) > 1
     return True
-
-
-def _take_back_all(checks: Sequence[Check], results: list[Result]) -> set[int]:
-    # A request refused by one throttle counts in none of them.
-    return set(range(len(checks)))
-
-
-def _run(checks: list[Check], t: float, own_timer: bool) -> list[Outcome]:
-    """Check ``checks`` in one round trip at ``t``, or refuse from memory (as the
-    middleware does: :func:`ratelimit_app.engine.recall_many`)."""
-    if REFUSALS:
-        remembered: list[Outcome] = list(recall_many(checks, t))
-        if any(remembered):
-            return remembered
-    try:
-        return list(check_many(checks, take_back=_take_back_all, at=None if own_timer else t))
-    except BackendError as exc:
-        engine.report_failure(exc)
-        return [FAILED] * len(checks)
 
 
 def _own_timer(throttle: SimpleRateThrottle) -> bool:
@@ -665,3 +637,4 @@ def _view_classes(patterns: Sequence[Any]) -> Iterator[type]:
         view = getattr(getattr(pattern, "callback", None), "cls", None)
         if isinstance(view, type):
             yield view
+

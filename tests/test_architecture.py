@@ -38,6 +38,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "backends": 3,
         "store": 4,
         "engine": 4,
+        "enforce": 5,
         "core": 5,
         "operations": 5,
         "responses": 5,

@@ -20,9 +20,9 @@ import pytest
 from django.test import override_settings
 
 from ratelimit_app import windows
-from ratelimit_app.engine import check
 from ratelimit_app.rates import Rate, parse
 from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.checking import check
 
 #: A multiple of every bucket width below (up to four hours), so boundaries are easy to name.
 B = 1_800_000_000 + 14400 * 10

@@ -37,12 +37,12 @@ from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.backends.base import MeterOp, Op
 from ratelimit_app.core import get_usage, is_ratelimited
 from ratelimit_app.decorators import ratelimit, registry
-from ratelimit_app.engine import check
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.keys import namespace
 from ratelimit_app.rates import parse
 from ratelimit_app.rules import RuleError, parse_rule
 from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.checking import check
 from tests.ratelimit.conftest import MIDDLEWARE, ReferenceMeter, rules, several_memcached
 
 T0 = 1_800_000_000.0

@@ -111,7 +111,7 @@ def test_a_look_is_bounded(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -
     """At most LOOK_BATCH checks a look (a memcached multi-get, a Redis transaction)."""
     sizes: list[int] = []
     with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
-        monkeypatch.setattr("ratelimit_app.engine.LOOK_BATCH", 7)
+        monkeypatch.setattr("ratelimit_app.engine.recall.LOOK_BATCH", 7)
         client = Client()
         addresses = [f"198.51.100.{i}" for i in range(1, 21)]
         refuse(client, addresses)

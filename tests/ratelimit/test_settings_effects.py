@@ -27,10 +27,10 @@ from django.test import override_settings
 
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.conf import conf
-from ratelimit_app.engine import check
 from ratelimit_app.gcra import LEAKY_BUCKET
 from ratelimit_app.keys import namespace
 from ratelimit_app.rates import parse
+from tests.ratelimit.checking import check
 
 ROOT = Path(__file__).resolve().parents[2]
 

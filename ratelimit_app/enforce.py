@@ -1,0 +1,255 @@
+"""One way to check a request: every limit that applies to it, decided together.
+
+The middleware (rules), ``@ratelimit``, ``get_usage`` / ``is_ratelimited`` and the DRF
+throttles each say which limits apply (a :class:`Decision` each, made from the limit's own
+:meth:`~ratelimit_app.limits.Limit.check`) and call :func:`decide`, which
+
+1. answers from the refusal memory when a limit refused this subject lately (no round trip),
+2. else checks every limit in one round trip (:func:`ratelimit_app.engine.check_many`); a
+   request that a blocking limit refuses counts in none of them,
+3. reports a backend failure,
+4. sends :data:`~ratelimit_app.signals.ratelimited` for each counted limit over its limit,
+
+and returns a :class:`Verdict`. The adapters only translate it: a 429 or 503, an exception,
+DRF's ``allow_request``, django-ratelimit's usage dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.http import HttpRequest
+
+from ratelimit_app.engine import (
+    REFUSALS,
+    Result,
+    check_many,
+    recall_many,
+    report_failure,
+    take_back,
+    usage_dict,
+)
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.limits import Check, Limit
+from ratelimit_app.signals import ratelimited
+
+__all__ = ["Decision", "Verdict", "decide", "settle"]
+
+#: The kinds of subject that are the requester's own: the connection's address, the session's
+#: user (a ``user`` or ``user_or_ip`` key of an anonymous request counts the address). Only
+#: their counters are shown in an admitted response's headers: a value the request names
+#: (an email, a form field, a header) may be anyone's, and its counter is not the
+#: requester's to read (a login rule's counter would tell a stranger how many wrong
+#: passwords an account had lately).
+OWN_KINDS = frozenset(["ip", "user", "user_or_ip"])
+
+
+class Decision:
+    """One limit's part of a verdict: the limit, its check of this request and its result.
+
+    ``name`` labels it (a rule's name, ``drf:<scope>``; None for a decorator's limit);
+    ``blocks``: its refusal refuses the request, which then counts nowhere; ``fail_open``:
+    what it does when the counters cannot be reached; ``sender``: who sends its
+    ``ratelimited`` signal (None: the sender :func:`decide` is given); ``own``: its subject
+    is the requester itself (default: a subject of :data:`OWN_KINDS`), so its counter is
+    shown on admitted responses.
+    """
+
+    __slots__ = (
+        "_usage",
+        "blocks",
+        "check",
+        "fail_open",
+        "limit",
+        "name",
+        "own",
+        "result",
+        "sender",
+    )
+
+    def __init__(
+        self,
+        limit: Limit,
+        check: Check,
+        name: str | None = None,
+        blocks: bool = True,
+        fail_open: bool = True,
+        sender: Any = None,
+        own: bool | None = None,
+    ) -> None:
+        self.limit = limit
+        self.sender = sender
+        self.own = check.subject[0] in OWN_KINDS if own is None else own
+        self.check = check
+        self.name = name
+        self.blocks = blocks
+        self.fail_open = fail_open
+        #: None until decided, and when not checked (the backend failed, or another limit
+        #: refused the request from memory).
+        self.result: Result | None = None
+        self._usage: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"Decision({self.name or self.limit.group!r}, {self.result!r})"
+
+    @property
+    def refused(self) -> bool:
+        """Over its limit (a non-blocking limit's refusal only marks the request)."""
+        return self.result is not None and self.result.limited
+
+    @property
+    def retry_after(self) -> float:
+        """Seconds until it admits this subject again (0.0: it admits now)."""
+        result = self.result
+        return result.binding().retry_after if result is not None and result.limited else 0.0
+
+    @property
+    def shown(self) -> bool:
+        """Whether the response's ``RateLimit`` headers show its counter: the requester's
+        own (:attr:`own`), and a refusal's."""
+        return self.result is not None and (self.own or self.result.limited)
+
+    def usage(self) -> dict[str, Any] | None:
+        """django-ratelimit's usage dict of the result, made once (None: not checked)."""
+        if self._usage is None and self.result is not None:
+            self._usage = usage_dict(self.result)
+        return self._usage
+
+    def provisional(self) -> bool:
+        """True when its hit is counted and may still be taken back (:func:`settle`)."""
+        r = self.result
+        return r is not None and (r.plan is not None or r.reply is not None)
+
+
+class Verdict:
+    """What :func:`decide` found: each limit's decision, whether the backend failed, and
+    whether the answer came from the refusal memory."""
+
+    __slots__ = ("decisions", "failed", "remembered")
+
+    def __init__(
+        self,
+        decisions: Sequence[Decision],
+        failed: BackendError | None = None,
+        remembered: bool = False,
+    ) -> None:
+        self.decisions = decisions
+        self.failed = failed
+        self.remembered = remembered
+
+    def __repr__(self) -> str:
+        return f"Verdict({list(self.decisions)!r}, failed={self.failed!r})"
+
+    def shown(self) -> list[Decision]:
+        """The decisions whose counters the response's ``RateLimit`` headers show."""
+        return [d for d in self.decisions if d.shown]
+
+    @property
+    def limited(self) -> bool:
+        """True when any limit is over (blocking or not)."""
+        return any([d.refused for d in self.decisions])
+
+    def refusing(self) -> Decision | None:
+        """The blocking limit that refuses the request (the one that frees up last), or
+        None: the request is admitted."""
+        found = [d for d in self.decisions if d.blocks and d.refused]
+        if not found:
+            return None
+        return found[0] if len(found) == 1 else max(found, key=lambda d: d.retry_after)
+
+    def closed(self) -> Decision | None:
+        """When the backend failed: the first blocking limit that fails closed (the request
+        is then answered as unavailable), or None."""
+        if self.failed is None:
+            return None
+        for d in self.decisions:
+            if d.blocks and not d.fail_open:
+                return d
+        return None
+
+
+def decide(
+    request: HttpRequest,
+    decisions: Sequence[Decision],
+    sender: Any = None,
+    at: float | None = None,
+) -> Verdict:
+    """Decide ``decisions`` (each limit of ``request`` that applies) in one round trip, or
+    from the refusal memory; send ``ratelimited`` for each counted refusal (``sender``: the
+    adapter, as :mod:`ratelimit_app.signals` documents). ``at``: the time of the check, for
+    a caller with a clock of its own (DRF's ``timer``)."""
+    checks = [d.check for d in decisions]
+    results = _recall(decisions, checks, at)
+    remembered = results is not None
+    if results is None:
+        try:
+            results = check_many(checks, take_back=_take_back(decisions), at=at)
+        except BackendError as exc:
+            report_failure(exc)
+            return Verdict(decisions, failed=exc)
+    for d, result in zip(decisions, results, strict=True):
+        d.result = result
+        if result is not None and result.limited and d.check.increment:
+            _signal(request, d, sender)
+    return Verdict(decisions, remembered=remembered)
+
+
+def _recall(
+    decisions: Sequence[Decision], checks: list[Check], at: float | None
+) -> Sequence[Result | None] | None:
+    """The results of a request refused from memory (None: not refused from memory).
+
+    Only a counted limit whose refusal answers the whole request is recalled: a blocking
+    one, or the only one. A non-blocking limit refused from memory would leave the others
+    unchecked and the request, let through, uncounted; a look asks the counters."""
+    if not REFUSALS:  # nothing refused lately: the common case
+        return None
+    alone = len(decisions) == 1
+    wanted = [
+        c if c.increment and (alone or d.blocks) else None
+        for c, d in zip(checks, decisions, strict=True)
+    ]
+    found = recall_many(wanted, at)
+    return found if any(found) else None
+
+
+def _take_back(decisions: Sequence[Decision]) -> Any:
+    """What a request takes back when refused: everything it counted when a blocking limit
+    refuses it (a refused request counts nowhere), else only the refused hits (a
+    non-blocking limit's own over-the-limit hit)."""
+
+    def which(checks: Sequence[Check], results: list[Result]) -> set[int]:
+        refused = [i for i, r in enumerate(results) if r.limited]
+        if any(decisions[i].blocks for i in refused):
+            return set(range(len(checks)))
+        return set(refused)
+
+    return which
+
+
+def _signal(request: Any, d: Decision, sender: Any) -> None:
+    """``ratelimited`` for a counted refusal (``rule`` only for a named limit, as
+    :mod:`ratelimit_app.signals` documents)."""
+    extra = {} if d.name is None else {"rule": d.name}
+    ratelimited.send(
+        sender=sender if d.sender is None else d.sender,
+        group=d.limit.group,
+        subject=d.result.namespace if d.result is not None else "",
+        usage=d.usage(),
+        request=getattr(request, "_request", request),  # a DRF Request wraps Django's
+        **extra,
+    )
+
+
+def settle(decisions: Sequence[Decision]) -> None:
+    """Take back the provisional hits of ``decisions`` (failure-only limits of a request
+    that did not fail) in one round trip; a backend failure is reported (the hits then stay
+    counted: the safe side)."""
+    held = [d for d in decisions if d.provisional()]
+    if not held:
+        return
+    try:
+        take_back([d.check for d in held], [d.result for d in held])  # type: ignore[misc]
+    except BackendError as exc:
+        report_failure(exc)

@@ -1,0 +1,117 @@
+"""Check several subjects (the limits of one request) in one backend round trip."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ratelimit_app import clock, gcra
+from ratelimit_app.backends import get_backend
+from ratelimit_app.backends.base import Backend, MeterOp
+from ratelimit_app.conf import conf
+from ratelimit_app.engine import leaky_bucket, sliding_window  # noqa: F401  (they register)
+from ratelimit_app.engine.memory import remember
+from ratelimit_app.engine.result import Result
+from ratelimit_app.engine.step import STEPS, Moment, Step
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.keys import namespace
+from ratelimit_app.limits import Check
+from ratelimit_app.signals import backend_failed
+
+logger = logging.getLogger("ratelimit_app")
+
+TakeBack = Callable[[Sequence[Check], list[Result]], set[int]]
+
+
+def _limited_counted(checks: Sequence[Check], results: list[Result]) -> set[int]:
+    return {i for i, r in enumerate(results) if r.limited and checks[i].increment}
+
+
+def check_many(
+    checks: Sequence[Check],
+    take_back: TakeBack = _limited_counted,
+    exact: bool = True,
+    at: float | None = None,
+) -> list[Result]:
+    """Check several subjects in one backend round trip.
+
+    When a check is over its limit, a second round trip takes back the hits that
+    ``take_back`` names (default: the refused ones; a request refused by one limit may take
+    back what the others counted) and, with ``exact``, reads what times the refusals' waits
+    exactly. Refusals whose waits are exact are remembered (:mod:`.memory`). Raises
+    ``BackendError``, and ``ImproperlyConfigured`` for a leaky bucket whose rates (from a
+    callable) or burst do not make one. ``at``: the time of the check (default: now), for a
+    caller with a clock of its own (DRF's ``timer``).
+    """
+    moment = Moment(clock.now() if at is None else at)
+    steps = [STEPS[c.algorithm](c, namespace(c.scope, *c.subject), moment) for c in checks]
+    backend = get_backend()
+    replies = exchange(backend, [s.op() for s in steps], moment.now_us)
+    results = [s.decide(reply) for s, reply in zip(steps, replies, strict=True)]
+    for r in results:
+        if r.limited:
+            break
+    else:  # the common case: nothing refused, one round trip
+        return results
+    # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
+    # as the window has room. Counting first and taking back after keeps the check one round
+    # trip for admitted hits and never lenient under concurrency.
+    for i in take_back(checks, results):
+        steps[i].take_back()
+    return _second_trip(backend, steps, exact, moment)
+
+
+def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Moment) -> list[Result]:
+    """The take-backs and exact reads of a call where someone was refused."""
+    sent = [(s, op) for s in steps if (op := s.second(exact)) is not None]
+    timed = [s for s in steps if s.timed()]
+    if sent:
+        try:
+            replies = exchange(backend, [op for _, op in sent], moment.now_us)
+        except BackendError as exc:
+            # Whether the hits were taken back is unknown: leaving them counted is the safe
+            # side (trying again could take them back twice, which would be lenient).
+            logger.info("ratelimit: could not take back refused hits: %s", exc)
+            return [s.result for s in steps]
+        for (s, _), reply in zip(sent, replies, strict=True):
+            s.refine(reply)
+    remember([(s.check, s.result) for s in timed], moment.t)
+    return [s.result for s in steps]
+
+
+def exchange(backend: Backend, ops: Sequence[Any], now_us: int) -> list[Any]:
+    """Run ``ops`` (of any kind) on ``backend`` in one call; one reply per op, in order."""
+    windowed = [op for op in ops if not isinstance(op, MeterOp)]
+    if len(windowed) == len(ops):
+        values, _ = backend.exchange(ops, [], now_us)
+        return values
+    metered = [op for op in ops if isinstance(op, MeterOp)]
+    values, replies = backend.exchange(windowed, metered, now_us)
+    w, m = iter(values), iter(replies)
+    return [next(m) if isinstance(op, MeterOp) else next(w) for op in ops]
+
+
+def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
+    """Take back the hits ``results`` counted and still hold, in one round trip: a
+    failure-only limit's provisional hit when the request turned out not to be a failure.
+
+    A leaky bucket's hit is taken back only if nothing has changed its bucket since (else it
+    stays counted: the safe side). Raises ``BackendError``; either way the results hold
+    nothing more to take back.
+    """
+    ops = []
+    for c, r in zip(checks, results, strict=True):
+        op = STEPS[c.algorithm].release(c, r, r.namespace)
+        if op is not None:
+            ops.append(op)
+        r.plan = r.reply = None
+    if ops:
+        exchange(get_backend(), ops, gcra.micros(clock.now()))
+
+
+def report_failure(exc: BackendError) -> None:
+    """Log and signal a backend failure (the backend itself may not exist: bad settings)."""
+    alias = conf.USE_CACHE
+    logger.warning("ratelimit: counter backend %r failed: %s", alias, exc)
+    backend_failed.send(sender=BackendError, alias=alias, error=exc)

@@ -1,0 +1,50 @@
+"""A leaky bucket as the engine runs it (the arithmetic: :mod:`ratelimit_app.gcra`)."""
+
+from __future__ import annotations
+
+from ratelimit_app import gcra
+from ratelimit_app.backends.base import MeterOp, MeterReply
+from ratelimit_app.engine.result import Result, meter_result
+from ratelimit_app.engine.step import Moment, Step, register
+from ratelimit_app.gcra import LEAKY_BUCKET
+from ratelimit_app.limits import Check
+
+
+@register
+class LeakyBucket(Step):
+    """Admit when one more fits, in the first round trip. A refused request stores nothing
+    and its wait is exact from the start: the second round trip only takes back a request
+    it admitted (when another limit refused it)."""
+
+    __slots__ = ("admitted", "meter")
+    algorithm = LEAKY_BUCKET
+
+    def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
+        super().__init__(check, namespace, moment)
+        self.meter = gcra.meter(check.rates, check.burst)
+        #: Its admitted hit, as stored (what a take-back compares against).
+        self.admitted: MeterReply | None = None
+
+    def op(self) -> MeterOp:
+        return MeterOp(self.namespace, self.meter, self.check.increment)
+
+    def decide(self, reply: MeterReply) -> Result:
+        now_us = self.moment.now_us
+        state = gcra.outcome(self.meter, reply.read, reply.written, now_us, self.check.increment)
+        r = meter_result(state, self.namespace)
+        if reply.written is not None:
+            r.reply = self.admitted = reply
+        self.result = r
+        return r
+
+    def second(self, exact: bool) -> MeterOp | None:
+        if not self.undo or self.admitted is None:
+            return None
+        return MeterOp(self.namespace, self.meter, take_back=self.admitted)
+
+    @staticmethod
+    def release(check: Check, result: Result, namespace: str) -> MeterOp | None:
+        reply = result.reply
+        if reply is None:
+            return None
+        return MeterOp(namespace, gcra.meter(check.rates, check.burst), take_back=reply)

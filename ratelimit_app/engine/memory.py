@@ -1,0 +1,87 @@
+"""This process's refusals (:mod:`ratelimit_app.refusals`), shared by every adapter: each
+check refused with an exact wait, and its result, answered from memory while it lasts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.core import mail
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ratelimit_app import refusals, windows
+from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.engine.result import Result
+from ratelimit_app.limits import Check
+
+#: Each check refused, and its result.
+REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory()
+refusals.after_fork(REFUSALS)
+
+#: Whether refusals are remembered inside Django's test environment too
+#: (:func:`ratelimit_app.testing.remember_refusals`).
+_IN_TESTS = [False]
+
+
+def refusal_key(c: Check) -> tuple[Any, ...]:
+    """What a refusal is remembered by: the limit's counters of one subject."""
+    return (c.scope, c.subject, c.algorithm, c.burst)
+
+
+def remembers() -> bool:
+    """False inside Django's test environment (``manage.py test``, pytest-django: its set-up
+    gives ``django.core.mail`` an ``outbox``) unless a test asked for the memory: a suite
+    resets limits with ``cache.clear()``, which no process memory can see."""
+    return _IN_TESTS[0] or not hasattr(mail, "outbox")
+
+
+def remember_in_tests(on: bool) -> bool:
+    """Keep the memory on (or not) inside the test environment; returns the previous
+    choice."""
+    before, _IN_TESTS[0] = _IN_TESTS[0], on
+    return before
+
+
+def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
+    """Remember the refusals of counted checks (their waits exact) made at ``t``."""
+    cap = conf.REFUSAL_MEMORY
+    if cap <= 0 or not refused or not remembers():
+        return
+    REFUSALS.size = conf.REFUSAL_MEMORY_SIZE
+    for c, r in refused:
+        if c.increment and r.limited:
+            wait = r.binding().retry_after
+            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), (c, r), t + wait)
+
+
+def recalled(key: tuple[Any, ...], t: float) -> Result | None:
+    """The remembered refusal of ``key``, its waits counted down to ``t`` (None: none)."""
+    found = REFUSALS.recall(key, t)
+    if found is None:
+        return None
+    elapsed, (_, r) = found
+    return counted_down(elapsed, r)
+
+
+def counted_down(elapsed: float, r: Result) -> Result:
+    """``r``, a refusal made ``elapsed`` seconds ago, with its waits counted down."""
+    usages = [
+        windows.Usage(
+            u.rate,
+            u.count,
+            0 if u.limited else u.remaining,
+            u.limited,
+            max(0.0, u.retry_after - elapsed),
+            max(0.0, u.reset - elapsed),
+        )
+        for u in r.usages
+    ]
+    return Result(usages, r.namespace, r.meter)
+
+
+@receiver(setting_changed)
+def _forget_refusals(*, setting: str, **kwargs: Any) -> None:
+    # Rules, backends and keys may mean something else now.
+    if affects_limiter(setting):
+        REFUSALS.clear()

@@ -1,0 +1,123 @@
+"""What a check found (:class:`Result`), and django-ratelimit's usage dict of it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ratelimit_app import gcra, windows
+from ratelimit_app.backends.base import MeterReply
+from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+
+
+class Result:
+    """Outcome of one check of one subject (built on every request: a plain slotted class,
+    cheaper to make than a frozen dataclass)."""
+
+    __slots__ = ("limited", "meter", "namespace", "plan", "reply", "usages")
+
+    def __init__(
+        self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None
+    ) -> None:
+        self.usages = usages
+        self.namespace = namespace
+        #: A leaky bucket's state (its one usage is derived from it); None for sliding
+        #: windows.
+        self.meter = meter
+        #: What a take-back needs to undo an admitted hit: the sliding windows' plan that
+        #: counted it, or the leaky bucket's reply that stored it (None: nothing held).
+        self.plan: windows.Plan | None = None
+        self.reply: MeterReply | None = None
+        #: True when any rate is over its limit.
+        self.limited = usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
+
+    def __repr__(self) -> str:
+        return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"
+
+    def binding(self) -> windows.Usage:
+        """The rate that decides: the limited one that frees up last, else the tightest."""
+        usages = self.usages
+        if len(usages) == 1:  # the common case: one rate
+            return usages[0]
+        limited = [u for u in usages if u.limited]
+        if limited:
+            return max(limited, key=lambda u: u.retry_after)
+        return min(usages, key=lambda u: (u.remaining, -u.reset))
+
+
+def meter_result(state: gcra.State, ns: str) -> Result:
+    """A leaky bucket's state as a :class:`Result`: its usage counts the level rounded up,
+    and resets when the bucket is empty."""
+    usage = windows.Usage(
+        state.meter.rate,
+        state.count,
+        state.remaining,
+        state.limited,
+        state.retry_after,
+        state.empty_in,
+    )
+    return Result([usage], ns, state)
+
+
+def _rate_entry(u: windows.Usage, limit: int) -> dict[str, Any]:
+    """One rate's entry of the usage dict's ``rates``."""
+    return {
+        "rate": u.rate.text,
+        "window": u.rate.seconds,
+        "count": u.count,
+        "limit": limit,
+        "remaining": u.remaining,
+        "reset": math.ceil(u.reset),
+        "should_limit": u.limited,
+    }
+
+
+def usage_dict(result: Result) -> dict[str, Any]:
+    """django-ratelimit's dict (count, limit, should_limit, time_left) plus our fields.
+
+    For a leaky bucket, ``count`` is the level rounded up, ``limit`` the capacity, ``reset``
+    (and ``time_left``) the seconds until the bucket is empty, and ``level`` (fractional)
+    and ``capacity`` are added.
+    """
+    state = result.meter
+    u = result.binding()
+    rate = u.rate
+    limit = rate.count if state is None else state.meter.capacity
+    if len(result.usages) == 1:
+        each = [_rate_entry(u, limit)]
+    else:
+        each = [_rate_entry(x, x.rate.count if state is None else limit) for x in result.usages]
+    reset = math.ceil(u.reset)
+    usage: dict[str, Any] = {
+        "count": u.count,
+        "limit": limit,
+        "should_limit": result.limited,
+        # django-ratelimit's meaning: at most the period. ``reset`` is exact, and may pass the
+        # period by up to one fine bucket: the oldest bucket counts in full (never lenient).
+        "time_left": reset if reset < rate.seconds else rate.seconds,
+        "remaining": u.remaining,
+        "reset": reset,
+        "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
+        "rate": rate.text,
+        "rates": each,
+        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
+    }
+    if state is not None:
+        usage["level"] = round(state.level, 6)
+        usage["capacity"] = state.meter.capacity
+    return usage
+
+
+def failure_dict() -> dict[str, Any]:
+    """What a fail-closed check reports when the backend failed (django-ratelimit's)."""
+    return {
+        "count": 0,
+        "limit": 0,
+        "should_limit": True,
+        "time_left": -1,
+        "remaining": 0,
+        "reset": -1,
+        "retry_after": 1,
+        "rate": None,
+        "rates": [],
+    }

@@ -1,0 +1,90 @@
+"""A kind of limit, as the engine runs it: a :class:`Step` subclass per algorithm.
+
+:func:`ratelimit_app.engine.check_many` knows no algorithm: for each check it makes the
+step of the check's algorithm (:data:`STEPS`), sends each step's operation in one round
+trip, lets each step decide its result, and, when a request is refused, sends what the
+steps need in a second round trip (take-backs, reads that time a wait exactly). A new kind
+of limit is a new module with its step, registered here, and its operation's encoding in
+each backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from ratelimit_app import gcra
+from ratelimit_app.conf import conf
+from ratelimit_app.engine.result import Result
+from ratelimit_app.limits import Check
+
+
+class Moment:
+    """When the checks of one call run, and the bucket layout then in force."""
+
+    __slots__ = ("hierarchical", "now_us", "per_window", "t")
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.now_us = gcra.micros(t)
+        self.per_window = conf.BUCKETS_PER_WINDOW
+        self.hierarchical = conf.HIERARCHICAL
+
+
+class Step:
+    """One check on its way through the round trips of one call."""
+
+    __slots__ = ("check", "moment", "namespace", "result", "undo")
+
+    #: The algorithm name checks give (``Check.algorithm``).
+    algorithm: ClassVar[str]
+
+    def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
+        self.check = check
+        self.namespace = namespace
+        self.moment = moment
+        self.result: Result
+        #: Its hit is taken back in the second round trip.
+        self.undo = False
+
+    def op(self) -> Any:
+        """The operation of the first round trip."""
+        raise NotImplementedError
+
+    def decide(self, reply: Any) -> Result:
+        """The result, from the first round trip's reply."""
+        raise NotImplementedError
+
+    def take_back(self) -> None:
+        """Take back this request's hit in the second round trip (a counted check only);
+        its result then holds nothing more to take back."""
+        if self.check.increment:
+            self.undo = True
+            self.result.plan = self.result.reply = None
+
+    def second(self, exact: bool) -> Any | None:
+        """The operation of the second round trip (None: nothing to send). ``exact``: time
+        a refusal's wait exactly when a second read can."""
+        raise NotImplementedError
+
+    def refine(self, reply: Any) -> None:
+        """Learn from the second round trip's reply."""
+
+    def timed(self) -> bool:
+        """True when its refusal's wait is exact (after :meth:`second`): then remembered."""
+        return self.result.limited
+
+    @staticmethod
+    def release(check: Check, result: Result, namespace: str) -> Any | None:
+        """The operation that takes back the hit ``result`` holds (a failure-only limit's,
+        after the view), or None."""
+        raise NotImplementedError
+
+
+#: Algorithm name -> its step class.
+STEPS: dict[str, type[Step]] = {}
+
+
+def register(step: type[Step]) -> type[Step]:
+    """Make ``step`` the way checks of its algorithm run (a class decorator)."""
+    STEPS[step.algorithm] = step
+    return step
