@@ -1,20 +1,9 @@
 """Server-rendered SVG charts for the admin: a bar chart with axes, and a sparkline.
 
-Pure: a list of ``(bucket start, count)`` in, an SVG string out. No ORM, no I/O, no
-JavaScript, nothing fetched from the network. The SVG is meant to be inlined in an admin page:
-
-* it scales to its container (``viewBox`` and ``width="100%"``), and below 768 px of viewport
-  width its labels grow (they would otherwise shrink with the drawing) and every other time
-  label is hidden so they do not overlap;
-* every colour is a CSS variable of the Django admin (``--primary``, ``--body-quiet-color``,
-  ``--hairline-color``...) with the light theme's value as a fallback, so the admin's light and
-  dark themes (and its theme toggle) both apply;
-* every bucket is a mark carrying a ``<title>`` (``"2026-11-22 13:05 UTC: 42"``) that browsers
-  show as a native tooltip; a full-height transparent hit area makes even zero or one-pixel
-  buckets hoverable;
-* every text that comes from outside (series names, titles) is escaped.
-
-Times are UTC, like the buckets (:mod:`metrics_app.retention`).
+Pure: ``(bucket start, count)`` points in, an SVG string out, to inline in a page; nothing
+fetched from the network. It scales to its container, its colours are the admin's CSS
+variables (so its light and dark themes apply), each bucket carries a ``<title>`` tooltip,
+and every outside text is escaped. Times are UTC, like the buckets.
 """
 
 from __future__ import annotations
@@ -219,6 +208,12 @@ def _attr(value: str) -> str:
     return escape(value, quote=True)
 
 
+#: The plot area of the bar chart, inside the room for the labels.
+PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+#: The y of the time axis.
+BASELINE = TOP + PLOT_H
+
+
 def bar_chart(points: Sequence[Point], step: int, *, title: str) -> str:
     """An SVG bar chart of ``points`` (``(bucket start, count)``, oldest first, ``step`` apart).
 
@@ -227,93 +222,107 @@ def bar_chart(points: Sequence[Point], step: int, *, title: str) -> str:
     last bucket's end. Without points, or with only zeros, the axes carry a "No data" label.
     ``title`` (escaped) names the chart for screen readers.
     """
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    bottom = TOP + plot_h
     largest = max((count for _, count in points), default=0)
     ticks = count_ticks(largest)
-    top = ticks[-1]
-    total = sum(count for _, count in points)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="bkt-chart" role="img" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" preserveAspectRatio="xMidYMid meet">',
-        f"<title>{escape(title)}</title>",
-        "<desc>{}</desc>".format(
-            escape(
-                ngettext(
-                    "%(n)d bucket of %(step)s, %(total)s in all, at most %(peak)s in one.",
-                    "%(n)d buckets of %(step)s, %(total)s in all, at most %(peak)s in one.",
-                    len(points),
-                )
-                % {
-                    "n": len(points),
-                    "step": describe_step(step),
-                    "total": format_count(total),
-                    "peak": format_count(largest),
-                }
-            )
-        ),
-        f"<style>{_STYLE}</style>",
-    ]
-    # Count axis: a grid line and a label per tick.
-    for value in ticks:
-        y = bottom - value / top * plot_h
-        parts.append(
-            f'<line class="bkt-grid" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{_n(y)}" y2="{_n(y)}"/>'
-            f'<text class="bkt-count" x="{LEFT - 8}" y="{_n(y)}" text-anchor="end" '
-            f'dominant-baseline="middle">{escape(format_tick(value, top))}</text>'
-        )
+    parts = [_head(points, step, title, largest), *_count_axis(ticks)]
     if points:
         lo = int(points[0][0].timestamp())
         hi = int(points[-1][0].timestamp()) + step
-        span = hi - lo
-
-        def x_of(t: int) -> float:
-            return LEFT + (t - lo) / span * plot_w
-
         # Bars, drawn before the time axis so the axis line stays on top.
-        slot = plot_w / len(points)
-        gap = 1.0 if slot >= 4 else 0.0
-        parts.append('<g class="bkt-marks">')
-        for start, count in points:
-            x = x_of(int(start.timestamp()))
-            mark = [
-                f'<g class="bkt-mark"><title>{escape(mark_title(start, count))}</title>',
-                f'<rect class="bkt-hit" x="{_n(x)}" y="{TOP}" width="{_n(slot)}" '
-                f'height="{plot_h}"/>',
-            ]
-            if count > 0:
-                # At least one unit high, so a 1 beside 10**12 is still seen.
-                h = max(count / top * plot_h, 1.0)
-                mark.append(
-                    f'<rect class="bkt-bar" x="{_n(x + gap / 2)}" y="{_n(bottom - h)}" '
-                    f'width="{_n(max(slot - gap, 0.1))}" height="{_n(h)}"/>'
-                )
-            mark.append("</g>")
-            parts.append("".join(mark))
-        parts.append("</g>")
-        # Time axis: a short tick and a label per round instant; odd labels hide when narrow.
-        instants, unit = time_ticks(lo, hi, plot_w // LABEL_SPACING)
-        # A label at the very end would stick out of the drawing once labels grow.
-        instants = [t for t in instants if x_of(t) <= LEFT + plot_w - 10]
-        for i, t in enumerate(instants):
-            tx = _n(x_of(t))
-            alt = " bkt-alt" if i % 2 else ""
-            parts.append(
-                f'<line class="bkt-axis" x1="{tx}" x2="{tx}" y1="{bottom}" y2="{bottom + 5}"/>'
-                f'<text class="bkt-time{alt}" x="{tx}" y="{bottom + 8}" text-anchor="middle" '
-                f'dominant-baseline="hanging">{escape(_time_label(t, unit))}</text>'
-            )
+        parts += _marks(points, ticks[-1], lo, hi)
+        parts += _time_axis(lo, hi)
     parts.append(
-        f'<line class="bkt-axis" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{bottom}" y2="{bottom}"/>'
-        f'<line class="bkt-axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{bottom}"/>'
+        f'<line class="bkt-axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{BASELINE}" '
+        f'y2="{BASELINE}"/>'
+        f'<line class="bkt-axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{BASELINE}"/>'
     )
     if largest <= 0:
         parts.append(
-            f'<text class="bkt-empty" x="{_n(LEFT + plot_w / 2)}" y="{_n(TOP + plot_h / 2)}" '
+            f'<text class="bkt-empty" x="{_n(LEFT + PLOT_W / 2)}" y="{_n(TOP + PLOT_H / 2)}" '
             f'text-anchor="middle" dominant-baseline="middle">{escape(gettext("No data"))}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _head(points: Sequence[Point], step: int, title: str, largest: int) -> str:
+    """The ``<svg>`` opening, its title and description, and the style."""
+    description = ngettext(
+        "%(n)d bucket of %(step)s, %(total)s in all, at most %(peak)s in one.",
+        "%(n)d buckets of %(step)s, %(total)s in all, at most %(peak)s in one.",
+        len(points),
+    ) % {
+        "n": len(points),
+        "step": describe_step(step),
+        "total": format_count(sum(count for _, count in points)),
+        "peak": format_count(largest),
+    }
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="bkt-chart" role="img" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" preserveAspectRatio="xMidYMid meet">'
+        f"<title>{escape(title)}</title><desc>{escape(description)}</desc>"
+        f"<style>{_STYLE}</style>"
+    )
+
+
+def _count_axis(ticks: list[int]) -> list[str]:
+    """A grid line and a label per tick."""
+    parts = []
+    for value in ticks:
+        y = _n(BASELINE - value / ticks[-1] * PLOT_H)
+        parts.append(
+            f'<line class="bkt-grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y}" y2="{y}"/>'
+            f'<text class="bkt-count" x="{LEFT - 8}" y="{y}" text-anchor="end" '
+            f'dominant-baseline="middle">{escape(format_tick(value, ticks[-1]))}</text>'
+        )
+    return parts
+
+
+def _x(t: int, lo: int, hi: int) -> float:
+    """Where the instant ``t`` falls on a time axis from ``lo`` to ``hi``."""
+    return LEFT + (t - lo) / (hi - lo) * PLOT_W
+
+
+def _marks(points: Sequence[Point], top: int, lo: int, hi: int) -> list[str]:
+    """A mark per point: a full-height hit area (a zero is hoverable too), and a bar when
+    the count is not zero."""
+    slot = PLOT_W / len(points)
+    gap = 1.0 if slot >= 4 else 0.0
+    parts = ['<g class="bkt-marks">']
+    for start, count in points:
+        x = _x(int(start.timestamp()), lo, hi)
+        mark = [
+            f'<g class="bkt-mark"><title>{escape(mark_title(start, count))}</title>',
+            f'<rect class="bkt-hit" x="{_n(x)}" y="{TOP}" width="{_n(slot)}" height="{PLOT_H}"/>',
+        ]
+        if count > 0:
+            # At least one unit high, so a 1 beside 10**12 is still seen.
+            h = max(count / top * PLOT_H, 1.0)
+            mark.append(
+                f'<rect class="bkt-bar" x="{_n(x + gap / 2)}" y="{_n(BASELINE - h)}" '
+                f'width="{_n(max(slot - gap, 0.1))}" height="{_n(h)}"/>'
+            )
+        mark.append("</g>")
+        parts.append("".join(mark))
+    parts.append("</g>")
+    return parts
+
+
+def _time_axis(lo: int, hi: int) -> list[str]:
+    """A short tick and a label per round instant; odd labels hide when narrow."""
+    instants, unit = time_ticks(lo, hi, PLOT_W // LABEL_SPACING)
+    # A label at the very end would stick out of the drawing once labels grow.
+    instants = [t for t in instants if _x(t, lo, hi) <= LEFT + PLOT_W - 10]
+    parts = []
+    for i, t in enumerate(instants):
+        tx = _n(_x(t, lo, hi))
+        alt = " bkt-alt" if i % 2 else ""
+        parts.append(
+            f'<line class="bkt-axis" x1="{tx}" x2="{tx}" y1="{BASELINE}" y2="{BASELINE + 5}"/>'
+            f'<text class="bkt-time{alt}" x="{tx}" y="{BASELINE + 8}" text-anchor="middle" '
+            f'dominant-baseline="hanging">{escape(_time_label(t, unit))}</text>'
+        )
+    return parts
 
 
 def rebin(counts: Sequence[int], n: int) -> list[int]:

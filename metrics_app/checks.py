@@ -50,13 +50,16 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-@register(Tags.compatibility)
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    messages: list[CheckMessage] = []
+def _retention() -> list[CheckMessage]:
     try:
         parse_retention(_get("METRICS_RETENTION"))
     except ValueError as exc:
-        messages.append(_error("metrics_app.E001", f"{_get('METRICS_RETENTION')!r}: {exc}"))
+        return [_error("metrics_app.E001", f"{_get('METRICS_RETENTION')!r}: {exc}")]
+    return []
+
+
+def _sizes() -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
     interval = _get("METRICS_FLUSH_INTERVAL")
     if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
         messages.append(_error("metrics_app.E002", f"Got {interval!r}."))
@@ -69,37 +72,65 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ):
         # Equal to the whole buffer, it would leave no room kept for the code's own names.
         messages.append(_error("metrics_app.E010", f"Got {client_keys!r}."))
+    return messages
+
+
+def _buffer() -> list[CheckMessage]:
     buffer = _get("METRICS_BUFFER")
     if buffer not in ("memory", "redis"):
-        messages.append(_error("metrics_app.E004", f"Got {buffer!r}."))
-    elif buffer == "redis":
-        alias = _get("METRICS_REDIS_CACHE")
-        backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
-        if not backend.startswith("django_redis."):
-            messages.append(
-                _error(
-                    "metrics_app.E005",
-                    f"CACHES[{alias!r}] has BACKEND {backend!r}; the Redis buffer needs "
-                    "django_redis.cache.RedisCache for HINCRBY and its Lua script.",
-                )
+        return [_error("metrics_app.E004", f"Got {buffer!r}.")]
+    if buffer == "memory":
+        return []
+    alias = _get("METRICS_REDIS_CACHE")
+    backend = settings.CACHES.get(alias, {}).get("BACKEND", "")
+    if not backend.startswith("django_redis."):
+        return [
+            _error(
+                "metrics_app.E005",
+                f"CACHES[{alias!r}] has BACKEND {backend!r}; the Redis buffer needs "
+                "django_redis.cache.RedisCache for HINCRBY and its Lua script.",
             )
-    for name in ("METRICS_BATCH_SIZE", "METRICS_DOWNSAMPLE_BATCH_SIZE"):
-        if not _positive_int(_get(name)):
-            messages.append(_error("metrics_app.E006", f"{name} = {_get(name)!r}."))
+        ]
+    return []
+
+
+def _batches() -> list[CheckMessage]:
+    return [
+        _error("metrics_app.E006", f"{name} = {_get(name)!r}.")
+        for name in ("METRICS_BATCH_SIZE", "METRICS_DOWNSAMPLE_BATCH_SIZE")
+        if not _positive_int(_get(name))
+    ]
+
+
+def _lock_cache() -> list[CheckMessage]:
     lock_alias = _get("METRICS_LOCK_CACHE")
     if lock_alias not in settings.CACHES:
-        messages.append(_error("metrics_app.E007", f"Got {lock_alias!r}."))
-    elif settings.CACHES[lock_alias].get("BACKEND") in _LOCAL_CACHES:
-        messages.append(
+        return [_error("metrics_app.E007", f"Got {lock_alias!r}.")]
+    if settings.CACHES[lock_alias].get("BACKEND") in _LOCAL_CACHES:
+        return [
             Warning(
                 CHECK_IDS["metrics_app.W001"],
                 hint="Point METRICS_LOCK_CACHE at Redis or memcached when several processes "
                 "(Celery workers, beat, cron) may downsample.",
                 id="metrics_app.W001",
             )
-        )
+        ]
+    return []
+
+
+def _database() -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
     if _get("METRICS_DATABASE") not in settings.DATABASES:
         messages.append(_error("metrics_app.E008", f"Got {_get('METRICS_DATABASE')!r}."))
     if _get("METRICS_QUERY_DOWNSAMPLE") not in ("celery", "inline", None, False):
         messages.append(_error("metrics_app.E009", f"Got {_get('METRICS_QUERY_DOWNSAMPLE')!r}."))
     return messages
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [
+        message
+        for check in (_retention, _sizes, _buffer, _batches, _lock_cache, _database)
+        for message in check()
+    ]

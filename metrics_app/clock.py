@@ -9,13 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 #: Seconds since the epoch, as a float: :func:`time.time` itself, not a function calling it,
 #: because :func:`metrics_app.record` reads it on every counted request.
 now: Callable[[], float] = time.time
-
-
-def now_datetime() -> datetime:
-    """:func:`now` as an aware UTC datetime."""
-    return datetime.fromtimestamp(now(), tz=UTC)

@@ -85,7 +85,7 @@ def series_many(
     if hi <= lo:
         return {name: [] for name in wanted}
     size = None if step is None else _step_seconds(step, conf.RETENTION.finest.precision)
-    by_name: dict[str, list[tuple[int, int, int]]] = {name: [] for name in wanted}
+    by_name: dict[str, list[Row]] = {name: [] for name in wanted}
     if wanted:
         for name, resolution, t, count in (
             _rows_near(lo, hi, size)
@@ -104,9 +104,12 @@ def _rows_near(lo: int, hi: int, size: int | None) -> QuerySet[Bucket]:
     return Bucket.objects.using(conf.DATABASE).filter(start__lt=hi + margin, start__gt=lo - margin)
 
 
+Row = tuple[int, int, int]
+
+
 def _points(
     name: str,
-    fetched: list[tuple[int, int, int]],
+    fetched: list[Row],
     lo: int,
     hi: int,
     size: int | None,
@@ -117,36 +120,21 @@ def _points(
     """Zero-filled points of ``[lo, hi)`` from the ``(resolution, start, count)`` rows near it."""
     if now is None:
         now = clock.now()
-    retention = conf.RETENTION
     # A coarse row may hold only the older part of its period (the younger part is still
     # in finer rows): what it holds ends at ``content_end``, so it only matters to a range
     # that reaches before that.
-    limits = {r: retention.content_end(r, now) for r in {r for r, _, _ in fetched}}
-
-    def ends(resolution: int, t: int) -> int:
-        limit = limits[resolution]
-        return t + resolution if limit is None or limit <= t else min(t + resolution, limit)
-
-    automatic = size is None
+    ends = {r: conf.RETENTION.content_end(r, now) for r in {r for r, _, _ in fetched}}
     if size is None:
-        found = {r for r, t, _ in fetched if t < hi and ends(r, t) > lo}
-        size = max([retention.expected_step(lo, now), *found])
-    while True:
-        # Buckets are whole: the answer covers [align(lo), end of the bucket holding hi - 1).
-        out_lo, out_hi = align(lo, size), align(hi - 1, size) + size
-        rows = [row for row in fetched if row[1] < out_hi and ends(row[0], row[1]) > out_lo]
+        size, rows = _automatic_step(fetched, lo, hi, ends, now)
+    else:
+        rows = _reaching(fetched, *_whole(lo, hi, size), ends)
         coarser = sorted({r for r, _, _ in rows if size % r})
-        if not (automatic and coarser):
-            break
-        # The widened range reaches a coarser row: a step of its own chooses wider, until
-        # every row it covers fits whole (each pass only widens; precisions divide).
-        size = math.lcm(size, *coarser)
-    if coarser:
-        raise ValueError(
-            f"step {size}s is finer than the {coarser[-1]}s buckets stored for part of "
-            f"[{start.isoformat()}, {end.isoformat()}) of {name!r}; use a step that is a "
-            f"multiple of {coarser[-1]}s"
-        )
+        if coarser:
+            raise ValueError(
+                f"step {size}s is finer than the {coarser[-1]}s buckets stored for part of "
+                f"[{start.isoformat()}, {end.isoformat()}) of {name!r}; use a step that is a "
+                f"multiple of {coarser[-1]}s"
+            )
     sums: dict[int, int] = {}
     for _resolution, t, count in rows:
         key = align(t, size)
@@ -154,8 +142,42 @@ def _points(
     if _too_fine(rows, now):
         schedule_downsample(name)
     return [
-        (datetime.fromtimestamp(t, tz=UTC), sums.get(t, 0)) for t in range(out_lo, out_hi, size)
+        (datetime.fromtimestamp(t, tz=UTC), sums.get(t, 0))
+        for t in range(*_whole(lo, hi, size), size)
     ]
+
+
+def _whole(lo: int, hi: int, size: int) -> tuple[int, int]:
+    """Buckets are whole: the answer covers [align(lo), end of the bucket holding hi - 1)."""
+    return align(lo, size), align(hi - 1, size) + size
+
+
+def _reaching(rows: list[Row], lo: int, hi: int, ends: dict[int, int | None]) -> list[Row]:
+    """The rows whose content reaches into ``[lo, hi)``."""
+    found = []
+    for row in rows:
+        resolution, t, _ = row
+        limit = ends[resolution]
+        end = t + resolution if limit is None or limit <= t else min(t + resolution, limit)
+        if t < hi and end > lo:
+            found.append(row)
+    return found
+
+
+def _automatic_step(
+    fetched: list[Row], lo: int, hi: int, ends: dict[int, int | None], now: float
+) -> tuple[int, list[Row]]:
+    """The finest step that covers every row it reaches whole, and those rows."""
+    found = {r for r, _, _ in _reaching(fetched, lo, hi, ends)}
+    size = max([conf.RETENTION.expected_step(lo, now), *found])
+    while True:
+        rows = _reaching(fetched, *_whole(lo, hi, size), ends)
+        coarser = {r for r, _, _ in rows if size % r}
+        if not coarser:
+            return size, rows
+        # The widened range reaches a coarser row: a step of its own chooses wider, until
+        # every row it covers fits whole (each pass only widens; precisions divide).
+        size = math.lcm(size, *coarser)
 
 
 def _step_seconds(step: int | timedelta, finest: int) -> int:
@@ -167,7 +189,7 @@ def _step_seconds(step: int | timedelta, finest: int) -> int:
     return size
 
 
-def _too_fine(rows: list[tuple[int, int, int]], now: float) -> bool:
+def _too_fine(rows: list[Row], now: float) -> bool:
     """True if some bucket outlived its tier: downsampling is late for this series, so the
     read asks for it (:func:`schedule_downsample`)."""
     retention = conf.RETENTION

@@ -1,22 +1,10 @@
 """Retention tiers: parsing, validation and bucket alignment. Pure, no Django, no I/O.
 
-The syntax is Graphite's (``"1m:1d,5m:2d,1h:31d,1w:1y"``: precision ``:`` how long), parsed and
-validated with whisper's rules (``whisper.parseRetentionDef`` and ``validateArchiveList``):
-
-* units are ``s``, ``m``/``min``/``minutes``, ``h``, ``d``, ``w`` and ``y`` (365 days), any
-  prefix of the unit's English name; a bare number is seconds for the precision and a number
-  of points for the retention;
-* the retention is a number of points, ``retention // precision`` (so ``1w:1y`` is 52 weeks);
-* tiers are sorted by precision; no two tiers share a precision; each precision divides the
-  next; each tier covers a longer time than the one before; each tier has at least as many
-  points as one bucket of the next tier holds.
-
-metrics_app adds one rule: the finest precision is a whole number of minutes, because
-:func:`metrics_app.record` counts per minute.
-
-**Alignment.** Every bucket of every precision is aligned on Monday 1970-01-05 00:00 UTC, so
-week buckets start on Mondays and every finer bucket nests in exactly one bucket of each
-coarser tier (each precision divides the next).
+The syntax is Graphite's (``"1m:1d,5m:2d,1h:31d,1w:1y"``: precision ``:`` how long), validated
+with whisper's rules plus one of ours (the finest precision is a whole number of minutes:
+:func:`metrics_app.record` counts per minute); docs/metrics.rst, "Retention", lists them.
+Buckets are aligned on Monday 1970-01-05 00:00 UTC, so weeks start on Mondays and every
+bucket nests in exactly one bucket of each coarser tier.
 """
 
 from __future__ import annotations

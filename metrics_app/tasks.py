@@ -88,20 +88,12 @@ BOUNDED: dict[str, Any] = {
 class Publisher:
     """Sends tasks for web requests without ever making a request wait on the broker.
 
-    A query that finds stale fine buckets asks for a downsample of its series, and that
-    query may serve a page (the admin's chart). The broker may be down, silent, or not the
-    one meant: a web process whose project does not import its Celery app sends to Celery's
-    default, ``amqp://localhost``, and kombu retries for seconds before it gives up.
-
-    So :meth:`send` returns at once and the task is published from a daemon thread, one at
-    a time per process, on a connection of its own with short timeouts and no retries
-    (:data:`BOUNDED`). While a publish is in flight, and for :data:`BROKER_RETRY` seconds
-    after one failed, further sends are skipped: a read-triggered downsample only comes
-    early, and the beat's periodic ``metrics_app.downsample`` does the same work anyway.
-
-    The first failure for each broker is logged at WARNING, naming the broker with its
-    password masked; later ones at DEBUG, so a broker that is down is not logged once per
-    page view.
+    A read that finds stale buckets asks for a downsample, and that read may serve a page;
+    the broker may be down, silent or Celery's default (kombu retries for seconds). So
+    :meth:`send` publishes from a daemon thread, one at a time, with short timeouts and no
+    retries (:data:`BOUNDED`), and skips sends for :data:`BROKER_RETRY` seconds after a
+    failure: the beat's ``metrics_app.downsample`` does the same work anyway. The first
+    failure per broker is a WARNING (password masked), later ones DEBUG.
     """
 
     def __init__(self) -> None:

@@ -5,33 +5,36 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from unittest import mock
 
 from metrics_app import clock
 
 
 class FrozenClock:
-    """A settable clock; ``advance(seconds)`` moves it."""
+    """A clock that stands still until told to move, at Unix seconds or an aware datetime.
 
-    def __init__(self, t: float) -> None:
-        self.t = float(t)
+    ``ratelimit_app.testing`` has the same class for its own clock: neither app imports the
+    other (docs/architecture.rst), so each keeps a copy; a test keeps the two the same.
+    """
+
+    def __init__(self, t: float | datetime) -> None:
+        self.set(t)
 
     def __call__(self) -> float:
         return self.t
 
     def set(self, t: float | datetime) -> None:
+        """Jump to ``t``."""
         self.t = t.timestamp() if isinstance(t, datetime) else float(t)
 
     def advance(self, seconds: float) -> None:
+        """Move forward (back, when negative)."""
         self.t += seconds
 
 
 @contextmanager
 def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
-    """Make :func:`metrics_app.clock.now` return a time you control, inside the block."""
-    fake = FrozenClock(t.timestamp() if isinstance(t, datetime) else t)
-    original = clock.now
-    clock.now = fake
-    try:
+    """Make :func:`metrics_app.clock.now` a :class:`FrozenClock` at ``t`` inside the block."""
+    fake = FrozenClock(t)
+    with mock.patch.object(clock, "now", fake):
         yield fake
-    finally:
-        clock.now = original

@@ -1,21 +1,10 @@
 """What a chart page shows for a request: its period, bar width, zoomed hour and points.
 
-Shared by the admin's series page (:mod:`metrics_app.admin`) and any page of a site that
-charts a series (the demo's ``/links/<key>/``), so both read the same buckets and offer the
-same controls. The query string holds every choice, so the URL of a chart is the chart:
-
-* ``?period=24h|7d|30d|1y``: how far back (:data:`PERIODS`; a missing or unknown one is the
-  first);
-* ``?zoom=2026-11-22T13:00``: one hour of that period (UTC), drawn in the finest buckets
-  stored for it: by the minute for the last day with the default retention. An hour that
-  the period does not offer (see :func:`zoom_hours`) is ignored: the whole period is shown.
-
-**Bar width.** A chart draws at most :data:`MAX_BARS` bars, each the finest round width of
-:data:`BAR_STEPS` that is a whole number of the buckets stored for the range
-(:func:`bar_step`). A day of one-minute buckets becomes 145 ten-minute bars, not 1,440
-bars narrower than a pixel, where a lone event disappears and busy data turns to grass.
-The bars are the stored buckets summed by :func:`metrics_app.query.series` (one query, a
-step it can answer), so a total is the same at every width.
+Shared by the admin's series page and any site page that charts a series (the demo's
+``/links/<key>/``), so both read the same buckets and offer the same controls. The query
+string (``?period=``, ``?zoom=``) holds every choice, so the URL of a chart is the chart.
+At most :data:`MAX_BARS` bars, each a whole number of stored buckets (:func:`bar_step`): a
+lone event stays visible, and a total is the same at every width.
 """
 
 from __future__ import annotations
@@ -122,12 +111,6 @@ def step_of(points: list[charts.Point], end: datetime) -> int:
     )
 
 
-def _bars(span: int, step: int) -> int:
-    """The most ``step``-second buckets that ``span`` seconds can touch (they are aligned:
-    a range that starts inside a bucket touches one more than it fills)."""
-    return (max(span, 1) - 1) // step + 2
-
-
 def bar_step(span: int, stored: int, most: int = MAX_BARS) -> int:
     """The bar width, in seconds, for ``span`` seconds stored in ``stored``-second buckets.
 
@@ -136,7 +119,9 @@ def bar_step(span: int, stored: int, most: int = MAX_BARS) -> int:
     finest multiple of ``stored`` that does (a precision such as 7 minutes, which few round
     widths are multiples of); then that multiple. Never more than twice as coarse as needed.
     """
-    # _bars(span, w) <= most  <=>  w > (span - 1) / (most - 1): the first such multiple.
+    # ``span`` seconds touch at most (span - 1) // w + 2 aligned buckets of w seconds (one
+    # more than they fill when they start inside one): that is <= most  <=>
+    # w > (span - 1) / (most - 1). The first such multiple of ``stored``:
     fit = ((max(span, 1) - 1) // (most - 1) // stored + 1) * stored
     rounder = next((w for w in BAR_STEPS if w >= fit and w % stored == 0), None)
     return rounder if rounder is not None and rounder < 2 * fit else fit

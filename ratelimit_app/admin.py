@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 from django import forms
@@ -31,7 +30,7 @@ from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import declared, operations, store
+from ratelimit_app import declared, operations, sources, store
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
 from ratelimit_app.models import AccessEntry, Rule
@@ -102,14 +101,13 @@ class UsageForm(forms.Form):
             (r.name, f"{r.name} — key {r.key if isinstance(r.key, str) else 'callable'}, {r.rate}")
             for r in store.current().rules.rules
         ]
-        # Django REST framework's throttle scopes, when the project uses our throttles (the
-        # module is imported by then; this admin never imports DRF itself).
-        if "ratelimit_app.throttling" in sys.modules:
-            from ratelimit_app.throttling import scope_limits
-
-            choices += [
-                (n, f"{n} — DRF throttle, {lim.rate}") for n, lim in scope_limits().items()
-            ]
+        # The DRF throttles' scopes, when the project uses our throttles (their module has
+        # registered them by then: this admin never imports DRF).
+        choices += [
+            (n, f"{n} — {source.kind}, {lim.rate}")
+            for source in sources.registered()
+            for n, lim in source.limits().items()
+        ]
         self.fields["rule"].choices = choices  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:

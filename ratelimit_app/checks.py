@@ -10,17 +10,20 @@ import contextlib
 import importlib.util
 import ipaddress
 import re
-import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from ratelimit_app import sources
 from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
-from ratelimit_app.conf import DEFAULTS, THROTTLING, drf_throttles_named
+from ratelimit_app.conf import DEFAULTS, drf_throttles_named
+
+if TYPE_CHECKING:
+    from ratelimit_app.rules import Rule
 
 MESSAGES: dict[str, str] = {
     "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
@@ -115,14 +118,26 @@ def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     return []
 
 
-def _check_settings() -> Iterable[checks.CheckMessage]:
+def _int_in(value: object, low: int, high: int | None = None) -> bool:
+    """An int (not a bool) from ``low`` to ``high`` (no bound: None)."""
+    return type(value) is int and low <= value and (high is None or value <= high)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _masks() -> Iterable[checks.CheckMessage]:
     for name, code, top in (
         ("RATELIMIT_IPV4_MASK", "E003", 32),
         ("RATELIMIT_IPV6_MASK", "E004", 128),
     ):
         value = _setting(name)
-        if type(value) is not int or not 0 <= value <= top:
+        if not _int_in(value, 0, top):
             yield _error(code, f"Got {value!r}.")
+
+
+def _proxies() -> Iterable[checks.CheckMessage]:
     proxies = _setting("RATELIMIT_TRUSTED_PROXIES")
     try:
         if isinstance(proxies, str):
@@ -131,6 +146,9 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
             ipaddress.ip_network(p, strict=False)
     except (TypeError, ValueError) as exc:
         yield _error("E005", f"({exc}).")
+
+
+def _dotted_paths() -> Iterable[checks.CheckMessage]:
     algorithm = _setting("RATELIMIT_HASH_ALGORITHM")
     if not _importable(algorithm) or not (isinstance(algorithm, str) or callable(algorithm)):
         yield _error("E006", f"Got {algorithm!r}.")
@@ -143,54 +161,77 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
             configured_class(backend)
         except ImproperlyConfigured as exc:
             yield _error("E018", str(exc))
+
+
+def _counters() -> Iterable[checks.CheckMessage]:
     prefix = _setting("RATELIMIT_CACHE_PREFIX")
     if not isinstance(prefix, str) or len(prefix) > 64 or re.search(r"[\s\x00-\x1f\x7f]", prefix):
         yield _error("E008", f"Got {prefix!r}.")
     per_window = _setting("RATELIMIT_BUCKETS_PER_WINDOW")
-    if type(per_window) is not int or not 1 <= per_window <= 600:
+    if not _int_in(per_window, 1, 600):
         yield _error("E009", f"Got {per_window!r}.")
+
+
+def _ip_meta_key() -> Iterable[checks.CheckMessage]:
     meta = _setting("RATELIMIT_IP_META_KEY")
     # A string is a META key ("HTTP_X_REAL_IP") unless it is a dotted path to a function.
-    meta_ok = meta is None or callable(meta) or (isinstance(meta, str) and _importable(meta))
-    if not meta_ok:
+    if not (meta is None or callable(meta) or (isinstance(meta, str) and _importable(meta))):
         yield _error("E011", f"Got {meta!r}.")
+
+
+def _timeouts() -> Iterable[checks.CheckMessage]:
     for name in ("RATELIMIT_SOCKET_TIMEOUT", "RATELIMIT_DEAD_RETRY"):
         value = _setting(name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        if not _number(value) or value <= 0:
             yield _error("E012", f"{name} = {value!r}.")
+
+
+def _refusal_memory() -> Iterable[checks.CheckMessage]:
     memory = _setting("RATELIMIT_REFUSAL_MEMORY")
-    if isinstance(memory, bool) or not isinstance(memory, int | float) or not 0 <= memory <= 3600:
+    if not _number(memory) or not 0 <= memory <= 3600:
         yield _error("E019", f"RATELIMIT_REFUSAL_MEMORY = {memory!r}.")
     size = _setting("RATELIMIT_REFUSAL_MEMORY_SIZE")
-    if type(size) is not int or size < 0:
+    if not _int_in(size, 0):
         yield _error("E019", f"RATELIMIT_REFUSAL_MEMORY_SIZE = {size!r}.")
+
+
+def _check_settings() -> Iterable[checks.CheckMessage]:
+    for check in (
+        _masks,
+        _proxies,
+        _dotted_paths,
+        _counters,
+        _ip_meta_key,
+        _timeouts,
+        _refusal_memory,
+    ):
+        yield from check()
 
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.RatelimitMiddleware"
 AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 
 
-def _check_rules() -> Iterable[checks.CheckMessage]:
+def _access_lists() -> Iterable[checks.CheckMessage]:
     from ratelimit_app.access import compile_list
-    from ratelimit_app.rules import parse_rules
 
-    raw = _setting("RATELIMIT_RULES")
-    found, errors = parse_rules(raw)
-    for error in errors:
-        yield _error("E014", f"Rule {error.rule!r}, field {error.field!r}: {error.problem}")
     for name in ("RATELIMIT_ALLOW", "RATELIMIT_DENY"):
         try:
             compile_list(_setting(name))
         except (ImproperlyConfigured, TypeError) as exc:
             yield _error("E015", f"{name}: {exc}")
+
+
+def _statuses() -> Iterable[checks.CheckMessage]:
     statuses = _setting("RATELIMIT_FAILURE_STATUSES")
-    if isinstance(statuses, str | int) or not all(
-        type(x) is int and 100 <= x <= 599 for x in statuses
-    ):
+    if isinstance(statuses, str | int) or not all(_int_in(x, 100, 599) for x in statuses):
         yield _error("E016", f"Got {statuses!r}.")
     closed = _setting("RATELIMIT_FAIL_CLOSED_STATUS")
-    if type(closed) is not int or not 400 <= closed <= 599:
+    if not _int_in(closed, 400, 599):
         yield _error("E017", f"Got {closed!r}.")
+
+
+def _middleware_order(raw: object, found: list[Rule]) -> Iterable[checks.CheckMessage]:
     middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
     if raw and MIDDLEWARE_PATH not in middleware:
         yield _error("W003", hint=f"Add {MIDDLEWARE_PATH!r} to MIDDLEWARE.")
@@ -206,6 +247,18 @@ def _check_rules() -> Iterable[checks.CheckMessage]:
             f"(rules {', '.join(map(repr, user_keyed))}).",
             hint="Move RatelimitMiddleware after AuthenticationMiddleware.",
         )
+
+
+def _check_rules() -> Iterable[checks.CheckMessage]:
+    from ratelimit_app.rules import parse_rules
+
+    raw = _setting("RATELIMIT_RULES")
+    found, errors = parse_rules(raw)
+    for error in errors:
+        yield _error("E014", f"Rule {error.rule!r}, field {error.field!r}: {error.problem}")
+    yield from _access_lists()
+    yield from _statuses()
+    yield from _middleware_order(raw, found)
 
 
 @checks.register()
@@ -256,8 +309,10 @@ def check_throttling(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     patterns: Any = []
     with contextlib.suppress(Exception):
         patterns = get_resolver().url_patterns
-    if not named and THROTTLING not in sys.modules:
+    if named:
+        # Named in the settings: they must load, and loading them registers their source.
+        from ratelimit_app import throttling  # noqa: F401
+    drf = sources.get(sources.DRF)
+    if drf is None:
         return []  # no throttle of ours anywhere: nothing imports Django REST framework
-    from ratelimit_app import throttling
-
-    return [_error("E021", problem) for problem in throttling.problems(patterns)]
+    return [_error("E021", problem) for problem in drf.problems(patterns)]

@@ -8,13 +8,12 @@ counts are filed, :func:`lookup` reads them counting nothing, and :func:`reset` 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import ALL, clock, gcra, keys, limits, rates, store, windows
+from ratelimit_app import ALL, clock, gcra, keys, limits, rates, sources, store, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict
@@ -84,19 +83,17 @@ def find_limit(
         return rule_or_group.limit
     if key is None:
         found = store.current().rules.by_name.get(rule_or_group)
-        if found is None and rule_or_group.startswith("drf:"):
-            # A DRF throttle's scope, when the project uses our throttles (imported by
-            # then: this module never imports DRF itself).
-            throttling = sys.modules.get("ratelimit_app.throttling")
-            scoped = throttling.scope_limits().get(rule_or_group) if throttling else None
-            if scoped is not None:
-                return cast(Limit, scoped)
-        if found is None:
+        if found is not None:
+            return found.limit
+        # A DRF throttle's scope, when the project uses our throttles (their module has
+        # registered them by then: this one never imports DRF).
+        named = sources.limit(rule_or_group)
+        if named is None:
             raise ValueError(
                 f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "
                 f"pass its key and rate."
             )
-        return found.limit
+        return named
     if rate is None:
         raise ValueError(f"{rule_or_group!r}: a group needs the key and rate of its decorator.")
     try:

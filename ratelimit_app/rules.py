@@ -162,26 +162,9 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
         raise RuleError(f"#{index}", "name", f"a rule must be a dict, got {raw!r}.")
     name = raw.get("name")
     label = name if isinstance(name, str) and name else f"#{index}"
-    errors = [
-        RuleError(label, field, f"unknown field; rules have {', '.join(FIELDS)}.")
-        for field in sorted(set(raw) - set(FIELDS))
-    ]
-    if not isinstance(name, str) or not name or any(c.isspace() for c in name) or len(name) > 100:
-        errors.append(RuleError(label, "name", f"expected {FIELDS['name']}, got {name!r}."))
-    paths: tuple[str, ...] = ()
-    url_names: frozenset[str] = frozenset()
-    if "path" in raw:
-        paths = collect(errors, RuleError, _paths, raw["path"], label) or ()
-    if "url_name" in raw:
-        url_names = frozenset(
-            collect(errors, RuleError, _strings, raw["url_name"], label, "url_name") or ()
-        )
-    if "path" not in raw and "url_name" not in raw:
-        errors.append(RuleError(label, "path", "a rule needs a 'path' prefix or a 'url_name'."))
-    methods = None
-    if raw.get("methods") not in (None, "ALL", "all"):
-        found = collect(errors, RuleError, _strings, raw["methods"], label, "methods")
-        methods = frozenset(m.upper() for m in found or ())
+    errors = _name_errors(raw, label)
+    paths, url_names = _where(raw, label, errors)
+    methods = _methods(raw, label, errors)
     count = raw.get("count", COUNT_ALL)
     if count not in (COUNT_ALL, COUNT_FAILURES):
         errors.append(RuleError(label, "count", f"expected {FIELDS['count']}, got {count!r}."))
@@ -200,6 +183,40 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
         block=block,
         fail_open=fail_open,
     )
+
+
+def _name_errors(raw: Mapping[str, Any], rule: str) -> list[RuleError]:
+    """The fields a rule cannot have, and a name that is not one."""
+    errors = [
+        RuleError(rule, field, f"unknown field; rules have {', '.join(FIELDS)}.")
+        for field in sorted(set(raw) - set(FIELDS))
+    ]
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name) or len(name) > 100:
+        errors.append(RuleError(rule, "name", f"expected {FIELDS['name']}, got {name!r}."))
+    return errors
+
+
+def _where(
+    raw: Mapping[str, Any], rule: str, errors: list[RuleError]
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The path prefixes and URL names a rule covers (it needs one or the other)."""
+    if "path" not in raw and "url_name" not in raw:
+        errors.append(RuleError(rule, "path", "a rule needs a 'path' prefix or a 'url_name'."))
+        return (), frozenset()
+    paths = collect(errors, RuleError, _paths, raw["path"], rule) if "path" in raw else None
+    names = None
+    if "url_name" in raw:
+        names = collect(errors, RuleError, _strings, raw["url_name"], rule, "url_name")
+    return paths or (), frozenset(names or ())
+
+
+def _methods(raw: Mapping[str, Any], rule: str, errors: list[RuleError]) -> frozenset[str] | None:
+    """The methods a rule covers, upper case (None: every one)."""
+    if raw.get("methods") in (None, "ALL", "all"):
+        return None
+    found = collect(errors, RuleError, _strings, raw["methods"], rule, "methods")
+    return frozenset(m.upper() for m in found or ())
 
 
 def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:

@@ -53,7 +53,17 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "ratelimit_app.throttling needs Django REST framework: pip install 'django-bucketry[drf]'"
     ) from exc
 
-from ratelimit_app import ALL, clock, enforce, keys, limits, operations, rates, responses
+from ratelimit_app import (
+    ALL,
+    clock,
+    enforce,
+    keys,
+    limits,
+    operations,
+    rates,
+    responses,
+    sources,
+)
 from ratelimit_app.conf import conf, drf_throttles_named
 from ratelimit_app.enforce import Decision, Verdict
 from ratelimit_app.engine import Result
@@ -76,7 +86,7 @@ __all__ = [
 
 #: A throttle's limits are named ``drf:<scope>``: their group, the rule of their metrics
 #: series and of the ``ratelimited`` signal, the label of their ``RateLimit`` headers.
-PREFIX = "drf:"
+PREFIX = sources.DRF + ":"
 #: The kind every throttle's subject is filed under: its ident (a user's primary key or a
 #: masked IP address) or, for a ``get_cache_key`` of another shape, the whole key. With this
 #: kind, :func:`ratelimit_app.operations.lookup` finds a subject from what a person types.
@@ -638,3 +648,7 @@ def _view_classes(patterns: Sequence[Any]) -> Iterator[type]:
         if isinstance(view, type):
             yield view
 
+
+# The operations, the admin and the system checks find the throttles' limits and mistakes
+# here: they cannot import this module (it imports Django REST framework).
+sources.register(sources.DRF, kind="DRF throttle", limits=scope_limits, problems=problems)

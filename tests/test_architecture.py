@@ -1,14 +1,16 @@
 """The layers of docs/architecture.rst, held against the code.
 
 Every import of ``ratelimit_app`` and ``metrics_app`` is read from the source, those inside
-functions included: a module may import from its own layer or below, never from above; the
-imports form no circle; and ``metrics_app`` never imports ``ratelimit_app``, which reaches
-``metrics_app`` only from the two modules named below.
+functions included, and so is every reach by name (``import_module``, ``import_string``,
+``sys.modules``) to a module named by a string: a module may import from its own layer or
+below, never from above; the imports form no circle; and ``metrics_app`` never imports
+``ratelimit_app``, which reaches ``metrics_app`` only from the two modules named below.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +35,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "limits": 2,
         "access": 2,
         "rules": 2,
+        "sources": 2,
         "declared": 3,
         "models": 3,
         "backends": 3,
@@ -96,9 +99,88 @@ def modules() -> dict[str, Path]:
     return found
 
 
+#: Calls that import the module their first argument names.
+IMPORTING_CALLS = {"import_module", "import_string", "__import__"}
+
+
+def _is_sys_modules(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "modules"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    )
+
+
+@functools.cache
+def constants(path: Path) -> dict[str, str]:
+    """The module-level ``NAME = "text"`` of ``path`` (none if there is no such file)."""
+    found: dict[str, str] = {}
+    if not path.is_file():
+        return found
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and isinstance(node.value.value, str):
+                    found[target.id] = node.value.value
+    return found
+
+
+def _names(path: Path, tree: ast.Module, known: dict[str, Path]) -> dict[str, str]:
+    """The strings a bare name stands for in ``path``: its constants and those it imports."""
+    found = dict(constants(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in known and not node.level:
+            theirs = constants(known[node.module])
+            for alias in node.names:
+                if alias.name in theirs:
+                    found[alias.asname or alias.name] = theirs[alias.name]
+    return found
+
+
+def _named(node: ast.AST | None, names: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return names.get(node.id)
+    return None
+
+
+def reached_by_name(tree: ast.Module, names: dict[str, str]) -> Iterator[str]:
+    """Every dotted name that ``tree`` imports or looks up in ``sys.modules`` by a string:
+    ``import_module("m")``, ``import_string("m.Class")``, ``"m" in sys.modules``,
+    ``sys.modules["m"]``, ``sys.modules.get("m")``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            on_modules = isinstance(func, ast.Attribute) and _is_sys_modules(func.value)
+            if (called in IMPORTING_CALLS or on_modules) and node.args:
+                text = _named(node.args[0], names)
+            else:
+                continue
+        elif isinstance(node, ast.Compare) and any(_is_sys_modules(c) for c in node.comparators):
+            text = _named(node.left, names)
+        elif isinstance(node, ast.Subscript) and _is_sys_modules(node.value):
+            text = _named(node.slice, names)
+        else:
+            continue
+        if text:
+            yield text
+
+
+def _module_of(dotted: str, known: dict[str, Path]) -> str | None:
+    """The longest module of ``known`` that ``dotted`` names or lies in."""
+    parts = dotted.split(".")
+    while parts and ".".join(parts) not in known:
+        parts.pop()
+    return ".".join(parts) or None
+
+
 def imports(path: Path, known: dict[str, Path]) -> Iterator[str]:
-    """The modules of ``known`` that ``path`` imports, anywhere in it."""
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    """The modules of ``known`` that ``path`` imports, anywhere in it, or reaches by name."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
@@ -110,6 +192,10 @@ def imports(path: Path, known: dict[str, Path]) -> Iterator[str]:
             for alias in node.names:
                 if alias.name in known:
                     yield alias.name
+    for dotted in reached_by_name(tree, _names(path, tree, known)):
+        module = _module_of(dotted, known)
+        if module is not None:
+            yield module
 
 
 def graph() -> dict[str, set[str]]:
@@ -139,15 +225,20 @@ def test_every_module_has_a_layer() -> None:
     assert unlisted == [], "add these to LAYERS and to docs/architecture.rst"
 
 
-def test_no_import_points_up_a_layer() -> None:
-    upward = []
-    for module, deps in graph().items():
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of ``edges`` that points up a layer of its app."""
+    found = []
+    for module, deps in edges.items():
         app, own = layer(module)
         for dep in deps:
             dep_app, theirs = layer(dep)
             if dep_app == app and theirs > own:
-                upward.append(f"{module} (layer {own}) imports {dep} (layer {theirs})")
-    assert upward == []
+                found.append(f"{module} (layer {own}) imports {dep} (layer {theirs})")
+    return found
+
+
+def test_no_import_points_up_a_layer() -> None:
+    assert upward(graph()) == []
 
 
 def test_the_apps_meet_only_at_the_bridges() -> None:
@@ -224,3 +315,53 @@ def test_the_checks_see_function_level_imports(tmp_path: Path) -> None:
     source.write_text("def f():\n    from ratelimit_app.store import current\n")
     known = {"ratelimit_app.store": Path("store.py")}
     assert list(imports(source, known)) == ["ratelimit_app.store"]
+
+
+REACH = "ratelimit_app.operations (layer 5) imports ratelimit_app.throttling (layer 6)"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'import sys\nloaded = "ratelimit_app.throttling" in sys.modules\n',
+        'import sys\nloaded = "ratelimit_app.throttling" not in sys.modules\n',
+        'import sys\nfound = sys.modules.get("ratelimit_app.throttling")\n',
+        'import sys\nfound = sys.modules["ratelimit_app.throttling"]\n',
+        'import importlib\nfound = importlib.import_module("ratelimit_app.throttling")\n',
+        "from importlib import import_module\n"
+        'def f():\n    return import_module("ratelimit_app.throttling")\n',
+        "from django.utils.module_loading import import_string\n"
+        'found = import_string("ratelimit_app.throttling.AnonRateThrottle")\n',
+        'import sys\nNAME = "ratelimit_app.throttling"\nloaded = NAME in sys.modules\n',
+        "import sys\nfrom ratelimit_app.conf import THROTTLING\n"
+        "loaded = THROTTLING in sys.modules\n",
+    ],
+)
+def test_a_reach_by_name_up_a_layer_fails(tmp_path: Path, source: str) -> None:
+    module = tmp_path / "operations.py"
+    module.write_text(source)
+    conf = tmp_path / "conf.py"
+    conf.write_text('THROTTLING = "ratelimit_app.throttling"\n')
+    known = {
+        "ratelimit_app.operations": module,
+        "ratelimit_app.conf": conf,
+        "ratelimit_app.throttling": tmp_path / "throttling.py",
+    }
+    edges = {"ratelimit_app.operations": set(imports(module, known)) - {"ratelimit_app.conf"}}
+    assert upward(edges) == [REACH]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'PATH = "ratelimit_app.throttling.AnonRateThrottle"\n',  # a string, not a reach
+        "from django.utils.module_loading import import_string\n"
+        "def f(path):\n    return import_string(path)\n",  # a setting's path: not ours
+        'import sys\nloaded = "rest_framework" in sys.modules\n',  # not a module of ours
+    ],
+)
+def test_a_string_alone_is_no_reach(tmp_path: Path, source: str) -> None:
+    module = tmp_path / "operations.py"
+    module.write_text(source)
+    known = {"ratelimit_app.operations": module, "ratelimit_app.throttling": Path("t.py")}
+    assert list(imports(module, known)) == []

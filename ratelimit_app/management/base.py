@@ -147,8 +147,6 @@ def limit_from_options(options: dict[str, Any]) -> Named:
     """The limit the positional ``rule`` and ``--key``/``--rate``/``--method`` name."""
     name: str = options["rule"]
     key: str | None = options["key"]
-    rate: str | None = options["rate"]
-    method: str | None = options["method"]
     algorithm: str | None = options.get("algorithm")
     burst: int | None = options.get("burst")
     if key is None and (algorithm is not None or burst is not None):
@@ -157,50 +155,67 @@ def limit_from_options(options: dict[str, Any]) -> Named:
             "rule has its own."
         )
     if key is not None:
-        if rate is None:
-            raise CommandError(
-                f"--key needs --rate: the counters of group {name!r} are found by the key, "
-                "rate and method of its @ratelimit decorator."
-            )
-        _parse_rate(rate)
-        if burst is not None and algorithm != gcra.LEAKY_BUCKET:
-            raise CommandError("--burst is for --algorithm leaky_bucket.")
-        try:
-            limit = limits.build(
-                name,
-                key,
-                rate,
-                parse_method(method) if method is not None else ALL,
-                algorithm or gcra.SLIDING_WINDOW,
-                burst,
-            )
-        except LimitError as exc:
-            prefix = f"--{exc.field}: " if exc.field in ("key", "rate", "method") else ""
-            raise CommandError(f"{prefix}{exc}") from exc
-        return Named("group", name, limit)
-    if method is not None:
+        return _group(name, key, options["rate"], options["method"], algorithm, burst)
+    if options["method"] is not None:
         raise CommandError(
             "--method is for a @ratelimit group (with --key and --rate): a rule counts every "
             "method it covers in one counter."
         )
+    return _rule(name, options["rate"])
+
+
+def _group(
+    name: str,
+    key: str,
+    rate: str | None,
+    method: str | None,
+    algorithm: str | None,
+    burst: int | None,
+) -> Named:
+    """A ``@ratelimit`` group, named with its decorator's arguments."""
+    if rate is None:
+        raise CommandError(
+            f"--key needs --rate: the counters of group {name!r} are found by the key, "
+            "rate and method of its @ratelimit decorator."
+        )
+    _parse_rate(rate)
+    if burst is not None and algorithm != gcra.LEAKY_BUCKET:
+        raise CommandError("--burst is for --algorithm leaky_bucket.")
+    try:
+        limit = limits.build(
+            name,
+            key,
+            rate,
+            parse_method(method) if method is not None else ALL,
+            algorithm or gcra.SLIDING_WINDOW,
+            burst,
+        )
+    except LimitError as exc:
+        prefix = f"--{exc.field}: " if exc.field in ("key", "rate", "method") else ""
+        raise CommandError(f"{prefix}{exc}") from exc
+    return Named("group", name, limit)
+
+
+def _rule(name: str, rate: str | None) -> Named:
+    """A rule in force; ``rate`` only for one whose rate depends on the request."""
     rule = store.current().rules.by_name.get(name)
     if rule is None:
         raise _unknown_rule(name)
+    fixed = rule.static_rates
     if rate is None:
-        if rule.static_rates is None:
+        if fixed is None:
             raise CommandError(
                 f"Rule {name!r} has a rate that depends on the request ({rule.rate!r}): "
                 "pass --rate with the rate it returns for this subject, such as '5/m'."
             )
         return Named("rule", name, rule.limit)
     given = _parse_rate(rate)
-    if rule.static_rates is not None and given != rule.static_rates:
-        fixed = ";".join(map(str, rule.static_rates))
-        raise CommandError(
-            f"Rule {name!r} has the fixed rate {fixed}: drop --rate (it is only for a rule "
-            "whose rate depends on the request)."
-        )
-    if rule.static_rates is not None:
+    if fixed is not None:
+        if given != fixed:
+            raise CommandError(
+                f"Rule {name!r} has the fixed rate {';'.join(map(str, fixed))}: drop --rate (it "
+                "is only for a rule whose rate depends on the request)."
+            )
         return Named("rule", name, rule.limit)
     # A rule whose rate depends on the request: its limit with the rate given.
     limit = rule.limit
