@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from metrics_app.conf import DEFAULTS
+from metrics_app.conf import DEFAULTS, REMOVED
 from metrics_app.retention import parse_retention
 
 #: Check ID -> what it means (docs/metrics.rst lists the same).
@@ -21,8 +21,6 @@ CHECK_IDS: dict[str, str] = {
     "metrics_app.E004": "METRICS_BUFFER is neither 'memory' nor 'redis'.",
     "metrics_app.E005": "METRICS_BUFFER = 'redis' but METRICS_REDIS_CACHE is no django-redis "
     "cache.",
-    "metrics_app.E006": "METRICS_BATCH_SIZE or METRICS_DOWNSAMPLE_BATCH_SIZE is not a "
-    "positive integer.",
     "metrics_app.E007": "METRICS_LOCK_CACHE is not in CACHES.",
     "metrics_app.E008": "METRICS_DATABASE is not in DATABASES.",
     "metrics_app.E009": "METRICS_QUERY_DOWNSAMPLE is not 'celery', 'inline' or None.",
@@ -30,6 +28,8 @@ CHECK_IDS: dict[str, str] = {
     "than METRICS_MAX_BUFFERED_KEYS.",
     "metrics_app.W001": "METRICS_LOCK_CACHE is local to one process, so the downsample lock "
     "does not stop two processes.",
+    "metrics_app.W002": "A removed METRICS_* setting is set: it no longer has an effect and can "
+    "be removed.",
 }
 
 _LOCAL_CACHES = (
@@ -94,11 +94,15 @@ def _buffer() -> list[CheckMessage]:
     return []
 
 
-def _batches() -> list[CheckMessage]:
+def _removed() -> list[CheckMessage]:
     return [
-        _error("metrics_app.E006", f"{name} = {_get(name)!r}.")
-        for name in ("METRICS_BATCH_SIZE", "METRICS_DOWNSAMPLE_BATCH_SIZE")
-        if not _positive_int(_get(name))
+        Warning(
+            f"{CHECK_IDS['metrics_app.W002']} {name}: {now}.",
+            hint=f"Remove {name} from your settings.",
+            id="metrics_app.W002",
+        )
+        for name, now in REMOVED.items()
+        if hasattr(settings, name)
     ]
 
 
@@ -131,6 +135,6 @@ def _database() -> list[CheckMessage]:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return [
         message
-        for check in (_retention, _sizes, _buffer, _batches, _lock_cache, _database)
+        for check in (_retention, _sizes, _buffer, _lock_cache, _database, _removed)
         for message in check()
     ]

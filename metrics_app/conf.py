@@ -25,14 +25,20 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_REDIS_CACHE": "default",
     "METRICS_REDIS_KEY": "metrics:buffer",
     "METRICS_DATABASE": "default",
-    "METRICS_BATCH_SIZE": 1000,
-    "METRICS_DOWNSAMPLE_BATCH_SIZE": 20_000,
     "METRICS_LOCK_CACHE": "default",
-    "METRICS_LOCK_TTL": 600,
-    "METRICS_LEDGER_DAYS": 7,
     "METRICS_QUERY_DOWNSAMPLE": "celery",
     "METRICS_HANDLE_SIGTERM": True,
-    "METRICS_MAX_RETRY_DELAY": 300.0,
+}
+
+#: Settings that were tuning knobs, each now a constant: what happens instead. A project
+#: that still sets one is warned (``metrics_app.W002``).
+REMOVED: dict[str, str] = {
+    "METRICS_BATCH_SIZE": "a flush writes at most 1,000 rows per statement",
+    "METRICS_DOWNSAMPLE_BATCH_SIZE": "a downsample folds at most 20,000 rows per transaction "
+    "(metrics_downsample --batch-size still chooses)",
+    "METRICS_LOCK_TTL": "the downsample lock lives 600 s without a refresh",
+    "METRICS_LEDGER_DAYS": "flush-ledger rows are kept 7 days",
+    "METRICS_MAX_RETRY_DELAY": "a failing flush waits at most 300 s between retries",
 }
 
 
@@ -78,24 +84,8 @@ class Settings:
         return str(_get("METRICS_DATABASE"))
 
     @property
-    def BATCH_SIZE(self) -> int:
-        return int(_get("METRICS_BATCH_SIZE"))
-
-    @property
-    def DOWNSAMPLE_BATCH_SIZE(self) -> int:
-        return int(_get("METRICS_DOWNSAMPLE_BATCH_SIZE"))
-
-    @property
     def LOCK_CACHE(self) -> str:
         return str(_get("METRICS_LOCK_CACHE"))
-
-    @property
-    def LOCK_TTL(self) -> int:
-        return int(_get("METRICS_LOCK_TTL"))
-
-    @property
-    def LEDGER_DAYS(self) -> float:
-        return float(_get("METRICS_LEDGER_DAYS"))
 
     @property
     def QUERY_DOWNSAMPLE(self) -> str | None:
@@ -105,10 +95,6 @@ class Settings:
     @property
     def HANDLE_SIGTERM(self) -> bool:
         return bool(_get("METRICS_HANDLE_SIGTERM"))
-
-    @property
-    def MAX_RETRY_DELAY(self) -> float:
-        return float(_get("METRICS_MAX_RETRY_DELAY"))
 
 
 conf = Settings()

@@ -3,7 +3,7 @@
 For each tier but the last, finest first, every bucket that *itself* ended at least the
 tier's age ago (:meth:`Retention.fold_cutoff`) is deleted and its count added to the aligned
 bucket of the next tier, ``coarse += fine``, in one transaction per batch of at most
-``METRICS_DOWNSAMPLE_BATCH_SIZE`` rows. The rest of that coarse period may still be stored
+:data:`DOWNSAMPLE_BATCH_SIZE` rows. The rest of that coarse period may still be stored
 at the fine precision (a *split* period: older part coarse, younger part fine); queries
 stitch the two (:func:`metrics_app.query.series`). Buckets of the last tier older than its
 age are deleted; ``Series.total`` is untouched, so the all-time total survives.
@@ -42,6 +42,15 @@ from metrics_app.retention import EPOCH_MONDAY, align
 from metrics_app.signals import downsampled
 
 LOCK_KEY = "metrics_app:downsample:lock"
+#: Seconds the lock lives without a refresh (each batch refreshes it): how long a crashed
+#: run keeps the next one out.
+LOCK_TTL = 600
+#: Fine rows folded (at most) per transaction; on PostgreSQL a batch is a range of bucket
+#: starts, never less than one start of every series.
+DOWNSAMPLE_BATCH_SIZE = 20_000
+#: Days flush-ledger rows are kept: a batch queued longer (a database down for a week) could
+#: be counted twice if its first commit had in fact succeeded.
+LEDGER_DAYS = 7
 
 Progress = Callable[[str], None]
 
@@ -70,7 +79,7 @@ class _Lock:
     def __init__(self) -> None:
         self.cache = caches[conf.LOCK_CACHE]
         self.token = uuid.uuid4().hex
-        self.ttl = conf.LOCK_TTL
+        self.ttl = LOCK_TTL
 
     def acquire(self) -> bool:
         return bool(self.cache.add(LOCK_KEY, self.token, self.ttl))
@@ -128,7 +137,7 @@ def _downsample(
     alias = conf.DATABASE
     now = clock.now() if now is None else now
     retention = conf.RETENTION
-    size = batch_size or conf.DOWNSAMPLE_BATCH_SIZE
+    size = batch_size or DOWNSAMPLE_BATCH_SIZE
     result = DownsampleResult()
     series_ids: tuple[int, ...] | None = None
     if series_names is not None:
@@ -162,7 +171,7 @@ def _downsample(
             if progress is not None:
                 progress(f"tier {tier}: {done_here} buckets {what}")
     if series_ids is None:
-        horizon = datetime.fromtimestamp(now, tz=UTC) - timedelta(days=conf.LEDGER_DAYS)
+        horizon = datetime.fromtimestamp(now, tz=UTC) - timedelta(days=LEDGER_DAYS)
         result.ledger_pruned, _ = (
             FlushLedger.objects.using(alias).filter(created__lt=horizon).delete()
         )
@@ -283,7 +292,7 @@ def _batch_by_id(sweep: _Sweep, floor: int | None) -> tuple[int, int | None]:
                 key = (series_id, align(start, sweep.coarse))
                 sums[key] = sums.get(key, 0) + count
             rows = sorted(sums.items())
-            for part in storage.chunks(rows, conf.BATCH_SIZE):
+            for part in storage.chunks(rows, storage.BATCH_SIZE):
                 flat: list[Any] = []
                 for (series_id, start), count in part:
                     flat += [series_id, sweep.coarse, start, count]

@@ -1,7 +1,7 @@
 """Writing buffered counts to the database: one transaction per flush.
 
 A flush is three kinds of statement, each a multi-row batch of at most
-``METRICS_BATCH_SIZE`` rows, so the number of statements is
+:data:`BATCH_SIZE` rows, so the number of statements is
 ``1 + ceil(series / batch) + ceil(buckets / batch)`` whatever the traffic:
 
 1. the flush-ledger row, ``INSERT ... ON CONFLICT (flush_id) DO NOTHING``. When it inserts
@@ -31,6 +31,9 @@ from metrics_app.retention import align
 
 T = TypeVar("T")
 
+#: Rows per multi-row statement (a flush's, and a downsample's on SQLite).
+BATCH_SIZE = 1000
+
 #: ``{(series name, minute index): count}``; minute index = Unix seconds // 60.
 Counts = Mapping[tuple[str, int], int]
 
@@ -48,7 +51,6 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
     """
     alias = using or conf.DATABASE
     precision = conf.RETENTION.finest.precision
-    batch = max(1, conf.BATCH_SIZE)
     buckets: dict[tuple[str, int], int] = {}
     series: dict[str, list[int]] = {}  # name -> [total, first start, last start]
     for (name, minute), count in counts.items():
@@ -80,7 +82,7 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
             return False
         ids: dict[str, int] = {}
         first, last = qn("first_seen"), qn("last_seen")
-        for part in chunks(sorted(series), batch):
+        for part in chunks(sorted(series), BATCH_SIZE):
             params: list[Any] = []
             for name in part:
                 total, lo, hi = series[name]
@@ -101,7 +103,7 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
             )
             ids.update((name, pk) for pk, name in cursor.fetchall())
         rows = sorted((ids[name], start, count) for (name, start), count in buckets.items())
-        for part_rows in chunks(rows, batch):
+        for part_rows in chunks(rows, BATCH_SIZE):
             params = []
             for series_id, start, count in part_rows:
                 params += [series_id, precision, start, count]

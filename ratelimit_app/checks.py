@@ -20,7 +20,7 @@ from django.utils.module_loading import import_string
 
 from ratelimit_app import sources
 from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
-from ratelimit_app.conf import DEFAULTS, drf_throttles_named
+from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
 
 if TYPE_CHECKING:
     from ratelimit_app.rules import Rule
@@ -33,10 +33,8 @@ MESSAGES: dict[str, str] = {
     "E006": "RATELIMIT_HASH_ALGORITHM must be a hash constructor or its dotted path.",
     "E007": "A RATELIMIT_* dotted path cannot be imported.",
     "E008": "RATELIMIT_CACHE_PREFIX must be a short string without spaces or control characters.",
-    "E009": "RATELIMIT_BUCKETS_PER_WINDOW must be an integer from 1 to 600.",
     "E010": "A @ratelimit decorator has an invalid rate, key, algorithm or burst.",
     "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
-    "E012": "RATELIMIT_SOCKET_TIMEOUT and RATELIMIT_DEAD_RETRY must be positive numbers.",
     "E013": "The rate-limit cache has no LOCATION: no server to count on.",
     "E014": "A RATELIMIT_RULES rule is invalid.",
     "E015": "RATELIMIT_ALLOW and RATELIMIT_DENY must be lists of IPs, CIDR networks, "
@@ -44,8 +42,6 @@ MESSAGES: dict[str, str] = {
     "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
     "E017": "RATELIMIT_FAIL_CLOSED_STATUS must be an HTTP error status code (400-599).",
     "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be built as cls(alias, cache).",
-    "E019": "RATELIMIT_REFUSAL_MEMORY must be a number of seconds from 0 (off) to 3600, and "
-    "RATELIMIT_REFUSAL_MEMORY_SIZE a whole number of subjects from 0 (off).",
     "E020": "REST_FRAMEWORK names throttles of ratelimit_app.throttling, but Django REST "
     "framework is not installed.",
     "E021": "A Django REST framework throttle of ratelimit_app.throttling cannot count: a "
@@ -58,6 +54,7 @@ MESSAGES: dict[str, str] = {
     "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
     "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
     "reached (only a rate of 0 refuses).",
+    "W006": "A removed RATELIMIT_* setting is set: it no longer has an effect and can be removed.",
 }
 
 _NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
@@ -118,13 +115,9 @@ def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     return []
 
 
-def _int_in(value: object, low: int, high: int | None = None) -> bool:
-    """An int (not a bool) from ``low`` to ``high`` (no bound: None)."""
-    return type(value) is int and low <= value and (high is None or value <= high)
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _int_in(value: object, low: int, high: int) -> bool:
+    """An int (not a bool) from ``low`` to ``high``."""
+    return type(value) is int and low <= value <= high
 
 
 def _masks() -> Iterable[checks.CheckMessage]:
@@ -163,13 +156,10 @@ def _dotted_paths() -> Iterable[checks.CheckMessage]:
             yield _error("E018", str(exc))
 
 
-def _counters() -> Iterable[checks.CheckMessage]:
+def _prefix() -> Iterable[checks.CheckMessage]:
     prefix = _setting("RATELIMIT_CACHE_PREFIX")
     if not isinstance(prefix, str) or len(prefix) > 64 or re.search(r"[\s\x00-\x1f\x7f]", prefix):
         yield _error("E008", f"Got {prefix!r}.")
-    per_window = _setting("RATELIMIT_BUCKETS_PER_WINDOW")
-    if not _int_in(per_window, 1, 600):
-        yield _error("E009", f"Got {per_window!r}.")
 
 
 def _ip_meta_key() -> Iterable[checks.CheckMessage]:
@@ -179,20 +169,10 @@ def _ip_meta_key() -> Iterable[checks.CheckMessage]:
         yield _error("E011", f"Got {meta!r}.")
 
 
-def _timeouts() -> Iterable[checks.CheckMessage]:
-    for name in ("RATELIMIT_SOCKET_TIMEOUT", "RATELIMIT_DEAD_RETRY"):
-        value = _setting(name)
-        if not _number(value) or value <= 0:
-            yield _error("E012", f"{name} = {value!r}.")
-
-
-def _refusal_memory() -> Iterable[checks.CheckMessage]:
-    memory = _setting("RATELIMIT_REFUSAL_MEMORY")
-    if not _number(memory) or not 0 <= memory <= 3600:
-        yield _error("E019", f"RATELIMIT_REFUSAL_MEMORY = {memory!r}.")
-    size = _setting("RATELIMIT_REFUSAL_MEMORY_SIZE")
-    if not _int_in(size, 0):
-        yield _error("E019", f"RATELIMIT_REFUSAL_MEMORY_SIZE = {size!r}.")
+def _removed() -> Iterable[checks.CheckMessage]:
+    for name, now in REMOVED.items():
+        if hasattr(settings, name):
+            yield _error("W006", f"{name}: {now}.", hint=f"Remove {name} from your settings.")
 
 
 def _check_settings() -> Iterable[checks.CheckMessage]:
@@ -200,10 +180,9 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
         _masks,
         _proxies,
         _dotted_paths,
-        _counters,
+        _prefix,
         _ip_meta_key,
-        _timeouts,
-        _refusal_memory,
+        _removed,
     ):
         yield from check()
 

@@ -42,10 +42,6 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_CACHE_PREFIX": "rl:",
     "RATELIMIT_EXCEPTION_CLASS": "ratelimit_app.exceptions.Ratelimited",
     "RATELIMIT_TRUSTED_PROXIES": (),
-    "RATELIMIT_BUCKETS_PER_WINDOW": 60,
-    "RATELIMIT_HIERARCHICAL": False,
-    "RATELIMIT_SOCKET_TIMEOUT": 0.1,
-    "RATELIMIT_DEAD_RETRY": 5.0,
     "RATELIMIT_BACKEND": None,
     "RATELIMIT_RULES": (),
     "RATELIMIT_ALLOW": (),
@@ -54,10 +50,20 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_HEADERS": True,
     "RATELIMIT_FAIL_CLOSED_STATUS": 503,
     "RATELIMIT_DB_RULES": True,
-    "RATELIMIT_CONFIG_REFRESH": 1.0,
-    "RATELIMIT_REFUSAL_MEMORY": 5.0,
-    "RATELIMIT_REFUSAL_MEMORY_SIZE": 10_000,
     "RATELIMIT_CACHE_PAGES": False,
+}
+
+#: Settings that were tuning knobs, each now a constant: what the limiter does instead. A
+#: project that still sets one is warned (``ratelimit_app.W006``).
+REMOVED: dict[str, str] = {
+    "RATELIMIT_BUCKETS_PER_WINDOW": "a window is cut into 60 buckets",
+    "RATELIMIT_HIERARCHICAL": "every window uses the uniform layout",
+    "RATELIMIT_SOCKET_TIMEOUT": "memcached and Redis operations time out after 0.1 s "
+    "(a Redis cache's OPTIONS SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT still win)",
+    "RATELIMIT_DEAD_RETRY": "a failed server is skipped for 5 s",
+    "RATELIMIT_CONFIG_REFRESH": "each process looks for changed database rules once a second",
+    "RATELIMIT_REFUSAL_MEMORY": "a refusal is answered from memory for at most 5 s",
+    "RATELIMIT_REFUSAL_MEMORY_SIZE": "each process remembers at most 10,000 refused subjects",
 }
 
 
@@ -152,21 +158,11 @@ class Settings:
     def TRUSTED_PROXIES(self) -> tuple[IPNetwork, ...]:
         return _networks(tuple(read("RATELIMIT_TRUSTED_PROXIES")))
 
-    @functools.cached_property
-    def BUCKETS_PER_WINDOW(self) -> int:
-        return read("RATELIMIT_BUCKETS_PER_WINDOW")
-
-    @functools.cached_property
-    def HIERARCHICAL(self) -> bool:
-        return bool(read("RATELIMIT_HIERARCHICAL"))
-
-    @functools.cached_property
+    @property
     def SOCKET_TIMEOUT(self) -> float:
-        return float(read("RATELIMIT_SOCKET_TIMEOUT"))
-
-    @functools.cached_property
-    def DEAD_RETRY(self) -> float:
-        return float(read("RATELIMIT_DEAD_RETRY"))
+        """No longer a setting: :data:`ratelimit_app.backends.base.SOCKET_TIMEOUT`, which the
+        memcached and Redis backends are to read instead of this."""
+        return 0.1
 
     @functools.cached_property
     def BACKEND(self) -> str | None:
@@ -175,10 +171,6 @@ class Settings:
     @functools.cached_property
     def DB_RULES(self) -> bool:
         return bool(read("RATELIMIT_DB_RULES"))
-
-    @functools.cached_property
-    def CONFIG_REFRESH(self) -> float:
-        return float(read("RATELIMIT_CONFIG_REFRESH"))
 
     @functools.cached_property
     def FAILURE_STATUSES(self) -> frozenset[int]:
@@ -191,14 +183,6 @@ class Settings:
     @functools.cached_property
     def FAIL_CLOSED_STATUS(self) -> int:
         return int(read("RATELIMIT_FAIL_CLOSED_STATUS"))
-
-    @functools.cached_property
-    def REFUSAL_MEMORY(self) -> float:
-        return float(read("RATELIMIT_REFUSAL_MEMORY"))
-
-    @functools.cached_property
-    def REFUSAL_MEMORY_SIZE(self) -> int:
-        return int(read("RATELIMIT_REFUSAL_MEMORY_SIZE"))
 
     @functools.cached_property
     def CACHE_PAGES(self) -> bool:

@@ -27,14 +27,14 @@ from ratelimit_app.engine import (
     check_many,
     recall_many,
     report_failure,
-    take_back,
     usage_dict,
 )
+from ratelimit_app.engine import take_back as take_back_hits
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.limits import Check, Limit
 from ratelimit_app.signals import ratelimited
 
-__all__ = ["Decision", "Verdict", "decide", "settle"]
+__all__ = ["Decision", "Verdict", "decide", "take_back"]
 
 #: The kinds of subject that are the requester's own: the connection's address, the session's
 #: user (a ``user`` or ``user_or_ip`` key of an anonymous request counts the address). Only
@@ -78,13 +78,9 @@ class Decision:
         sender: Any = None,
         own: bool | None = None,
     ) -> None:
-        self.limit = limit
-        self.sender = sender
-        self.own = check.subject[0] in OWN_KINDS if own is None else own
-        self.check = check
-        self.name = name
-        self.blocks = blocks
-        self.fail_open = fail_open
+        # Made for every limit of every request: plain assignments, nothing derived.
+        self.limit, self.check, self.name, self.blocks = limit, check, name, blocks
+        self.fail_open, self.sender, self.own = fail_open, sender, own
         #: None until decided, and when not checked (the backend failed, or another limit
         #: refused the request from memory).
         self.result: Result | None = None
@@ -108,7 +104,13 @@ class Decision:
     def shown(self) -> bool:
         """Whether the response's ``RateLimit`` headers show its counter: the requester's
         own (:attr:`own`), and a refusal's."""
-        return self.result is not None and (self.own or self.result.limited)
+        r = self.result
+        if r is None:
+            return False
+        own = self.own
+        if own is None:
+            own = self.check.subject[0] in OWN_KINDS
+        return own or r.limited
 
     def usage(self) -> dict[str, Any] | None:
         """django-ratelimit's usage dict of the result, made once (None: not checked)."""
@@ -117,7 +119,7 @@ class Decision:
         return self._usage
 
     def provisional(self) -> bool:
-        """True when its hit is counted and may still be taken back (:func:`settle`)."""
+        """True when its hit is counted and may still be taken back (:func:`take_back`)."""
         r = self.result
         return r is not None and (r.plan is not None or r.reply is not None)
 
@@ -242,7 +244,7 @@ def _signal(request: Any, d: Decision, sender: Any) -> None:
     )
 
 
-def settle(decisions: Sequence[Decision]) -> None:
+def take_back(decisions: Sequence[Decision]) -> None:
     """Take back the provisional hits of ``decisions`` (failure-only limits of a request
     that did not fail) in one round trip; a backend failure is reported (the hits then stay
     counted: the safe side)."""
@@ -250,6 +252,6 @@ def settle(decisions: Sequence[Decision]) -> None:
     if not held:
         return
     try:
-        take_back([d.check for d in held], [d.result for d in held])  # type: ignore[misc]
+        take_back_hits([d.check for d in held], [d.result for d in held])  # type: ignore[misc]
     except BackendError as exc:
         report_failure(exc)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -179,24 +179,55 @@ def before(
     return _Pending(shown, provisional)
 
 
+class UsageByRule(Mapping[str, dict[str, Any]]):
+    """``request.ratelimit_usage``: each rule checked for the request, and its usage dict
+    (as ``get_usage`` returns it), made when read. Read it like a dict."""
+
+    __slots__ = ("_decisions", "_earlier")
+
+    def __init__(self, decisions: dict[str, Decision], earlier: Mapping[str, Any]) -> None:
+        self._decisions = decisions
+        #: What an earlier pass of the middleware left on the request.
+        self._earlier = earlier
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        d = self._decisions.get(name)
+        if d is None:
+            return dict(self._earlier[name])
+        usage = d.usage()
+        assert usage is not None  # only decided limits are listed
+        return usage
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (n for n in self._earlier if n not in self._decisions)
+        yield from self._decisions
+
+    def __len__(self) -> int:
+        return len(self._decisions) + sum(1 for n in self._earlier if n not in self._decisions)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
-    """``request.ratelimit_usage`` (each rule checked: its usage dict) and
-    ``request.limited``, for the view (docs/rules: "Rules that do not block")."""
-    usage = getattr(request, "ratelimit_usage", None) or {}
+    """``request.ratelimit_usage`` and ``request.limited``, for the view (docs/rules:
+    "Rules that do not block")."""
+    decided: dict[Any, Decision] = {}  # a rule's decision is named
     limited = False
     for d in verdict.decisions:
         if d.result is not None:
-            usage[d.name] = d.usage()
+            decided[d.name] = d
             limited = limited or d.result.limited
-    request.ratelimit_usage = usage  # type: ignore[attr-defined]
+    earlier = getattr(request, "ratelimit_usage", None) or {}
+    request.ratelimit_usage = UsageByRule(decided, earlier)  # type: ignore[attr-defined]
     request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
 
 
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
     """Everything after the view: take back provisional hits, add the RateLimit headers."""
-    enforce.settle(pending.to_take_back(response))
+    enforce.take_back(pending.to_take_back(response))
     if pending.shown:
-        responses.add_headers(response, [(d.name, d.usage() or {}) for d in pending.shown])
+        responses.add_headers(response, responses.decision_headers(pending.shown))
     return response
 
 
@@ -274,7 +305,7 @@ class RatelimitMiddleware:
         with _tracking(pending.marker):
             response = await self.get_response(request)
         if not inline:
-            await sync_to_async(enforce.settle)(pending.to_take_back(response))
+            await sync_to_async(enforce.take_back)(pending.to_take_back(response))
             pending.provisional = []
         return after(request, pending, response)
 

@@ -15,7 +15,6 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ratelimit_app import ALL, clock, gcra, keys, limits, rates, sources, store, windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import conf
 from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict
 from ratelimit_app.gcra import SLIDING_WINDOW
 from ratelimit_app.keys import namespace
@@ -153,7 +152,7 @@ def reset(
     suffixes = [gcra.SUFFIX]
     if not found.limit.metered:
         now = clock.now()
-        suffixes += sorted(windows.stored_suffixes(found.rates, now, conf.BUCKETS_PER_WINDOW))
+        suffixes += sorted(windows.stored_suffixes(found.rates, now, windows.BUCKETS_PER_WINDOW))
     REFUSALS.forget(refusal_key(c) for c in found.checks())
     backend = get_backend()
     for kind, value in found.subjects():

@@ -47,9 +47,15 @@ class Rate:
     seconds: int
     #: The rate as text (``"5/m"``), made once: every check's usage shows it.
     text: str = field(init=False, repr=False, compare=False)
+    #: Its hash, made once: the memos of every check hash its rates.
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "text", _text(self.count, self.seconds))
+        object.__setattr__(self, "_hash", hash((self.count, self.seconds)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
         return self.text

@@ -3,9 +3,9 @@
 When a check refuses a subject with an exact wait of R seconds, the window cannot admit it
 again before R has passed: later hits of other clients only add to its counts, and refused
 hits are not counted. So this process refuses the subject's later requests under the same
-limit **from memory**, with no round trip, until R has passed or
-``RATELIMIT_REFUSAL_MEMORY`` seconds have (whichever comes first). That keeps the limiter
-*never lenient*. The cap bounds what memory cannot see: a reset made in another process, or
+limit **from memory**, with no round trip, until R has passed or a cap has (5 s,
+:data:`ratelimit_app.engine.memory.REFUSAL_MEMORY`; whichever comes first). That keeps the
+limiter *never lenient*. The cap bounds what memory cannot see: a reset made in another process, or
 a rule changed in the admin, reaches this process within that many seconds; a reset made in
 this process (:func:`ratelimit_app.operations.reset`) is seen at once.
 
@@ -16,7 +16,7 @@ forgets it when the window has room after all. The same look confirms the refusa
 will be due **soon** (:meth:`Memory.soon`), so a botnet of many refused subjects costs a few
 looks per cap, not one per subject.
 
-The memory is a bounded least-recently-used map (``RATELIMIT_REFUSAL_MEMORY_SIZE`` subjects),
+The memory is a bounded least-recently-used map (:attr:`Memory.size` subjects),
 O(1) and thread-safe, and a forked child starts with its own lock (the parent's refusals
 stay true in the child). Times are the limiter's clock (:mod:`ratelimit_app.clock`).
 """

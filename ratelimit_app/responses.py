@@ -26,6 +26,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
@@ -38,6 +39,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
 
+from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.enforce import Decision
 from ratelimit_app.limits import Limit
@@ -109,9 +111,52 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     return headers
 
 
-def add_headers(response: HttpResponse, policies: Policies) -> HttpResponse:
-    """Add the RateLimit headers to ``response`` unless it has its own."""
-    for name, value in ratelimit_headers(policies).items():
+#: Each limit's ``RateLimit-Policy`` entry, by its label and the identity of its rates (a
+#: limit's rates are one object for the life of the rule): (rates, capacity, the entry).
+_POLICIES: dict[tuple[str | None, int], tuple[Any, int | None, str]] = {}
+
+
+def _limit_policy(label: str | None, rates: tuple[Any, ...], capacity: int | None) -> str:
+    """The ``RateLimit-Policy`` entry of a limit's rates (a leaky bucket's quota is its
+    capacity), formatted once per rule."""
+    key = (label, id(rates))
+    found = _POLICIES.get(key)
+    if found is None or found[0] is not rates or found[1] != capacity:
+        text = ", ".join(
+            f"{_name(label, r.text)};q={r.count if capacity is None else capacity};w={r.seconds}"
+            for r in rates
+        )
+        if len(_POLICIES) >= 1024:
+            _POLICIES.clear()
+        found = _POLICIES[key] = (rates, capacity, text)
+    return found[2]
+
+
+def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
+    """:func:`ratelimit_headers` of decided limits, read off their results (no usage
+    dict): the same headers."""
+    policy, state = [], []
+    for d in decisions:
+        r = d.result
+        if r is None:
+            continue
+        meter = r.meter
+        capacity = None if meter is None else meter.meter.capacity
+        policy.append(_limit_policy(d.name, d.check.rates, capacity))
+        u = r.binding()
+        if r.limited:
+            remaining, wait = 0, max(1, math.ceil(u.retry_after))
+        else:
+            remaining, wait = u.remaining, math.ceil(u.reset)
+        state.append(f"{_name(d.name, u.rate.text)};r={remaining};t={max(0, int(wait))}")
+    if not policy:
+        return {}
+    return {"RateLimit-Policy": ", ".join(policy), "RateLimit": ", ".join(state)}
+
+
+def add_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse:
+    """Add the RateLimit ``headers`` to ``response`` unless it has its own."""
+    for name, value in headers.items():
         if name not in response:
             response[name] = value
     return response
@@ -310,7 +355,7 @@ def unavailable(request: HttpRequest, decision: Decision | None = None) -> HttpR
     unavailable (``RATELIMIT_FAIL_CLOSED_STATUS``), which is not the client's doing."""
     status = conf.FAIL_CLOSED_STATUS
     rule = decision.name if decision is not None else None
-    retry_after = max(1, int(conf.DEAD_RETRY))
+    retry_after = max(1, int(base.DEAD_RETRY))
     which = f"The rate limit of rule {rule!r}" if rule else "The rate limit of this page"
     response = problem(
         request,

@@ -3,7 +3,7 @@
 ``RATELIMIT_RULES`` / ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY`` and the admin's
 :class:`~ratelimit_app.models.Rule` and :class:`~ratelimit_app.models.AccessEntry` rows apply
 together. Each process keeps a :class:`Snapshot` of them and, at most once every
-``RATELIMIT_CONFIG_REFRESH`` seconds (1 s), reads one **version counter** from the counter
+:data:`CONFIG_REFRESH` seconds (1 s), reads one **version counter** from the counter
 backend; it queries the database only when that version changed (a save or delete in the
 admin increments it: :func:`bump`) or when an entry it holds has expired. So a change takes
 effect in every process within about a second, and a request never costs a database query.
@@ -38,6 +38,9 @@ from ratelimit_app.windows import Plan
 logger = logging.getLogger("ratelimit_app")
 
 VERSION_KEY = "config-version"
+#: Seconds a process uses its snapshot before it looks at the version counter again: how
+#: long an admin change takes to reach every process.
+CONFIG_REFRESH = 1.0
 
 
 @dataclass(slots=True)
@@ -59,11 +62,11 @@ class Snapshot:
     deadline: float = -math.inf
 
     def looked(self, at: float | None = None) -> Snapshot:
-        """Mark a look at the version counter: good for RATELIMIT_CONFIG_REFRESH seconds, or
+        """Mark a look at the version counter: good for :data:`CONFIG_REFRESH` seconds, or
         until the first entry expires."""
         self.checked = time.monotonic() if at is None else at
         until_expiry = self.expires - time.time()
-        self.deadline = self.checked + min(conf.CONFIG_REFRESH, until_expiry)
+        self.deadline = self.checked + min(CONFIG_REFRESH, until_expiry)
         return self
 
     def fresh(self) -> bool:

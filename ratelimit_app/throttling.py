@@ -64,6 +64,7 @@ from ratelimit_app import (
     responses,
     sources,
 )
+from ratelimit_app.backends import base
 from ratelimit_app.conf import conf, drf_throttles_named
 from ratelimit_app.enforce import Decision, Verdict
 from ratelimit_app.engine import Result
@@ -97,14 +98,14 @@ STASH = "_ratelimit_throttling"
 
 class ThrottleUnavailable(drf_exceptions.APIException):
     """A fail-closed throttle could not reach its counters: answered with
-    ``RATELIMIT_FAIL_CLOSED_STATUS`` (503) and ``Retry-After: RATELIMIT_DEAD_RETRY``."""
+    ``RATELIMIT_FAIL_CLOSED_STATUS`` (503) and ``Retry-After: 5`` (``base.DEAD_RETRY``)."""
 
     default_code = "throttle_unavailable"
 
     def __init__(self, name: str) -> None:
         self.status_code = conf.FAIL_CLOSED_STATUS
         #: DRF's exception handler turns ``wait`` into ``Retry-After``.
-        self.wait = max(1, math.ceil(conf.DEAD_RETRY))
+        self.wait = max(1, math.ceil(base.DEAD_RETRY))
         super().__init__(
             f"The rate limit {name!r} cannot be checked right now. "
             f"Try again in {self.wait} seconds."
@@ -327,7 +328,7 @@ class SimpleRateThrottle(BaseThrottle):
         self.result = outcome
         self.usage = usage = decision.usage()
         if decision.shown:
-            _show(request, view, self.name, usage)  # type: ignore[arg-type]
+            _add_policy(request, view, self.name, usage)  # type: ignore[arg-type]
         if outcome.limited:
             return bool(self.throttle_failure())
         return bool(self.throttle_success())
@@ -517,7 +518,7 @@ def _keyed_on_the_client(throttle: SimpleRateThrottle) -> bool:
     return type(throttle).get_cache_key in _CLIENT_KEYS
 
 
-def _show(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
+def _add_policy(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
     """Add the throttle's policy to the ``RateLimit`` headers of the view's response (DRF
     adds ``view.headers`` to every response it finalises, a 429 included)."""
     if not conf.HEADERS:

@@ -3,7 +3,7 @@
 A rate of N per W seconds is a sliding window over bucket counters, in one of two layouts.
 
 * **Uniform** (the default): the window is cut into ``G`` fine buckets of ``W/G`` seconds
-  (``RATELIMIT_BUCKETS_PER_WINDOW``, 60), grouped ``C`` at a time into coarse buckets (``C``
+  (:data:`BUCKETS_PER_WINDOW`, 60), grouped ``C`` at a time into coarse buckets (``C``
   is the largest divisor of ``G`` with ``C * C <= 2G``: 10 for 60). A hit increments its fine
   and its coarse bucket; a check covers the fine buckets ``[k - G, k]`` exactly, with whole
   coarse buckets where it can, and at the old edge either the fine buckets inside the window
@@ -11,7 +11,7 @@ A rate of N per W seconds is a sliding window over bucket counters, in one of tw
   for G = 60 instead of 61. The oldest fine bucket is counted in full although part of it
   is older than the window, so the limiter is **never lenient** (no window of length W ever
   admits more than N) and blocks early by at most one fine bucket, ``W/G``.
-* **Hierarchical** (``RATELIMIT_HIERARCHICAL``): counters per second, per minute and per
+* **Hierarchical** (:data:`HIERARCHICAL`): counters per second, per minute and per
   hour, shared by every rate of a check: a hit increments one bucket of each level, and a
   check covers ``[T - W, T]`` (whole seconds) the same way. A one-day window is exact to one
   second in at most 84 reads (summing a day's seconds, minutes and hours naively reads 142:
@@ -38,6 +38,13 @@ from functools import lru_cache
 
 from ratelimit_app.rates import Rate
 
+#: ``G``, the fine buckets a window is cut into in the uniform layout: more buckets, tighter
+#: limits (a check blocks early by at most ``W/G``) but more reads per check and more counters
+#: in the cache. Bucket keys name it, so changing it starts every count from zero.
+BUCKETS_PER_WINDOW = 60
+#: Whether windows of up to a day use the hierarchical layout instead (more counters per
+#: hit, exact to one second). Bucket keys differ, so changing it starts every count from zero.
+HIERARCHICAL = False
 #: Levels of the hierarchical layout, coarsest first; each divides the previous one.
 LEVELS = (3600, 60, 1)
 #: Longest window the hierarchical layout serves; longer ones use the uniform layout.
@@ -116,6 +123,13 @@ class Usage:
     reset: float  # seconds until every counted event has left the window
 
 
+#: One-rate plans by the identity of their rates (a limit's rates are one object for the
+#: life of the rule: found without hashing them), the index of their fine bucket, the
+#: buckets per window and ``fine_only``; each entry keeps its rates, so an id reused after
+#: a rule changed is never mistaken for them.
+_PLANS: dict[tuple[int, int, int, bool], tuple[tuple[Rate, ...], Plan]] = {}
+
+
 def plan(
     rates: tuple[Rate, ...],
     t: float,
@@ -131,8 +145,17 @@ def plan(
     """
     if hierarchical:
         return _hierarchical_plan(rates, math.floor(t), per_window)
-    if len(rates) == 1:  # the common case, without a comprehension
-        indexes: tuple[int, ...] = (int(t * per_window // rates[0].seconds),)
+    if len(rates) == 1:  # the common case: found by the identity of the limit's rates
+        index = int(t * per_window // rates[0].seconds)
+        key = (id(rates), index, per_window, fine_only)
+        found = _PLANS.get(key)
+        if found is not None and found[0] is rates:
+            return found[1]
+        made = _uniform_plan(rates, (index,), per_window, fine_only)
+        if len(_PLANS) >= 1024:
+            _PLANS.clear()
+        _PLANS[key] = (rates, made)
+        return made
     else:
         indexes = tuple([int(t * per_window // r.seconds) for r in rates])
     return _uniform_plan(rates, indexes, per_window, fine_only)

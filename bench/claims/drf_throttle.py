@@ -42,7 +42,7 @@ from typing import Any
 from unittest import mock
 
 from bench.claims import ratelimit_latency as latency
-from bench.claims.ratelimit_latency import SOCKET_TIMEOUT, Contender, caches_for, requests
+from bench.claims.ratelimit_latency import Contender, caches_for, requests
 from bench.common import (
     Servers,
     configure_django,
@@ -256,7 +256,7 @@ def interleaved(
 
     clock = time.perf_counter_ns
     # As bench/claims/ratelimit_latency: a stall of this shared machine is not a server outage.
-    with override_settings(RATELIMIT_USE_CACHE=BACKEND, RATELIMIT_SOCKET_TIMEOUT=SOCKET_TIMEOUT):
+    with latency.patient_sockets(), override_settings(RATELIMIT_USE_CACHE=BACKEND):
         for r in range(rounds):
             for c in contenders if r % 2 == 0 else contenders[::-1]:
                 for i in range(r * calls, (r + 1) * calls):

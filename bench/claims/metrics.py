@@ -6,9 +6,9 @@
 3. Downsampling dense minute data of 100 series, loaded in SQL (``generate_series``):
    60 days by default (the whole bench then takes about 5 minutes on 2 cores);
    ``--full-year`` for the size docs/performance quotes, 100 series x 365 days (52.56M
-   minute rows), ``--days`` and ``--series`` for other sizes, ``--batch-size`` for
-   ``METRICS_DOWNSAMPLE_BATCH_SIZE``: load time, downsample time, rows per second, on
-   PostgreSQL.
+   minute rows), ``--days`` and ``--series`` for other sizes, ``--batch-size`` for the rows
+   per transaction (``rollup.DOWNSAMPLE_BATCH_SIZE``): load time, downsample time, rows per
+   second, on PostgreSQL.
 4. One dense series over a year: rows left after downsampling (bound < 2,600, against 525,600
    minute rows), the same count computed from the retention rules for every hour of a week
    (min / mean / max: it depends on where "now" falls in the week), measured again at the
@@ -162,20 +162,16 @@ def _clear() -> None:
 
 
 def bench_downsample(n_series: int, days: int, batch_size: int | None) -> list[list[object]]:
-    from django.test.utils import override_settings
-
     from metrics_app import rollup
     from metrics_app.models import Bucket
 
     start = time.perf_counter()
     inserted = _dense("d:", n_series, days)
     load = time.perf_counter() - start
-    settings = {} if batch_size is None else {"METRICS_DOWNSAMPLE_BATCH_SIZE": batch_size}
-    with override_settings(**settings):
-        start = time.perf_counter()
-        result = rollup.downsample(now=NOW)
-        elapsed = time.perf_counter() - start
-        again = rollup.downsample(now=NOW)
+    start = time.perf_counter()
+    result = rollup.downsample(now=NOW, batch_size=batch_size)
+    elapsed = time.perf_counter() - start
+    again = rollup.downsample(now=NOW, batch_size=batch_size)
     assert (again.folded, again.expired) == (0, 0)  # idempotent
     left = Bucket.objects.count()
     moved = result.folded + result.expired
@@ -328,16 +324,17 @@ def run(days: int, n_series: int, batch_size: int | None, quick: bool) -> None:
         )
         print(
             table(
-                "metrics: one flush on PostgreSQL (METRICS_BATCH_SIZE=1000)",
+                "metrics: one flush on PostgreSQL (1,000 rows per statement)",
                 ["flush", "statements", "ms"],
                 bench_flush(10_000),
             ),
             end="\n\n",
             flush=True,
         )
+        from metrics_app import rollup
         from metrics_app.conf import conf
 
-        size = batch_size or conf.DOWNSAMPLE_BATCH_SIZE
+        size = batch_size or rollup.DOWNSAMPLE_BATCH_SIZE
         print(
             table(
                 "metrics: downsampling dense minute data on PostgreSQL "

@@ -25,7 +25,7 @@ Cases, against django-ratelimit (the first table, with its targets), on a **busy
 * one rate ``1000000/m`` (never limited, so every check does its full work);
 * three rates on one key, ``1000000/m;1000000/h;1000000/d``, against django-ratelimit called
   three times (what three stacked decorators do);
-* the same three rates with ``RATELIMIT_HIERARCHICAL = True``;
+* the same three rates in the hierarchical layout (``windows.HIERARCHICAL = True``);
 * one rate ``1/h`` that every timed check exceeds (what a flood of refused requests costs:
   ours takes a refused hit back, django-ratelimit just counts it). No target.
 
@@ -37,8 +37,9 @@ Busy: before timing, every bucket our checks read is filled (by checks at earlie
 through the real API with the clock moved back), as for a subject that has been busy for a
 day: the cost of a check depends on how many of its buckets hold a value; the peers' keys
 are made to exist. A check that fails (the backend raised; ``limit`` 0 in the usage) is
-counted in the ``failed`` column. ``RATELIMIT_SOCKET_TIMEOUT`` is 2 s while timing: a stall of
-a shared machine is not a server outage (the peers' clients wait 5 s or for ever).
+counted in the ``failed`` column. The socket timeout (``backends.base.SOCKET_TIMEOUT``) is 2 s
+while timing: a stall of a shared machine is not a server outage (the peers' clients wait 5 s
+or for ever).
 
 Run: ``python -m bench.claims.ratelimit_latency [--rounds 20 --calls 300]``.
 """
@@ -51,6 +52,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 from bench.common import (
     Servers,
@@ -85,7 +87,7 @@ PEER_CASES = (
     ("3 rates", "3", "quiet"),
 )
 WARMUP = 5
-#: RATELIMIT_SOCKET_TIMEOUT while timing (see :func:`_rounds`).
+#: ``backends.base.SOCKET_TIMEOUT`` while timing (see :func:`patient_sockets`).
 SOCKET_TIMEOUT = 2.0
 
 Check = Callable[[Any], Any]
@@ -353,12 +355,20 @@ def contenders(backend: str) -> list[Contender]:
 
 @contextmanager
 def _mode(hierarchical: bool) -> Iterator[None]:
-    if not hierarchical:
-        yield
-        return
-    from django.test import override_settings
+    from ratelimit_app import windows
 
-    with override_settings(RATELIMIT_HIERARCHICAL=True):
+    with mock.patch.object(windows, "HIERARCHICAL", hierarchical):
+        yield
+
+
+@contextmanager
+def patient_sockets() -> Iterator[None]:
+    """Our counters' connections wait :data:`SOCKET_TIMEOUT` seconds: a stall of this shared
+    machine is not a server outage. Enter it before the settings change that rebuilds the
+    backends."""
+    from ratelimit_app.backends import base
+
+    with mock.patch.object(base, "SOCKET_TIMEOUT", SOCKET_TIMEOUT):
         yield
 
 
@@ -430,14 +440,14 @@ def _rounds(
     # contenders count in groups of their own, so they share these requests).
     new = requests(rounds * calls, net=11) if any(c.quiet for c in runners) else []
     # A stall of this shared machine longer than our default socket timeout (0.1 s) is a
-    # failed check, and RATELIMIT_DEAD_RETRY then fails the rest of the round: as the peers'
+    # failed check, and the dead-server retry then fails the rest of the round: as the peers'
     # clients wait (django-redis: no timeout; django-smart-ratelimit: 5 s), so do ours here.
-    with override_settings(RATELIMIT_USE_CACHE=backend, RATELIMIT_SOCKET_TIMEOUT=SOCKET_TIMEOUT):
+    with patient_sockets(), override_settings(RATELIMIT_USE_CACHE=backend):
         for r in range(rounds):
             order = runners if r % 2 == 0 else runners[::-1]
             for c in order:
                 with _mode(c.hierarchical):
-                    # Settings changes rebuild our backend: connect before timing.
+                    # The first round connects and fills before timing.
                     if r == 0 and c.windows:
                         _fill(c, pool)
                     elif r == 0 and not c.quiet:  # the peers' keys exist

@@ -239,7 +239,6 @@ def _rule_settings(backend: str) -> dict[str, Any]:
         "RATELIMIT_HEADERS": True,
         "RATELIMIT_ALLOW": (),
         "RATELIMIT_DENY": (),
-        "RATELIMIT_HIERARCHICAL": False,
         "RATELIMIT_FAIL_OPEN": False,
     }
 

@@ -3,7 +3,7 @@
 A flush seals the live counts into a batch and writes the queued batches oldest first with
 :func:`metrics_app.storage.write_counts`. A batch that fails stays queued, with its id, and
 the thread retries with exponential backoff (``METRICS_FLUSH_INTERVAL`` doubled per
-failure, at most ``METRICS_MAX_RETRY_DELAY``). Because the id never changes, a retry of a
+failure, at most :data:`MAX_RETRY_DELAY`). Because the id never changes, a retry of a
 batch whose first commit succeeded is recognised by the flush ledger and not counted twice.
 """
 
@@ -19,6 +19,9 @@ from metrics_app.conf import conf
 from metrics_app.signals import flush_failed, flushed
 
 logger = logging.getLogger("metrics_app")
+
+#: Longest wait, in seconds, between retries of a failing flush.
+MAX_RETRY_DELAY = 300.0
 
 
 class Flusher:
@@ -131,4 +134,4 @@ class Flusher:
             if self._stopped or threading.current_thread() is not self._thread or interval <= 0:
                 return
             ok = self.flush(raise_errors=False) is not None
-            delay = interval if ok else min(interval * 2**self.failures, conf.MAX_RETRY_DELAY)
+            delay = interval if ok else min(interval * 2**self.failures, MAX_RETRY_DELAY)

@@ -30,6 +30,14 @@ from ratelimit_app.windows import Plan
 
 logger = logging.getLogger("ratelimit_app")
 
+#: Seconds a connect, a read or a write to memcached or Redis may take before the check fails
+#: (fails open or closed): what a dead or slow server adds to a request at most.
+SOCKET_TIMEOUT = 0.1
+#: Seconds a server that failed is skipped (:meth:`Server.mark_down`), so that each process
+#: pays about one timeout per this long for a dead server; also the ``Retry-After`` of the
+#: fail-closed answer.
+DEAD_RETRY = 5.0
+
 
 class Op(NamedTuple):
     """One subject's part of a round trip: count (``increment``), take back (``undo``: the
@@ -126,7 +134,7 @@ class Server:
     """A server a backend talks to, and until when it is marked down.
 
     A server that fails (a refused connection, a timeout, a reply that is no answer) is
-    marked down for ``RATELIMIT_DEAD_RETRY`` seconds: meanwhile the checks that need it fail
+    marked down for :data:`DEAD_RETRY` seconds: meanwhile the checks that need it fail
     at once (or, with several memcached servers, their subjects move to the others) instead
     of each waiting for a timeout. The first check after that asks it again. The memcached
     backend has one per node, the Redis backends one for their server or cluster.
@@ -145,8 +153,8 @@ class Server:
         return self.dead_until <= now
 
     def mark_down(self) -> None:
-        """Skip it for ``RATELIMIT_DEAD_RETRY`` seconds from now."""
-        self.dead_until = time.monotonic() + conf.DEAD_RETRY
+        """Skip it for :data:`DEAD_RETRY` seconds from now."""
+        self.dead_until = time.monotonic() + DEAD_RETRY
 
 
 class Backend(ABC):
@@ -178,7 +186,7 @@ class Backend(ABC):
     :meth:`run`, ``run_many`` for one subject (not to be overridden); and for a backend
     that talks to servers itself, :class:`Server` with :meth:`_check_alive`,
     :meth:`_failed` and :meth:`_succeeded`, which skip a server that failed for
-    ``RATELIMIT_DEAD_RETRY`` seconds.
+    :data:`DEAD_RETRY` seconds.
     """
 
     #: True when a check is bounded loopback-class I/O an event loop may run inline.

@@ -64,8 +64,8 @@ def check_many(
 
 def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Moment) -> list[Result]:
     """The take-backs and exact reads of a call where someone was refused."""
-    sent = [(s, op) for s in steps if (op := s.second(exact)) is not None]
-    timed = [s for s in steps if s.timed()]
+    sent = [(s, op) for s in steps if (op := s.follow_up(exact)) is not None]
+    timed = [s for s in steps if s.exact_wait()]
     if sent:
         try:
             replies = exchange(backend, [op for _, op in sent], moment.now_us)
@@ -102,7 +102,7 @@ def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
     """
     ops = []
     for c, r in zip(checks, results, strict=True):
-        op = STEPS[c.algorithm].release(c, r, r.namespace)
+        op = STEPS[c.algorithm].take_back_op(c, r, r.namespace)
         if op is not None:
             ops.append(op)
         r.plan = r.reply = None

@@ -20,7 +20,7 @@ class LeakyBucket(Step):
     algorithm = LEAKY_BUCKET
 
     def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
-        super().__init__(check, namespace, moment)
+        self.check, self.namespace, self.moment, self.undo = check, namespace, moment, False
         self.meter = gcra.meter(check.rates, check.burst)
         #: Its admitted hit, as stored (what a take-back compares against).
         self.admitted: MeterReply | None = None
@@ -37,13 +37,13 @@ class LeakyBucket(Step):
         self.result = r
         return r
 
-    def second(self, exact: bool) -> MeterOp | None:
+    def follow_up(self, exact: bool) -> MeterOp | None:
         if not self.undo or self.admitted is None:
             return None
         return MeterOp(self.namespace, self.meter, take_back=self.admitted)
 
     @staticmethod
-    def release(check: Check, result: Result, namespace: str) -> MeterOp | None:
+    def take_back_op(check: Check, result: Result, namespace: str) -> MeterOp | None:
         reply = result.reply
         if reply is None:
             return None

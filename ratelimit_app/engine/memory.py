@@ -11,12 +11,18 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimit_app import refusals, windows
-from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.conf import affects_limiter
 from ratelimit_app.engine.result import Result
 from ratelimit_app.limits import Check
 
+#: Seconds at most a refusal is answered from memory before a look confirms it: how long a
+#: count that went down in another process (a reset, a rule changed) takes to reach this one.
+REFUSAL_MEMORY = 5.0
+#: Refused subjects remembered at most; the least recently refused is forgotten first.
+REFUSAL_MEMORY_SIZE = 10_000
+
 #: Each check refused, and its result.
-REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory()
+REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory(REFUSAL_MEMORY_SIZE)
 refusals.after_fork(REFUSALS)
 
 #: Whether refusals are remembered inside Django's test environment too
@@ -45,10 +51,9 @@ def remember_in_tests(on: bool) -> bool:
 
 def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
     """Remember the refusals of counted checks (their waits exact) made at ``t``."""
-    cap = conf.REFUSAL_MEMORY
+    cap = REFUSAL_MEMORY
     if cap <= 0 or not refused or not remembers():
         return
-    REFUSALS.size = conf.REFUSAL_MEMORY_SIZE
     for c, r in refused:
         if c.increment and r.limited:
             wait = r.binding().retry_after

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ratelimit_app import clock
-from ratelimit_app.conf import conf
+from ratelimit_app.engine import memory
 from ratelimit_app.engine.checking import check_many
 from ratelimit_app.engine.memory import REFUSALS, counted_down, recalled, refusal_key
 from ratelimit_app.engine.result import Result
@@ -36,7 +36,7 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
     the wait: :meth:`~ratelimit_app.refusals.Memory.due`), they are confirmed in one round
     trip that only looks, together with the refusals due soon (up to :data:`LOOK_BATCH`): a
     botnet of refused subjects then costs a few looks per process per
-    ``RATELIMIT_REFUSAL_MEMORY``, not one per subject. Still no room: refused and remembered
+    :data:`~.memory.REFUSAL_MEMORY`, not one per subject. Still no room: refused and remembered
     again; room after all (a reset or a rule changed elsewhere): forgotten. A look that
     fails confirms nothing: the caller's check decides (and meets the outage).
     """
@@ -69,7 +69,7 @@ def _due(
                 due.append(_Due(i, c, elapsed, left, r))
     if due:
         mine = [refusal_key(d.check) for d in due]
-        soon = REFUSALS.soon(t, conf.REFUSAL_MEMORY / 2, LOOK_BATCH - len(due), mine)
+        soon = REFUSALS.soon(t, memory.REFUSAL_MEMORY / 2, LOOK_BATCH - len(due), mine)
         due += [_Due(None, c, elapsed, left, r) for _, elapsed, left, (c, r) in soon]
     return due
 
@@ -81,7 +81,7 @@ def _confirm(due: list[_Due], found: list[Result | None], t: float) -> None:
         seen = check_many([d.check._replace(increment=False) for d in due], exact=False, at=t)
     except BackendError:
         return
-    cap = conf.REFUSAL_MEMORY
+    cap = memory.REFUSAL_MEMORY
     for d, look in zip(due, seen, strict=True):
         key = refusal_key(d.check)
         if look.limited:

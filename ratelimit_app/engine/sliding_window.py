@@ -18,7 +18,8 @@ class SlidingWindow(Step):
     algorithm = SLIDING_WINDOW
 
     def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
-        super().__init__(check, namespace, moment)
+        # Made for every check of every request: no super() call.
+        self.check, self.namespace, self.moment, self.undo = check, namespace, moment, False
         self.plan = windows.plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
         #: A refused check's fine buckets, read in the second round trip to time its wait.
         self.detail: windows.Plan | None = None
@@ -39,7 +40,7 @@ class SlidingWindow(Step):
         m = self.moment
         return m.hierarchical or windows.coarse_factor(m.per_window) > 1
 
-    def second(self, exact: bool) -> Op | None:
+    def follow_up(self, exact: bool) -> Op | None:
         # A check reads whole coarse buckets in the middle of its windows: enough to count,
         # not to know when each hit leaves. A refused check reads its fine buckets to time
         # its wait exactly; the counts stay as the check saw them. (Hierarchical: waits stay
@@ -57,10 +58,10 @@ class SlidingWindow(Step):
             usages = windows.refine(self.result.usages, self.detail, reply, self.moment.t)
             self.result = Result(usages, self.namespace)
 
-    def timed(self) -> bool:
+    def exact_wait(self) -> bool:
         return self.result.limited and (self.detail is not None or not self._coarse())
 
     @staticmethod
-    def release(check: Check, result: Result, namespace: str) -> Op | None:
+    def take_back_op(check: Check, result: Result, namespace: str) -> Op | None:
         plan = result.plan
         return None if plan is None else Op(namespace, plan, False, plan)

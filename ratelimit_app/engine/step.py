@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ratelimit_app import gcra
-from ratelimit_app.conf import conf
+from ratelimit_app import gcra, windows
 from ratelimit_app.engine.result import Result
 from ratelimit_app.limits import Check
 
@@ -26,8 +25,8 @@ class Moment:
     def __init__(self, t: float) -> None:
         self.t = t
         self.now_us = gcra.micros(t)
-        self.per_window = conf.BUCKETS_PER_WINDOW
-        self.hierarchical = conf.HIERARCHICAL
+        self.per_window = windows.BUCKETS_PER_WINDOW
+        self.hierarchical = windows.HIERARCHICAL
 
 
 class Step:
@@ -61,7 +60,7 @@ class Step:
             self.undo = True
             self.result.plan = self.result.reply = None
 
-    def second(self, exact: bool) -> Any | None:
+    def follow_up(self, exact: bool) -> Any | None:
         """The operation of the second round trip (None: nothing to send). ``exact``: time
         a refusal's wait exactly when a second read can."""
         raise NotImplementedError
@@ -69,12 +68,13 @@ class Step:
     def refine(self, reply: Any) -> None:
         """Learn from the second round trip's reply."""
 
-    def timed(self) -> bool:
-        """True when its refusal's wait is exact (after :meth:`second`): then remembered."""
+    def exact_wait(self) -> bool:
+        """True when its refusal's wait is exact (after :meth:`follow_up`): then
+        remembered."""
         return self.result.limited
 
     @staticmethod
-    def release(check: Check, result: Result, namespace: str) -> Any | None:
+    def take_back_op(check: Check, result: Result, namespace: str) -> Any | None:
         """The operation that takes back the hit ``result`` holds (a failure-only limit's,
         after the view), or None."""
         raise NotImplementedError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -12,6 +13,7 @@ from rest_framework.settings import api_settings
 
 from ratelimit_app import clock, core, engine, throttling
 from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.engine import memory
 from ratelimit_app.signals import backend_failed, ratelimited
 from ratelimit_app.testing import frozen_clock
 from tests.drf.conftest import api_view, get, statuses
@@ -98,7 +100,7 @@ def test_a_leaky_bucket(backend_kind: str, scope: str) -> None:
         assert statuses(view, 2) == [200, 429]
 
 
-@override_settings(RATELIMIT_REFUSAL_MEMORY=0)  # every request asks the backend
+@mock.patch.object(memory, "REFUSAL_MEMORY", 0)  # every request asks the backend
 def test_refused_requests_are_not_counted(backend_kind: str, scope: str) -> None:
     limited = throttle(throttling.AnonRateThrottle, scope, "3/m")
     view = api_view(limited)
@@ -107,7 +109,7 @@ def test_refused_requests_are_not_counted(backend_kind: str, scope: str) -> None
         assert throttling.lookup(limited, "192.0.2.1")["count"] == 3
 
 
-@override_settings(RATELIMIT_REFUSAL_MEMORY=0)
+@mock.patch.object(memory, "REFUSAL_MEMORY", 0)
 def test_a_request_one_throttle_refuses_counts_in_none(backend_kind: str, scope: str) -> None:
     """DRF counts it in the throttles that admitted it; here it counts nowhere."""
     tight = throttle(throttling.AnonRateThrottle, scope + "a", "2/m")
@@ -325,7 +327,7 @@ def test_fail_closed_by_default(dead_counters: None, scope: str) -> None:
     finally:
         backend_failed.disconnect(receiver)
     assert answer.status_code == 503
-    assert answer["Retry-After"] == "5"  # RATELIMIT_DEAD_RETRY
+    assert answer["Retry-After"] == "5"  # backends.base.DEAD_RETRY
     assert "cannot be checked right now" in answer.data["detail"]
     assert len(failures) == 1
 
@@ -355,12 +357,12 @@ def test_refusals_are_remembered(
     with frozen_clock(T0) as now:
         assert statuses(view, 2) == [200, 429]
         asked = len(calls)
-        now.advance(3)  # within RATELIMIT_REFUSAL_MEMORY (5 s)
+        now.advance(3)  # within the refusal memory's cap (5 s)
         answer = get(view)
         assert answer.status_code == 429
         assert len(calls) == asked  # refused from memory: no round trip
         assert answer["Retry-After"] == "58"  # counted down
-        # Past RATELIMIT_REFUSAL_MEMORY, one look confirms it (no count, no take-back).
+        # Past the cap, one look confirms it (no count, no take-back).
         now.advance(3)
         asked = len(calls)
         assert get(view)["Retry-After"] == "55"

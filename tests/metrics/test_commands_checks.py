@@ -6,7 +6,7 @@ from io import StringIO
 
 import pytest
 from django.core.cache import cache
-from django.core.checks import run_checks
+from django.core.checks import WARNING, run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
@@ -17,6 +17,7 @@ from django.urls import path
 import metrics_app
 from metrics_app import buffer, query, rollup
 from metrics_app.checks import CHECK_IDS
+from metrics_app.conf import REMOVED
 from metrics_app.decorators import count_visits
 from metrics_app.models import Bucket
 from metrics_app.testing import FrozenClock
@@ -42,8 +43,6 @@ def test_default_settings_pass_but_warn_about_a_local_lock_cache() -> None:
         ({"METRICS_MAX_BUFFERED_KEYS": 0}, "metrics_app.E003"),
         ({"METRICS_BUFFER": "disk"}, "metrics_app.E004"),
         ({"METRICS_BUFFER": "redis"}, "metrics_app.E005"),
-        ({"METRICS_BATCH_SIZE": 0}, "metrics_app.E006"),
-        ({"METRICS_DOWNSAMPLE_BATCH_SIZE": "many"}, "metrics_app.E006"),
         ({"METRICS_LOCK_CACHE": "nope"}, "metrics_app.E007"),
         ({"METRICS_DATABASE": "nope"}, "metrics_app.E008"),
         ({"METRICS_QUERY_DOWNSAMPLE": "cron"}, "metrics_app.E009"),
@@ -67,6 +66,28 @@ def test_each_check_id(overrides: dict[str, object], check_id: str) -> None:
 )
 def test_a_client_share_smaller_than_the_buffer_passes(overrides: dict[str, object]) -> None:
     assert "metrics_app.E010" not in ids(**overrides)
+
+
+#: The removed settings at the defaults they had.
+DEFAULTS_BEFORE = {
+    "METRICS_BATCH_SIZE": 1000,
+    "METRICS_DOWNSAMPLE_BATCH_SIZE": 20_000,
+    "METRICS_LOCK_TTL": 600,
+    "METRICS_LEDGER_DAYS": 7,
+    "METRICS_MAX_RETRY_DELAY": 300.0,
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMOVED))
+def test_a_removed_setting_still_set_is_a_warning_naming_it(name: str) -> None:
+    """Each removed setting, set to anything (its old default too): one warning that names
+    it and says it does nothing now; nothing about it while it is not set."""
+    assert "metrics_app.W002" not in ids()
+    with override_settings(**{name: DEFAULTS_BEFORE[name]}):
+        (message,) = [m for m in run_checks() if m.id == "metrics_app.W002"]
+    assert message.level == WARNING
+    assert name in message.msg and "no longer has an effect" in message.msg
+    assert message.hint == f"Remove {name} from your settings."
 
 
 def test_every_check_id_is_documented() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db import OperationalError, connection
@@ -58,7 +59,7 @@ def test_empty_flush_writes_nothing() -> None:
     assert len(ctx.captured_queries) == 0
 
 
-@override_settings(METRICS_BATCH_SIZE=100)
+@mock.patch.object(storage, "BATCH_SIZE", 100)
 def test_statements_per_flush_bounded_by_batches(clock: FrozenClock) -> None:
     for i in range(1000):
         metrics_app.record(f"s{i}")
@@ -174,7 +175,6 @@ def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
     import itertools
     import threading
     import time
-    from unittest import mock
 
     from metrics_app.signals import flushed
 
@@ -194,7 +194,7 @@ def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
     flushed.connect(on_flushed)
     flush_failed.connect(on_failed)
     try:
-        with override_settings(METRICS_FLUSH_INTERVAL=0.05, METRICS_MAX_RETRY_DELAY=60):
+        with override_settings(METRICS_FLUSH_INTERVAL=0.05):
             with mock.patch.object(storage, "write_counts", refused):
                 metrics_app.record("threaded", 4)
                 deadline = time.monotonic() + 10

@@ -1,4 +1,4 @@
-"""The flush ledger's horizon (``METRICS_LEDGER_DAYS``): what the downsample prunes, and that
+"""The flush ledger's horizon (``rollup.LEDGER_DAYS``): what the downsample prunes, and that
 a batch retried inside the horizon is still not counted twice."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import OperationalError
-from django.test.utils import override_settings
 
 import metrics_app
 from metrics_app import buffer, rollup, storage
@@ -27,7 +26,7 @@ def ledger() -> set[str]:
 
 @pytest.mark.parametrize("days", [7, 2, 0.5])
 def test_entries_older_than_the_horizon_are_pruned_younger_kept(
-    clock: FrozenClock, days: float
+    clock: FrozenClock, days: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Written a second past the horizon: pruned; at the horizon and a second inside: kept."""
     now = clock.t
@@ -36,10 +35,9 @@ def test_entries_older_than_the_horizon_are_pruned_younger_kept(
         clock.set(now - age)
         assert storage.write_counts({("a", int(clock.t // 60)): 1}, flush_id)
     clock.set(now)
-    # The default (7) applies when the setting is absent.
-    settings = {} if days == 7 else {"METRICS_LEDGER_DAYS": days}
-    with override_settings(**settings):
-        result = rollup.downsample()
+    if days != 7:  # the constant
+        monkeypatch.setattr(rollup, "LEDGER_DAYS", days)
+    result = rollup.downsample()
     assert result.ledger_pruned == 1
     assert ledger() == {"at", "inside"}
     created = FlushLedger.objects.get(flush_id="at").created
@@ -66,29 +64,31 @@ def test_a_retry_inside_the_horizon_is_not_counted_twice_even_after_a_downsample
     metrics_app.record("a", 7)
     with pytest.raises(OperationalError):
         metrics_app.flush()
-    with override_settings(METRICS_LEDGER_DAYS=days):
-        for _ in range(days):  # a run a day, the last one a minute before the horizon
-            clock.advance(DAY - 60 if _ == days - 1 else DAY)
-            assert rollup.downsample().ledger_pruned == 0
-        metrics_app.record("a", 1)
-        assert metrics_app.flush() == 1
+    monkeypatch.setattr(rollup, "LEDGER_DAYS", days)
+    for _ in range(days):  # a run a day, the last one a minute before the horizon
+        clock.advance(DAY - 60 if _ == days - 1 else DAY)
+        assert rollup.downsample().ledger_pruned == 0
+    metrics_app.record("a", 1)
+    assert metrics_app.flush() == 1
     assert calls[0] == calls[1]  # the same batch, retried
     assert total("a") == 8
     assert buffer.stats()["pending_batches"] == 0
 
 
-def test_past_the_horizon_the_entry_is_gone(clock: FrozenClock) -> None:
-    """The other side of the same boundary: a day past ``METRICS_LEDGER_DAYS = 1`` the
+def test_past_the_horizon_the_entry_is_gone(
+    clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side of the same boundary: a day past ``LEDGER_DAYS = 1`` the
     entry is pruned, so the table does not grow without end (and a batch retried only then
     would be applied again, as docs/metrics.rst says)."""
     metrics_app.record("a", 7)
     metrics_app.flush()
     (flush_id,) = ledger()
-    with override_settings(METRICS_LEDGER_DAYS=1):
-        clock.advance(DAY - 1)
-        assert rollup.downsample().ledger_pruned == 0
-        clock.advance(2)
-        assert rollup.downsample().ledger_pruned == 1
+    monkeypatch.setattr(rollup, "LEDGER_DAYS", 1)
+    clock.advance(DAY - 1)
+    assert rollup.downsample().ledger_pruned == 0
+    clock.advance(2)
+    assert rollup.downsample().ledger_pruned == 1
     assert flush_id not in ledger()
     assert storage.write_counts({("a", int(clock.t // 60)): 7}, flush_id) is True
     assert total("a") == 14

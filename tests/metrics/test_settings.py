@@ -2,8 +2,9 @@
 
 * ``METRICS_DATABASE``: flushes, queries, downsampling and the admin use that alias;
 * ``METRICS_LOCK_CACHE``: the downsample lock lives in that cache (here a real Redis);
-* ``METRICS_LOCK_TTL``: the lock's lifetime, so a crashed run blocks the next for that long;
-* ``METRICS_DOWNSAMPLE_BATCH_SIZE``: rows folded per transaction.
+* ``rollup.LOCK_TTL`` (a constant): the lock's lifetime, so a crashed run blocks the next for
+  that long;
+* ``rollup.DOWNSAMPLE_BATCH_SIZE`` (a constant): rows folded per transaction.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
@@ -151,10 +153,9 @@ def test_lock_ttl_is_the_locks_lifetime_and_each_batch_renews_it(
         ttls.append(lock_cache.ttl(rollup.LOCK_KEY))
         lock_cache.touch(rollup.LOCK_KEY, 5)  # the next batch must renew it to the full TTL
 
-    with override_settings(METRICS_LOCK_TTL=1234):
-        rollup.downsample(batch_size=2, progress=during_the_run)
+    rollup.downsample(batch_size=2, progress=during_the_run)
     assert len(ttls) >= 3
-    assert all(1230 <= ttl <= 1234 for ttl in ttls), ttls
+    assert all(rollup.LOCK_TTL - 4 <= ttl <= rollup.LOCK_TTL for ttl in ttls), ttls
 
 
 @pytest.mark.db_matrix
@@ -163,7 +164,7 @@ def test_a_crashed_runs_lock_expires_after_the_lock_ttl(
     redis_locks: str, clock: FrozenClock
 ) -> None:
     due_minutes(clock, 2)
-    with override_settings(METRICS_LOCK_TTL=1):
+    with mock.patch.object(rollup, "LOCK_TTL", 1):
         crashed = rollup._Lock()  # a run that took the lock and died without releasing it
         assert crashed.acquire()
         assert rollup.downsample().skipped
@@ -178,7 +179,7 @@ def test_downsample_batch_size_is_the_rows_per_transaction(clock: FrozenClock) -
     due_minutes(clock, 50)
     progress: list[str] = []
     with (
-        override_settings(METRICS_DOWNSAMPLE_BATCH_SIZE=7),
+        mock.patch.object(rollup, "DOWNSAMPLE_BATCH_SIZE", 7),
         CaptureQueriesContext(connections["default"]) as queries,
     ):
         result = rollup.downsample(progress=progress.append)

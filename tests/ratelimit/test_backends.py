@@ -10,13 +10,14 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.cache import caches
 from django.test import override_settings
 
 from ratelimit_app import gcra, windows
-from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.backends import base, get_backend, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.keys import namespace
@@ -406,7 +407,7 @@ def test_dead_servers_fail_fast(kind: str, server: str, blackhole: str, group: s
             "LOCATION": f"redis://{address}/0",  # no timeouts set: ours apply
         }
     settings = {"CACHES": {"default": config, "rl": config}, "RATELIMIT_USE_CACHE": "rl"}
-    with override_settings(**settings, RATELIMIT_SOCKET_TIMEOUT=0.05, RATELIMIT_DEAD_RETRY=60):
+    with override_settings(**settings), mock.patch.object(base, "DEAD_RETRY", 60):
         reset_backends()
         started = time.perf_counter()
         with pytest.raises(BackendError):

@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory, override_settings
 from django_ratelimit.core import get_usage as peer_get_usage
 
-from ratelimit_app import ALL, UNSAFE
+from ratelimit_app import ALL, UNSAFE, windows
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.core import get_usage, is_ratelimited, reset
 from ratelimit_app.signals import backend_failed
@@ -147,7 +147,7 @@ def test_reset_normalises_emails(group: str) -> None:
     assert usage is not None and usage["count"] == 0
 
 
-@override_settings(RATELIMIT_HIERARCHICAL=True)
+@mock.patch.object(windows, "HIERARCHICAL", True)
 def test_hierarchical_mode_end_to_end(group: str) -> None:
     with frozen_clock(T0) as clock:
         for _ in range(5):
@@ -208,7 +208,7 @@ def test_stacked_limits_on_one_view_keep_their_own_counters(group: str) -> None:
     assert usage["count"] == 1  # the GETs are not counted against the POST limit
 
 
-@override_settings(RATELIMIT_HIERARCHICAL=True)
+@mock.patch.object(windows, "HIERARCHICAL", True)
 def test_reset_is_complete_in_hierarchical_mode(group: str) -> None:
     with frozen_clock(T0 + 1234) as clock:
         for _ in range(3):

@@ -133,7 +133,7 @@ def unavailable(answer: Any, status: int = 503) -> bool:
     text = answer.content.decode()
     return (
         answer.status_code == status
-        and answer["Retry-After"] == "5"  # RATELIMIT_DEAD_RETRY
+        and answer["Retry-After"] == "5"  # backends.base.DEAD_RETRY
         and "cannot be checked right now" in text
         and "Too many" not in text
     )

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import override_settings
 
 from ratelimit_app import windows
 from ratelimit_app.rates import Rate, parse
@@ -44,7 +43,13 @@ CASES = [
 
 @pytest.mark.parametrize(("rate", "hierarchical", "before", "lead"), CASES)
 def test_a_late_write_with_an_earlier_clock_is_seen(
-    backend: Any, group: str, rate: str, hierarchical: bool, before: float, lead: float
+    backend: Any,
+    group: str,
+    rate: str,
+    hierarchical: bool,
+    before: float,
+    lead: float,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rates = parse(rate)
     limit = rates[0].count
@@ -52,7 +57,8 @@ def test_a_late_write_with_an_earlier_clock_is_seen(
     t_y = t_x + lead
     assert lead <= windows.lookahead(rates, 60, hierarchical)
     subject = ("ip", "192.0.2.1")
-    with override_settings(RATELIMIT_HIERARCHICAL=hierarchical), frozen_clock(t_x) as clock:
+    monkeypatch.setattr(windows, "HIERARCHICAL", hierarchical)
+    with frozen_clock(t_x) as clock:
         clock.set(t_x - rates[0].seconds / 2)  # limit - 1 hits, well inside both windows
         for _ in range(limit - 1):
             assert not check(group, subject, rates, True).limited

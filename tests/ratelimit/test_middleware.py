@@ -71,14 +71,14 @@ def test_a_limited_request_gets_429_with_the_headers(backend_kind: str, client: 
 def test_every_matching_rule_in_one_round_trip(
     backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The configuration's version counter is read at most once a second per process,
+    # whatever the requests: loaded here, before counting the checks' round trips.
+    monkeypatch.setattr(store, "CONFIG_REFRESH", 3600)
     with rules(
         rule("ip-m", rate="100/m"),
         rule("ip-d", rate="1000/d"),
         rule("header", key="header:x-api-key", rate="50/h"),
         rule("elsewhere", path="/other/"),
-        # The configuration's version counter is read at most once a second per process,
-        # whatever the requests: loaded here, before counting the checks' round trips.
-        RATELIMIT_CONFIG_REFRESH=3600,
     ):
         store.current()
         spy = Spy(monkeypatch)
@@ -100,14 +100,10 @@ def test_one_memcached_round_trip_for_three_rules(
         "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
         "LOCATION": memcached_server,
     }
+    monkeypatch.setattr(store, "CONFIG_REFRESH", 3600)  # the version counter: read once, here
     with (
         override_settings(CACHES={"default": config}, RATELIMIT_USE_CACHE="default"),
-        rules(
-            rule("a", rate="100/m"),
-            rule("b", rate="100/h"),
-            rule("c", rate="100/d"),
-            RATELIMIT_CONFIG_REFRESH=3600,  # the version counter: read once, here
-        ),
+        rules(rule("a", rate="100/m"), rule("b", rate="100/h"), rule("c", rate="100/d")),
     ):
         reset_backends()
         store.current()
@@ -445,7 +441,7 @@ class TestBackendDown:
         monkeypatch.setattr(socket.socket, "connect", connect)
         with rules(rule("named")):
             statuses(client, "/rules/named/", 5)
-        assert len(connects) == 1  # the first failure marks it down for RATELIMIT_DEAD_RETRY
+        assert len(connects) == 1  # the first failure marks it down for DEAD_RETRY
 
     def test_fail_closed_rules_answer_their_status(
         self, dead_backend: str, client: Client

@@ -71,6 +71,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.test import override_settings
@@ -401,12 +402,8 @@ class LimiterMachine(RuleBasedStateMachine):
             for n, (rates, algorithm, burst) in enumerate(specs)
         ]
         self.model = Model(per_window, hierarchical)
-        if (hierarchical, per_window) != (False, 60):  # the defaults: no rebuild
-            self.stack.enter_context(
-                override_settings(
-                    RATELIMIT_HIERARCHICAL=hierarchical, RATELIMIT_BUCKETS_PER_WINDOW=per_window
-                )
-            )
+        self.stack.enter_context(mock.patch.object(windows, "HIERARCHICAL", hierarchical))
+        self.stack.enter_context(mock.patch.object(windows, "BUCKETS_PER_WINDOW", per_window))
         self.clock = self.stack.enter_context(frozen_clock(T0 + start / 1000))
         handler = _Collect(self.failures)
         log = logging.getLogger("ratelimit_app")

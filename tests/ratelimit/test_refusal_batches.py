@@ -10,16 +10,23 @@ from django.test import Client
 
 from ratelimit_app import refusals, windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.engine import LOOK_BATCH
+from ratelimit_app.engine import LOOK_BATCH, memory
 from ratelimit_app.keys import namespace
 from ratelimit_app.operations import target
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
 
 T0 = 1_800_000_000.0
+#: The refusal memory's cap in these tests (the constant is 5 s).
 CAP = 2.0
 
 pytestmark = pytest.mark.usefixtures("rules_site")
+
+
+@pytest.fixture(autouse=True)
+def short_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", CAP)
+
 
 RULE = {"name": "botnet", "path": "/rules/named/", "key": "ip", "rate": "1/h"}
 
@@ -40,7 +47,7 @@ def test_one_look_confirms_every_due_refusal(
 ) -> None:
     client = Client()
     addresses = [f"198.51.100.{i}" for i in range(1, 41)]  # locmem keeps 300 keys
-    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+    with rules(RULE), frozen_clock(T0) as clock:
         refuse(client, addresses)
         clock.advance(CAP + 1)  # every cap has run out; no wait has
         trips = RoundTrips(monkeypatch)
@@ -58,7 +65,7 @@ def test_refusals_due_soon_join_the_look(
     client = Client()
     early = [f"198.51.100.{i}" for i in range(1, 11)]
     late = [f"198.51.100.{i}" for i in range(11, 21)]
-    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+    with rules(RULE), frozen_clock(T0) as clock:
         refuse(client, early)
         clock.advance(0.6 * CAP)
         refuse(client, late)  # their caps run out 0.6 cap later
@@ -78,7 +85,7 @@ def test_a_look_forgets_a_batched_refusal_that_has_room(
     by the look another subject's due refusal makes, and then counted and admitted."""
     client = Client()
     first, second = "198.51.100.1", "198.51.100.2"
-    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+    with rules(RULE), frozen_clock(T0) as clock:
         refuse(client, [first, second])
         found = target("botnet", second)
         assert found is not None
@@ -110,7 +117,7 @@ def test_soon_lists_the_refusals_due_before_the_horizon_soonest_first() -> None:
 def test_a_look_is_bounded(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """At most LOOK_BATCH checks a look (a memcached multi-get, a Redis transaction)."""
     sizes: list[int] = []
-    with rules(RULE, RATELIMIT_REFUSAL_MEMORY=CAP), frozen_clock(T0) as clock:
+    with rules(RULE), frozen_clock(T0) as clock:
         monkeypatch.setattr("ratelimit_app.engine.recall.LOOK_BATCH", 7)
         client = Client()
         addresses = [f"198.51.100.{i}" for i in range(1, 21)]

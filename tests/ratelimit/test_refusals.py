@@ -1,9 +1,9 @@
 """Refusals remembered per process (ratelimit_app/refusals.py): a flood costs no round trip.
 
 A subject refused with an exact wait is refused again from memory until the wait ends or
-``RATELIMIT_REFUSAL_MEMORY`` seconds pass; the answer stays correct (``Retry-After`` and the
-``RateLimit`` headers count down, the signal is sent); a reset in this process is seen at
-once, one elsewhere within the cap.
+its cap (``engine.memory.REFUSAL_MEMORY`` seconds) passes; the answer stays correct
+(``Retry-After`` and the ``RateLimit`` headers count down, the signal is sent); a reset in
+this process is seen at once, one elsewhere within the cap.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core, engine, keys, operations, refusals, signals
+from ratelimit_app import core, engine, keys, operations, refusals, signals, windows
 from ratelimit_app.backends import get_backend
+from ratelimit_app.engine import memory
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
 
@@ -34,7 +35,8 @@ def rule(name: str = "flood", **fields: Any) -> dict[str, Any]:
 def test_a_refused_subject_is_refused_from_memory_until_its_wait_ends(
     backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with rules(rule(), RATELIMIT_REFUSAL_MEMORY=120), frozen_clock(T0) as clock:
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", 120)
+    with rules(rule()), frozen_clock(T0) as clock:
         trips = RoundTrips(monkeypatch)
         assert [client.get("/rules/named/").status_code for _ in range(2)] == [200, 200]
         clock.advance(10)
@@ -62,16 +64,15 @@ def test_the_cap_bounds_what_memory_cannot_see(
     backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A reset made elsewhere (here: the counters deleted behind this process's back) is
-    seen within RATELIMIT_REFUSAL_MEMORY seconds."""
-    with rules(rule(), RATELIMIT_REFUSAL_MEMORY=2), frozen_clock(T0) as clock:
+    seen within the cap (here 2 s)."""
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", 2)
+    with rules(rule()), frozen_clock(T0) as clock:
         trips = RoundTrips(monkeypatch)
         statuses = [client.get("/rules/named/").status_code for _ in range(3)]
         assert statuses == [200, 200, 429]
         target = operations.target("flood", "127.0.0.1")
         assert target is not None
         ns = keys.namespace(target.scope, "ip", "127.0.0.1")
-        from ratelimit_app import windows
-
         get_backend().delete(
             ns, sorted(windows.stored_suffixes(target.rates, clock(), 60))
         )  # another process's reset: this one is not told
@@ -89,7 +90,8 @@ def test_a_due_refusal_is_confirmed_by_one_look(
 ) -> None:
     """The cap runs out before the wait: one round trip that writes nothing confirms the
     refusal (a counted check that is refused makes two), and the answer stays exact."""
-    with rules(rule(rate="2/h"), RATELIMIT_REFUSAL_MEMORY=2), frozen_clock(T0) as clock:
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", 2)
+    with rules(rule(rate="2/h")), frozen_clock(T0) as clock:
         assert [client.get("/rules/named/").status_code for _ in range(2)] == [200, 200]
         clock.advance(60)
         first = client.get("/rules/named/")
@@ -173,7 +175,8 @@ def test_the_decorator_and_get_usage_share_the_memory(
         look = core.get_usage(request, "g", key="ip", rate="1/m")  # a look asks the backend
         assert trips.count == 3 + 2 and look is not None and look["should_limit"]
     client = Client()
-    with override_settings(RATELIMIT_REFUSAL_MEMORY=60), frozen_clock(T0):
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", 60)
+    with frozen_clock(T0):
         trips = RoundTrips(monkeypatch)
         codes = [client.get("/blocking/").status_code for _ in range(8)]
         assert codes == [200, 200, 200] + [429] * 5
@@ -186,7 +189,8 @@ def test_a_conservative_wait_is_not_remembered(
     """Hierarchical buckets time a wait up to one coarse bucket late: not exact, so each
     refusal asks the backend."""
     request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.45")
-    with override_settings(RATELIMIT_HIERARCHICAL=True), frozen_clock(T0):
+    monkeypatch.setattr(windows, "HIERARCHICAL", True)
+    with frozen_clock(T0):
         trips = RoundTrips(monkeypatch)
         for _ in range(4):
             core.get_usage(request, "h", key="ip", rate="1/m", increment=True)
@@ -196,7 +200,8 @@ def test_a_conservative_wait_is_not_remembered(
 
 def test_zero_turns_the_memory_off(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.46")
-    with override_settings(RATELIMIT_REFUSAL_MEMORY=0), frozen_clock(T0):
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", 0)
+    with frozen_clock(T0):
         trips = RoundTrips(monkeypatch)
         for _ in range(4):
             core.get_usage(request, "z", key="ip", rate="1/m", increment=True)
@@ -312,14 +317,13 @@ def test_a_test_suite_that_clears_the_cache_forgets_the_refusals_too(
 def test_the_memory_holds_at_most_refusal_memory_size_subjects(
     backend_kind: str, client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``RATELIMIT_REFUSAL_MEMORY_SIZE``: the least recently refused subject is forgotten
+    """``engine.memory.REFUSAL_MEMORY_SIZE``: the least recently refused subject is forgotten
     (its next request is checked again, with a round trip); the others are still refused
     from memory."""
     addresses = ["192.0.2.61", "192.0.2.62", "192.0.2.63"]
-    with (
-        rules(rule(rate="1/m"), RATELIMIT_REFUSAL_MEMORY=60, RATELIMIT_REFUSAL_MEMORY_SIZE=2),
-        frozen_clock(T0),
-    ):
+    monkeypatch.setattr(memory, "REFUSAL_MEMORY", 60)
+    monkeypatch.setattr(engine.REFUSALS, "size", 2)
+    with rules(rule(rate="1/m")), frozen_clock(T0):
         for address in addresses:
             assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 200
             assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 429

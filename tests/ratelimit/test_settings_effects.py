@@ -19,12 +19,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 from urllib.parse import unquote
 
 import pytest
 import redis
 from django.test import override_settings
 
+from ratelimit_app import windows
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.conf import conf
 from ratelimit_app.gcra import LEAKY_BUCKET
@@ -119,7 +121,7 @@ def every_kind_of_write(group: str, subject: tuple[str, str]) -> None:
     refused = [check(group, subject, rates, True).limited for _ in range(5)]
     assert refused == [False, False, False, True, True]
     assert check(group, subject, rates, False).limited
-    with override_settings(RATELIMIT_HIERARCHICAL=True):
+    with mock.patch.object(windows, "HIERARCHICAL", True):
         check(group + ":h", subject, parse("3/m;10/h"), True)
     for _ in range(3):
         check(group + ":gcra", subject, parse("2/m"), True, LEAKY_BUCKET)

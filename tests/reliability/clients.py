@@ -19,8 +19,8 @@ from urllib.parse import urlencode
 
 #: The limit of the site's "one-subject" rule (``site_settings``).
 LIMIT = 10
-#: The site's ``RATELIMIT_REFUSAL_MEMORY``: how long a worker may go on refusing from memory
-#: a subject whose count went down since (a refused hit taken back by another worker).
+#: The site's refusal memory (``site_wsgi`` sets it): how long a worker may go on refusing from
+#: memory a subject whose count went down since (a refused hit taken back by another worker).
 REFUSAL_MEMORY = 2.0
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-from tests.reliability.clients import LIMIT, REFUSAL_MEMORY
+from tests.reliability.clients import LIMIT
 
 SECRET_KEY = "django-bucketry-reliability-not-secret"
 DEBUG = False
@@ -71,7 +71,6 @@ RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_DB_RULES = False
 # One subject for every client (they all come from 127.0.0.1).
 RATELIMIT_RULES = [{"name": "one-subject", "path": "/limited/", "key": "ip", "rate": f"{LIMIT}/m"}]
-RATELIMIT_REFUSAL_MEMORY = REFUSAL_MEMORY
 
 METRICS_FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "10"))
 METRICS_BUFFER = os.environ.get("RELIABILITY_BUFFER", "memory")

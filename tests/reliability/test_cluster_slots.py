@@ -32,14 +32,15 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pytest
 import redis
 from django.test import RequestFactory, override_settings
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ratelimit_app import ALL
-from ratelimit_app.backends import reset_backends
+from ratelimit_app import ALL, windows
+from ratelimit_app.backends import base, reset_backends
 from ratelimit_app.core import get_usage, lookup, scope
 from ratelimit_app.engine import Check, check_many
 from ratelimit_app.exceptions import BackendError
@@ -146,7 +147,7 @@ def test_every_key_of_one_subject_is_in_the_slot_of_its_tag(
 ) -> None:
     case = CASES[name]
     ips = ["10.1.0.1", "10.1.0.2", "10.1.0.3"]
-    with override_settings(RATELIMIT_HIERARCHICAL=case["hierarchical"]):
+    with mock.patch.object(windows, "HIERARCHICAL", case["hierarchical"]):
         for ip in ips:
             assert_limited_in_the_last_minute(hit_over_a_day(ip, case))
     keys = keys_of(written)
@@ -254,7 +255,7 @@ def on_cluster(cluster: Cluster) -> Iterator[Cluster]:
 def test_checks_of_one_subject_run_on_a_real_cluster(on_cluster: Cluster, name: str) -> None:
     case = CASES[name]
     ips = [f"10.3.0.{i}" for i in range(1, 31)]
-    with override_settings(RATELIMIT_HIERARCHICAL=case["hierarchical"]):
+    with mock.patch.object(windows, "HIERARCHICAL", case["hierarchical"]):
         for ip in ips:
             usages = hit_over_a_day(ip, case)
             assert_limited_in_the_last_minute(usages)
@@ -341,11 +342,13 @@ def test_an_unreachable_cluster_fails_the_check_then_fails_fast() -> None:
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": f"redis://{HOST}:{free_port()}/0",  # nothing listens
     }
-    with override_settings(
-        CACHES={"default": LOCMEM, "rl": config},
-        RATELIMIT_USE_CACHE="rl",
-        RATELIMIT_BACKEND="ratelimit_app.backends.redis.RedisClusterBackend",
-        RATELIMIT_DEAD_RETRY=60,
+    with (
+        override_settings(
+            CACHES={"default": LOCMEM, "rl": config},
+            RATELIMIT_USE_CACHE="rl",
+            RATELIMIT_BACKEND="ratelimit_app.backends.redis.RedisClusterBackend",
+        ),
+        mock.patch.object(base, "DEAD_RETRY", 60),
     ):
         reset_backends()
         try:

@@ -17,12 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.test import Client, override_settings
 
-from ratelimit_app.backends import reset_backends
+from ratelimit_app.backends import base, reset_backends
 from ratelimit_app.backends.base import Server
+from ratelimit_app.engine import memory
 from tests.conftest import start_or_skip
 from tests.reliability import procs, worker
 from tests.reliability.common import ROOT, end, ms, report, summary
@@ -35,8 +37,9 @@ RULES = [
     {"name": "open", "path": "/open/", "key": "ip", "rate": f"{LIMIT}/m"},
     {"name": "closed", "path": "/closed/", "key": "ip", "rate": "100000/m", "fail_open": False},
 ]
+#: How long a failed server is skipped here (``backends.base.DEAD_RETRY`` is 5 s).
 DEAD_RETRY = 1.0
-SOCKET_TIMEOUT = 0.1
+SOCKET_TIMEOUT = base.SOCKET_TIMEOUT
 
 
 def cache_config(kind: str, server: procs.Restartable) -> dict[str, Any]:
@@ -49,22 +52,27 @@ def cache_config(kind: str, server: procs.Restartable) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def limiter(config: dict[str, Any], **extra: Any) -> Iterator[None]:
+def limiter(
+    config: dict[str, Any],
+    dead_retry: float = DEAD_RETRY,
+    refusal_memory: float = memory.REFUSAL_MEMORY,
+    **extra: Any,
+) -> Iterator[None]:
     """RatelimitMiddleware with :data:`RULES` on ``config``; settings rules only (no DB)."""
-    with override_settings(
-        CACHES={
-            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-            "rl": config,
-        },
-        RATELIMIT_USE_CACHE="rl",
-        RATELIMIT_RULES=RULES,
-        RATELIMIT_DB_RULES=False,
-        ROOT_URLCONF="tests.reliability.urls",
-        **{
-            "RATELIMIT_DEAD_RETRY": DEAD_RETRY,
-            "RATELIMIT_SOCKET_TIMEOUT": SOCKET_TIMEOUT,
+    with (
+        mock.patch.object(base, "DEAD_RETRY", dead_retry),
+        mock.patch.object(memory, "REFUSAL_MEMORY", refusal_memory),
+        override_settings(
+            CACHES={
+                "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+                "rl": config,
+            },
+            RATELIMIT_USE_CACHE="rl",
+            RATELIMIT_RULES=RULES,
+            RATELIMIT_DB_RULES=False,
+            ROOT_URLCONF="tests.reliability.urls",
             **extra,
-        },
+        ),
     ):
         reset_backends()
         try:
@@ -151,7 +159,7 @@ def attempts_that_failed() -> Iterator[list[float]]:
     """When each failed attempt on a server marked it down (``time.monotonic()``): each is a
     request that tried the server and paid for it, at most a socket timeout; the requests in
     between skip the server (``docs/backends.rst``: a dead server costs each process about
-    one timeout every ``RATELIMIT_DEAD_RETRY`` seconds)."""
+    one timeout every ``DEAD_RETRY`` seconds)."""
     times: list[float] = []
     real = Server.mark_down
 
@@ -173,15 +181,15 @@ def test_counter_server_lost_under_load_and_back(
 ) -> None:
     """No 5xx; the open rule admits, the fail-closed rule answers 503; the server gone
     (killed, or hung: accepts and never answers) is tried about once per
-    RATELIMIT_DEAD_RETRY, each try bounded by the socket timeout; the limit is enforced
+    DEAD_RETRY, each try bounded by the socket timeout; the limit is enforced
     again within seconds after it returns. Bounds are counts and timeouts, never one
     latency compared with another: on a loaded machine both move."""
     server: procs.Restartable = request.getfixturevalue(f"own_{kind}")
-    memory = 1.0  # RATELIMIT_REFUSAL_MEMORY: shorter than the outage, so both show
+    cap = 1.0  # the refusal memory's cap: shorter than the outage, so both show
     config = cache_config(kind, server)
     paths = ("/open/",) * 3 + ("/closed/",)
     with (
-        limiter(config, RATELIMIT_REFUSAL_MEMORY=memory),
+        limiter(config, refusal_memory=cap),
         attempts_that_failed() as failed,
         Load(paths) as load,
     ):
@@ -205,30 +213,30 @@ def test_counter_server_lost_under_load_and_back(
     closed_down = load.between("/closed/", lost, returning)
     assert down and closed_down
     # While the server is away nothing is a 500, and nothing is limited (fail open) but the
-    # refusals this process made just before, remembered for at most RATELIMIT_REFUSAL_MEMORY
+    # refusals this process made just before, remembered for at most the cap
     # seconds (the subject's window was full: refusing it stays never lenient).
     limited = [
         (round(h.started - lost, 4), round(h.took, 4))
         for h in down
-        if h.status != 200 and h.started - lost > memory + 0.2
+        if h.status != 200 and h.started - lost > cap + 0.2
     ]
     assert not limited, f"limited while the server was away (started after loss, took): {limited}"
-    assert [h for h in down if h.status == 200 and h.started - lost > memory + 0.2]
+    assert [h for h in down if h.status == 200 and h.started - lost > cap + 0.2]
     # The fail-closed rule answers RATELIMIT_FAIL_CLOSED_STATUS (default 503) meanwhile.
     assert {h.status for h in closed_down} == {503}
     assert enforced, "the limit was never enforced again after the server came back"
     assert reopened, "the fail-closed rule never admitted again after the server came back"
     until_enforced = enforced.started + enforced.took - back
-    base, during = summary([h.took for h in up]), summary([h.took for h in down])
+    healthy, during = summary([h.took for h in up]), summary([h.took for h in down])
     # Every request sent while the server was away, answered then or after it came back.
     sent_away = [h for h in load.hits if lost <= h.started < returning]
     tries = [t for t in failed if lost <= t < returning]
     away = returning - lost
     report(
         f"limiter-{kind}-{how}",
-        healthy=base,
+        healthy=healthy,
         down=during,
-        added_p50_ms=round(during["p50_ms"] - base["p50_ms"], 2),
+        added_p50_ms=round(during["p50_ms"] - healthy["p50_ms"], 2),
         requests_while_away=len(sent_away),
         server_tries_while_away=len(tries),
         slowest_while_away_ms=ms(max(h.took for h in sent_away)),
@@ -238,13 +246,13 @@ def test_counter_server_lost_under_load_and_back(
         socket_timeout_s=SOCKET_TIMEOUT,
     )
     assert tries, "the server was never found gone: the test proves nothing"
-    # docs/backends.rst, "A server that fails": marked down for RATELIMIT_DEAD_RETRY seconds,
-    # so a dead server costs each process about one timeout every RATELIMIT_DEAD_RETRY
+    # docs/backends.rst, "A server that fails": marked down for DEAD_RETRY seconds,
+    # so a dead server costs each process about one timeout every DEAD_RETRY
     # seconds. Each time it may be asked again, each client thread tries it at most once
     # (the first failure marks it down again); one more round for tries made just before
     # the loss that fail after it.
     assert len(tries) <= len(paths) * (away // DEAD_RETRY + 2)
-    # docs/settings.rst, RATELIMIT_SOCKET_TIMEOUT: it bounds what a dead or slow server adds
+    # docs/backends.rst, the socket timeout: it bounds what a dead or slow server adds
     # to a request. A try is a connection and a command, each under the timeout (twice over
     # for a client that retries once); none waits for the server to come back.
     hang = max(h.took for h in sent_away)
@@ -497,7 +505,7 @@ def test_a_lost_memcached_node_moves_its_subjects_through_the_middleware() -> No
         subjects = [f"198.51.100.{n}" for n in range(30)]
         # Without the refusal memory: the refusals just made would hold for a few seconds
         # more (never lenient); this test is about where the counts go.
-        with limiter(config, RATELIMIT_DEAD_RETRY=60.0, RATELIMIT_REFUSAL_MEMORY=0):
+        with limiter(config, dead_retry=60.0, refusal_memory=0):
             clients = {s: Client(REMOTE_ADDR=s) for s in subjects}
             for subject, client in clients.items():
                 statuses = [client.get("/open/").status_code for _ in range(LIMIT + 1)]

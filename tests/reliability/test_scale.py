@@ -87,7 +87,7 @@ def test_one_subject_across_workers_never_gets_more_than_the_limit(
     with gunicorn(site_db, **settings) as (_proc, port):
         began = time.time()
         hits = load(port, "/limited/", requests=5)
-        # A worker refuses from memory for up to RATELIMIT_REFUSAL_MEMORY seconds, even
+        # A worker refuses from memory for up to clients.REFUSAL_MEMORY seconds, even
         # after other workers took their refused hits back (docs/concepts.rst, "Refusals
         # are remembered"): one request at a time after that, until one is refused.
         time.sleep(clients.REFUSAL_MEMORY + 0.5)

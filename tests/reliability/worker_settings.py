@@ -25,10 +25,8 @@ CACHES = {
     ),
 }
 METRICS_FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "0"))
-METRICS_MAX_RETRY_DELAY = 1.0
 METRICS_HANDLE_SIGTERM = True
 METRICS_QUERY_DOWNSAMPLE = None
-METRICS_LOCK_TTL = int(os.environ.get("RELIABILITY_LOCK_TTL", "600"))
 if os.environ.get("RELIABILITY_REDIS"):  # to drain the Redis buffer of the gunicorn site
     CACHES["buffer"] = {
         "BACKEND": "django_redis.cache.RedisCache",
