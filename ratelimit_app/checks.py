@@ -23,7 +23,7 @@ from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
 from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
 
 if TYPE_CHECKING:
-    from ratelimit_app.rules import Rule
+    from ratelimit_app.rules import CompiledRule
 
 MESSAGES: dict[str, str] = {
     "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
@@ -210,7 +210,7 @@ def _statuses() -> Iterable[checks.CheckMessage]:
         yield _error("E017", f"Got {closed!r}.")
 
 
-def _middleware_order(raw: object, found: list[Rule]) -> Iterable[checks.CheckMessage]:
+def _middleware_order(raw: object, found: list[CompiledRule]) -> Iterable[checks.CheckMessage]:
     middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
     if raw and MIDDLEWARE_PATH not in middleware:
         yield _error("W003", hint=f"Add {MIDDLEWARE_PATH!r} to MIDDLEWARE.")

@@ -158,12 +158,6 @@ class Settings:
     def TRUSTED_PROXIES(self) -> tuple[IPNetwork, ...]:
         return _networks(tuple(read("RATELIMIT_TRUSTED_PROXIES")))
 
-    @property
-    def SOCKET_TIMEOUT(self) -> float:
-        """No longer a setting: :data:`ratelimit_app.backends.base.SOCKET_TIMEOUT`, which the
-        memcached and Redis backends are to read instead of this."""
-        return 0.1
-
     @functools.cached_property
     def BACKEND(self) -> str | None:
         return read("RATELIMIT_BACKEND")

@@ -18,13 +18,13 @@ from django.dispatch import receiver
 
 from ratelimit_app.access import EMPTY, AccessList, compile_list
 from ratelimit_app.conf import affects_limiter, read
-from ratelimit_app.rules import Rule, parse_rules
+from ratelimit_app.rules import CompiledRule, parse_rules
 
 logger = logging.getLogger("ratelimit_app")
 
 
 @functools.cache
-def rules() -> tuple[Rule, ...]:
+def rules() -> tuple[CompiledRule, ...]:
     """``RATELIMIT_RULES``, validated (invalid rules are left out and logged)."""
     found, errors = parse_rules(read("RATELIMIT_RULES"))
     for error in errors:

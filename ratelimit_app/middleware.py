@@ -46,7 +46,7 @@ from ratelimit_app.conf import conf
 from ratelimit_app.enforce import Decision
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.limits import Subjects
-from ratelimit_app.rules import Rule
+from ratelimit_app.rules import CompiledRule
 
 __all__ = ["RatelimitMiddleware"]
 
@@ -105,7 +105,7 @@ _ALLOWED = HttpResponse()
 
 
 def _listed(
-    request: HttpRequest, current: store.Snapshot, rules: Sequence[Rule]
+    request: HttpRequest, current: store.Snapshot, rules: Sequence[CompiledRule]
 ) -> HttpResponse | None:
     """The client's own address and user against the lists: the 403 of a denied one,
     :data:`_ALLOWED` for an allowed one (when rules apply), or None."""
@@ -121,8 +121,8 @@ def _listed(
 
 
 def _decisions(
-    request: HttpRequest, rules: Sequence[Rule], current: store.Snapshot
-) -> list[tuple[Rule, Decision]] | HttpResponse:
+    request: HttpRequest, rules: Sequence[CompiledRule], current: store.Snapshot
+) -> list[tuple[CompiledRule, Decision]] | HttpResponse:
     """The decision of each rule that applies (a callable rate may say none), or the 403 of
     an email on the deny list. An email is a claim the request makes, not the client's
     identity: an allowed one lifts the rules keyed on it, not the others."""
@@ -143,7 +143,7 @@ def _decisions(
 
 
 def before(
-    request: HttpRequest, rules: Sequence[Rule], current: store.Snapshot | None = None
+    request: HttpRequest, rules: Sequence[CompiledRule], current: store.Snapshot | None = None
 ) -> HttpResponse | _Pending | None:
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
@@ -231,7 +231,7 @@ def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> Ht
     return response
 
 
-def _async_inline(rules: Sequence[Rule]) -> bool:
+def _async_inline(rules: Sequence[CompiledRule]) -> bool:
     """True when the checks of ``rules`` may run on the event loop (see the module doc)."""
     current = store.current()
     if current.allow.users or current.deny.users or not all(r.limit.async_safe for r in rules):
@@ -255,7 +255,7 @@ class RatelimitMiddleware:
             markcoroutinefunction(self)
 
     @staticmethod
-    def _rules(request: HttpRequest) -> tuple[Sequence[Rule], store.Snapshot] | None:
+    def _rules(request: HttpRequest) -> tuple[Sequence[CompiledRule], store.Snapshot] | None:
         """The matching rules and the snapshot they are from, or None when nothing applies
         (the fast path)."""
         if not conf.ENABLE:

@@ -19,7 +19,7 @@ from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage
 from ratelimit_app.gcra import SLIDING_WINDOW
 from ratelimit_app.keys import namespace
 from ratelimit_app.limits import Limit, Method
-from ratelimit_app.rules import Rule
+from ratelimit_app.rules import CompiledRule
 
 __all__ = ["Target", "find_limit", "lookup", "reset", "target"]
 
@@ -66,19 +66,19 @@ class Target:
 
 
 def find_limit(
-    rule_or_group: str | Rule | Limit,
+    rule_or_group: str | CompiledRule | Limit,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
 ) -> Limit:
-    """The limit a rule (a :class:`~ratelimit_app.rules.Rule`, or the name of a rule in
+    """The limit a rule (a :class:`~ratelimit_app.rules.CompiledRule`, or the name of a rule in
     force) or a decorator's group (with the decorator's ``key``, ``rate``, ``method``,
     ``algorithm`` and ``burst``) counts with. Raises ``ValueError`` when there is none."""
     if isinstance(rule_or_group, Limit):
         return rule_or_group
-    if isinstance(rule_or_group, Rule):
+    if isinstance(rule_or_group, CompiledRule):
         return rule_or_group.limit
     if key is None:
         found = store.current().rules.by_name.get(rule_or_group)
@@ -102,7 +102,7 @@ def find_limit(
 
 
 def target(
-    rule_or_group: str | Rule | Limit,
+    rule_or_group: str | CompiledRule | Limit,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -119,7 +119,7 @@ def target(
     """
     limit = find_limit(rule_or_group, key, rate, method, algorithm, burst)
     if limit.static_rates is None:
-        name = rule_or_group.name if isinstance(rule_or_group, Rule) else limit.group
+        name = rule_or_group.name if isinstance(rule_or_group, CompiledRule) else limit.group
         raise ValueError(f"{name!r}: its rate depends on the request; pass the rate it returns.")
     value = keys.normalize_value(limit.key, subject)
     if value is None:
@@ -131,7 +131,7 @@ def target(
 
 
 def reset(
-    rule_or_group: str | Rule | Limit,
+    rule_or_group: str | CompiledRule | Limit,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -163,7 +163,7 @@ def reset(
 
 
 def lookup(
-    rule_or_group: str | Rule | Limit,
+    rule_or_group: str | CompiledRule | Limit,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,

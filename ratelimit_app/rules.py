@@ -59,7 +59,7 @@ class RuleError(Mistake):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Rule:
+class CompiledRule:
     """One validated rule: which requests it covers (paths, URL names, methods), the
     :class:`~ratelimit_app.limits.Limit` that counts them (group ``rule:<name>``), and what
     happens over it."""
@@ -149,7 +149,7 @@ def _flag(raw: Mapping[str, Any], rule: str, field: str, default: bool) -> bool:
     return value
 
 
-def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
+def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> CompiledRule:
     """Validate one rule dict; raise :class:`RuleError` naming the rule and the field.
 
     Every field is checked, whatever the others hold: the error raised is the first mistake,
@@ -173,7 +173,7 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Rule:
     fail_open = collect(errors, RuleError, _flag, raw, label, "fail_open", True)
     if errors or limit is None or block is None or fail_open is None:
         raise_all(errors)
-    return Rule(
+    return CompiledRule(
         name=label,
         limit=limit,
         paths=paths,
@@ -260,7 +260,7 @@ def _rule_error(raw: Mapping[str, Any], rule: str, error: LimitError) -> RuleErr
     return RuleError(rule, error.field, str(error))
 
 
-def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:
+def parse_rules(raw: object) -> tuple[list[CompiledRule], list[RuleError]]:
     """Every valid rule, and an error for each invalid or duplicate one."""
     if raw is None:
         return [], []
@@ -268,7 +268,7 @@ def parse_rules(raw: object) -> tuple[list[Rule], list[RuleError]]:
         return [], [
             RuleError("RATELIMIT_RULES", "name", f"expected a list of dicts, got {raw!r}.")
         ]
-    found: list[Rule] = []
+    found: list[CompiledRule] = []
     errors: list[RuleError] = []
     names: set[str] = set()
     for index, item in enumerate(raw):
@@ -327,7 +327,7 @@ class RuleSet:
     """Rules precompiled for matching; shared by every request (the rules never change: a
     new configuration is a new rule set)."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[CompiledRule]) -> None:
         self.rules = tuple(rules)
         self.by_name = {r.name: r for r in self.rules}
         self._path_rules = tuple(r for r in self.rules if r.paths)
@@ -338,12 +338,12 @@ class RuleSet:
         self._both_prefixes = tuple(p for r in self._both for p in r.paths)
         #: The rules of each (path, method) seen lately that needs no URL name. A client
         #: chooses paths: the memo starts over when full.
-        self._matched: dict[tuple[str, str | None], tuple[Rule, ...]] = {}
+        self._matched: dict[tuple[str, str | None], tuple[CompiledRule, ...]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.rules)
 
-    def match(self, request: HttpRequest) -> tuple[Rule, ...]:
+    def match(self, request: HttpRequest) -> tuple[CompiledRule, ...]:
         """Rules that apply to ``request``, in configuration order.
 
         A rule applies when the path starts with one of its ``path`` prefixes or the URL
@@ -373,7 +373,7 @@ class RuleSet:
                 matched[path, method] = found
         return found
 
-    def _select(self, path: str, method: str | None, name: str | None) -> tuple[Rule, ...]:
+    def _select(self, path: str, method: str | None, name: str | None) -> tuple[CompiledRule, ...]:
         return tuple(
             r
             for r in self.rules

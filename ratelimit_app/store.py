@@ -32,7 +32,7 @@ from ratelimit_app.access import AccessList, merge
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.keys import namespace
-from ratelimit_app.rules import Rule, RuleError, RuleSet, parse_rule
+from ratelimit_app.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.windows import Plan
 
 logger = logging.getLogger("ratelimit_app")
@@ -57,7 +57,7 @@ class Snapshot:
     #: Unix time at which the first database entry it holds expires.
     expires: float = math.inf
     #: Rules of the database, as loaded (for the admin).
-    db_rules: tuple[Rule, ...] = ()
+    db_rules: tuple[CompiledRule, ...] = ()
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
     deadline: float = -math.inf
 

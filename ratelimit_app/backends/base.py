@@ -102,18 +102,13 @@ class Encoded:
         self.proofs = [(i, j) for j, i in enumerate(self.write_index) if i >= 0]
 
     def merge(self, values: list[int], written: Sequence[int | bytes | str]) -> None:
-        """Raise each written bucket's read value to what its increment returned.
+        """Raise each written bucket's read value to what its increment returned
+        (``written``: one reply per write, in the order of :attr:`writes`).
 
-        The increment's reply is proof of the write; a read that found less (an eviction
-        between the two, a replica) must not make the check more lenient than that proof. A
-        read that found more (hits of other clients that came in between, on a server that
-        does not run the round trip atomically) is kept: under concurrency a hit may then be
-        refused where it would have fit, never admitted where it would not. (Deciding on the
-        increment's reply alone once let 13 requests through a limit of 10 across four
-        gunicorn workers on memcached. The clock-order race at bucket boundaries, which
-        :func:`ratelimit_app.windows.lookahead` now closes, explains that; this rule, the
-        stricter, stays.) ``written`` holds one reply per write, in the order of
-        :attr:`writes`.
+        The increment's reply proves the write: a read that found less (an eviction, a
+        replica) must not make the check more lenient; a read that found more (others' hits
+        in between) is kept, so concurrency may refuse a hit that fit, never admit one that
+        did not.
         """
         if len(written) != len(self.writes):
             raise ValueError(f"{len(written)} write replies for {len(self.writes)} writes")
@@ -158,35 +153,14 @@ class Server:
 
 
 class Backend(ABC):
-    """Counts bucket hits for subjects. One instance per cache alias and process.
+    """Counts bucket hits for subjects. One instance per cache alias and process, built as
+    ``cls(alias, cache)`` by :func:`ratelimit_app.backends.build`.
 
-    The contract of every backend, the built-in ones and a third party's
-    (``RATELIMIT_BACKEND``; ``docs/backends.rst``, "Your own backend", states it for users):
-
-    **How it is built.** :func:`ratelimit_app.backends.build` makes every backend the same
-    way, once per process and cache alias (and again after a settings change):
-    ``cls(alias, cache)``, the key of ``CACHES`` that ``RATELIMIT_USE_CACHE`` names and
-    Django's cache object for it. A subclass that needs more calls
-    ``super().__init__(alias, cache)`` first, and reads the cache's ``LOCATION`` and
-    ``OPTIONS`` with :func:`cache_settings`. ``ImproperlyConfigured`` raised there is a
-    mistake in the settings and is raised as it is; any other exception is a backend
-    failure (``BackendError``), which fails open or closed. A subclass of a backend that
-    reads its settings in ``__init__`` keeps that constructor and replaces only the step
-    that differs (``RedisClusterBackend`` replaces how ``RedisBackend`` opens its client).
-
-    **What it implements.** :meth:`run_many` and :meth:`delete`. It may override
-    :meth:`meter_many` (leaky buckets; the default runs on the Django cache under a process
-    lock), :meth:`exchange` (both algorithms in one round trip), :meth:`close`, and set
-    :attr:`inline_ok` and :attr:`encoding`.
-
-    **What it gets.** :attr:`alias`; :attr:`cache_prefix`, :attr:`rl_prefix` and
-    :attr:`key_prefix`, the two together (a bucket's key is ``key_prefix + namespace +
-    suffix``); :meth:`encoded`, a plan's byte form computed once, whose
-    :meth:`Encoded.merge` keeps a read from undercutting what an increment answered;
-    :meth:`run`, ``run_many`` for one subject (not to be overridden); and for a backend
-    that talks to servers itself, :class:`Server` with :meth:`_check_alive`,
-    :meth:`_failed` and :meth:`_succeeded`, which skip a server that failed for
-    :data:`DEAD_RETRY` seconds.
+    A backend implements :meth:`run_many` and :meth:`delete`; it may override
+    :meth:`meter_many`, :meth:`exchange`, :meth:`close`, :attr:`inline_ok` and
+    :attr:`encoding`. ``docs/backends.rst`` ("Your own backend") states the whole contract
+    for third parties; :class:`Server` and :meth:`_check_alive` / :meth:`_failed` /
+    :meth:`_succeeded` serve a backend that talks to servers itself.
     """
 
     #: True when a check is bounded loopback-class I/O an event loop may run inline.

@@ -7,9 +7,9 @@ with the meta commands. This module holds the servers: the nodes and their idle 
 
 All buckets of one subject live on one node (rendezvous hashing on the subject), so a check
 stays one round trip with several servers. A node that fails is marked down for
-``RATELIMIT_DEAD_RETRY`` seconds (:class:`~.base.Server`) and its subjects move to the
+``base.DEAD_RETRY`` seconds (:class:`~.base.Server`) and its subjects move to the
 others meanwhile: availability over accuracy, since the counts they had stay behind on the
-dead node. Sockets set TCP_NODELAY and ``RATELIMIT_SOCKET_TIMEOUT``.
+dead node. Sockets set TCP_NODELAY and :data:`~.base.SOCKET_TIMEOUT`.
 
 Leaky buckets (:mod:`ratelimit_app.gcra`): one round trip reads every TAT of the request with
 its CAS id, a second stores each admitted request's new TAT only if the item is unchanged
@@ -31,6 +31,7 @@ from typing import Any, cast
 from pymemcache.client.base import PooledClient
 
 from ratelimit_app import gcra
+from ratelimit_app.backends import base
 from ratelimit_app.backends.base import (
     Backend,
     MeterOp,
@@ -56,7 +57,6 @@ from ratelimit_app.backends.memcached_protocol import (
     quiet_deletes,
     stored,
 )
-from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 
 #: Read-decide-store rounds of a leaky-bucket check before it is refused.
@@ -204,7 +204,7 @@ class MemcachedBackend(Backend):
     def __init__(self, alias: str, cache: Any) -> None:
         super().__init__(alias, cache)
         location, options = cache_settings(alias)
-        timeout = conf.SOCKET_TIMEOUT
+        timeout = base.SOCKET_TIMEOUT
         client_options = {
             "connect_timeout": timeout,
             "timeout": timeout,
@@ -358,40 +358,66 @@ class MemcachedBackend(Backend):
         now_us: int,
         replies: list[MeterReply],
     ) -> None:
-        """Read, decide and compare-and-set the ops ``pending`` of one node, in rounds."""
+        """Read, decide and compare-and-set the ops ``pending`` of one node, in rounds: an
+        op whose store lost the race (another request stored first) reads and decides again.
+        """
         for _ in range(CAS_ATTEMPTS):
-            reads = self._meta(node, meta_gets(self._key(ops[i]) for i in pending), len(pending))
-            stores: list[tuple[int, int]] = []
-            command = []
-            for i, (head, value) in zip(pending, reads, strict=True):
-                op = ops[i]
-                try:
-                    read = gcra.decode(op.meter, found_value(head, value))
-                except (ReplyError, ValueError) as exc:  # ValueError: a TAT that is not one
-                    raise self._failed(exc, None) from exc
-                replies[i] = MeterReply(read)
-                written = self._meter_decision(op, read, now_us)
-                if written is not None:
-                    stores.append((i, written))
-                    cas = cas_of(head) if read is not None else None
-                    command.append(self._store(op, written, now_us, cas))
+            stores, command = self._decide(node, ops, pending, now_us, replies)
             if not stores:
                 return
-            pending = []
-            for (i, written), (head, _) in zip(
-                stores, self._meta(node, b"".join(command), len(stores)), strict=True
-            ):
-                try:
-                    landed = stored(head)
-                except ReplyError as exc:
-                    raise self._failed(exc, None) from exc
-                if landed:
-                    replies[i] = MeterReply(replies[i].read, written, cas_of(head))
-                else:  # lost the race: again
-                    pending.append(i)
+            pending = self._store_all(node, stores, command, replies)
             if not pending:
                 return
         # Still losing the race: refused (replies[i] stored nothing), never admitted on a guess.
+
+    def _decide(
+        self,
+        node: _Node,
+        ops: Sequence[MeterOp],
+        pending: list[int],
+        now_us: int,
+        replies: list[MeterReply],
+    ) -> tuple[list[tuple[int, int]], list[bytes]]:
+        """Read the TATs of the ops ``pending`` with their CAS ids, and note what each read
+        in ``replies``; return (op, new TAT) of each op admitted, and its ``ms``."""
+        reads = self._meta(node, meta_gets(self._key(ops[i]) for i in pending), len(pending))
+        stores: list[tuple[int, int]] = []
+        command = []
+        for i, (head, value) in zip(pending, reads, strict=True):
+            op = ops[i]
+            try:
+                read = gcra.decode(op.meter, found_value(head, value))
+            except (ReplyError, ValueError) as exc:  # ValueError: a TAT that is not one
+                raise self._failed(exc, None) from exc
+            replies[i] = MeterReply(read)
+            written = self._meter_decision(op, read, now_us)
+            if written is not None:
+                stores.append((i, written))
+                cas = cas_of(head) if read is not None else None
+                command.append(self._store(op, written, now_us, cas))
+        return stores, command
+
+    def _store_all(
+        self,
+        node: _Node,
+        stores: list[tuple[int, int]],
+        command: list[bytes],
+        replies: list[MeterReply],
+    ) -> list[int]:
+        """Send the ``ms`` of ``stores``; note in ``replies`` the TATs that landed, and
+        return the ops whose store lost the race."""
+        lost = []
+        answered = self._meta(node, b"".join(command), len(stores))
+        for (i, written), (head, _) in zip(stores, answered, strict=True):
+            try:
+                landed = stored(head)
+            except ReplyError as exc:
+                raise self._failed(exc, None) from exc
+            if landed:
+                replies[i] = MeterReply(replies[i].read, written, cas_of(head))
+            else:
+                lost.append(i)
+        return lost
 
     def _take_back(self, node: _Node, ops: Sequence[MeterOp], now_us: int) -> None:
         """Take back admitted requests whose TAT nobody has changed since (by CAS id)."""

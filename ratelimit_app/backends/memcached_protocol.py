@@ -1,19 +1,15 @@
-"""The memcached protocol as the limiter speaks it: commands built, replies parsed, bytes in
-and bytes out.
-
-No sockets and no servers here. :mod:`.memcached` chooses a node for each subject, sends
-these commands on its pooled connections and fails over; this module is what its round trips
-say and what the replies mean, so it is tested without a server.
+"""The memcached protocol as the limiter speaks it: commands built and replies parsed,
+bytes in and bytes out, so it is tested without a server (:mod:`.memcached` holds the
+nodes, their connections and the failover).
 
 **A check** (:func:`check_command`, :func:`parse_check`) is one write for all the subjects
-of a request on one node: per subject, quiet meta-arithmetic decrements that take back a
-refused hit (``ma <key> MD q``: only a miss answers, ``NF``), then meta-arithmetic increments
-(``ma <key> N<ttl> J1 v``: create with the TTL on a miss, answer ``VA`` and the new value),
-and after all of them ONE ``get`` of every bucket the subjects read. memcached answers the
-commands of one connection in order, so the read sees these increments, and it sends what it
-has at the end of each ``get``: one ``get``, one reply to wait for (a ``get`` per subject
-came back in 1.6 pieces on average). The ``VA`` replies prove that each write landed: a read
-that finds nothing after a failed write is an error, never a zero.
+of a request on one node: per subject, quiet decrements that take back a refused hit
+(``ma <key> MD q``: only a miss answers, ``NF``), then increments (``ma <key> N<ttl> J1 v``:
+created with the TTL on a miss, answering ``VA`` and the new value), and after all of them
+ONE ``get`` of every bucket the subjects read. memcached answers a connection's commands in
+order, so the read sees the increments, and one ``get`` is one reply to wait for. The ``VA``
+replies prove that each write landed: a read that finds nothing after a failed write is an
+error, never a zero.
 
 **A leaky bucket** (:func:`meta_gets`, :func:`meta_set`, :func:`meta_delete`,
 :func:`parse_meta`) is compare-and-set with the meta commands: ``mg <key> v c`` reads a TAT
@@ -122,18 +118,7 @@ def check_command(
         enc: MemcachedEncoded = encoded(op.plan)
         part = None if memo is None else memo.get((op.namespace, enc))
         if part is None:
-            base = (prefix + op.namespace).encode()
-            tails = enc.write_tails
-            part = (
-                base,
-                base + (b" " + base).join(enc.reads),
-                enc.increments(base) if tails is not None else None,
-                key_index(base, enc),
-            )
-            if memo is not None:
-                if len(memo) >= PART_MEMO:
-                    memo.clear()
-                memo[op.namespace, enc] = part
+            part = _subject_part(prefix, op.namespace, enc, memo)
         base, read, increments, index = part
         encs.append(enc)
         bases.append(base)
@@ -144,6 +129,28 @@ def check_command(
         if op.increment and enc.writes:
             writes.append(increments if increments is not None else enc.increments(base, clock))
     return b"".join(writes) + b"get " + b" ".join(reads), encs, bases, indexes
+
+
+def _subject_part(
+    prefix: str,
+    namespace: str,
+    enc: MemcachedEncoded,
+    memo: dict[tuple[str, MemcachedEncoded], SubjectPart] | None,
+) -> SubjectPart:
+    """One subject's part of a check command for ``enc``'s plan, kept in ``memo`` (which
+    starts over when it holds :data:`PART_MEMO`)."""
+    base = (prefix + namespace).encode()
+    part = (
+        base,
+        base + (b" " + base).join(enc.reads),
+        enc.increments(base) if enc.write_tails is not None else None,
+        key_index(base, enc),
+    )
+    if memo is not None:
+        if len(memo) >= PART_MEMO:
+            memo.clear()
+        memo[namespace, enc] = part
+    return part
 
 
 def key_index(base: bytes, enc: MemcachedEncoded) -> dict[bytes, int]:
@@ -165,39 +172,63 @@ def parse_check(
 
     The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and the
     new value for each increment, in the order sent, then ``VALUE <key> <flags> <length>``
-    and the count of each bucket found (with trailing spaces after a decrement that dropped
-    a digit: ``9 ``), and ``END``. memcached answers the hits in the order asked: when every
-    bucket is there (a busy subject's reply holds hundreds) the counts are mapped onto the
-    plans in C, with no Python loop over them; otherwise each hit is looked at once, as the
-    next one of its op's buckets, and a hit for a key no op asked for is an error (the
-    connection is out of step with its commands), never some bucket's count.
+    and the count of each bucket found, and ``END``. Each written bucket's value is raised
+    to what its increment answered (:meth:`~.base.Encoded.merge`).
     """
     start = reply.find(b"VALUE ")
     if start < 0:
         start = len(reply) - 5  # END
-    lines = reply[:start].split(b"\r\n")
-    if _QUIET_MISS in lines:
-        # A miss answers a take-back where it stands among the replies (after an earlier
-        # op's increments when one round trip holds both); a value line is a number,
-        # never "NF".
-        lines = [line for line in lines if line != _QUIET_MISS]
-    heads, written = lines[0:-1:2], lines[1:-1:2]
     counted: list[int] = []  # increments per op
-    sizes: list[int] = []  # buckets read per op
+    size = 0  # buckets read, all ops
     for op, enc in zip(ops, encs, strict=True):
         counted.append(len(enc.writes) if op.increment else 0)
-        sizes.append(len(enc.reads))
-    # Every head a "VA" line: a data line is a number and no other reply (NF, NS, an error)
-    # holds "VA ", so counting them counts the heads that are.
+        size += len(enc.reads)
+    written = _increment_replies(reply, start, sum(counted))
+    keys, counts = _hits(reply, start)
+    if len(counts) == size:
+        out = _values_in_order(encs, counts)
+    else:
+        if indexes is None:
+            indexes = [key_index(base, enc) for base, enc in zip(bases, encs, strict=True)]
+        if len(set(bases)) < len(bases):
+            out = _values_by_key(indexes, keys, counts)
+        else:
+            out = _values_in_turn(indexes, keys, counts, reply)
+    at = 0
+    for i, n in enumerate(counted):
+        if n:
+            encs[i].merge(out[i], written[at : at + n])
+            at += n
+    return out
+
+
+def _increment_replies(reply: bytes, start: int, expected: int) -> list[bytes]:
+    """The values the ``expected`` increments answered, from the part of ``reply`` before
+    ``start`` (the hits). A miss answers a take-back wherever it stands (``NF``: its bucket
+    was gone); anything short of one ``VA`` reply an increment is a lost write."""
+    lines = reply[:start].split(b"\r\n")
+    if _QUIET_MISS in lines:  # a value line is a number, never "NF"
+        lines = [line for line in lines if line != _QUIET_MISS]
+    heads, written = lines[0:-1:2], lines[1:-1:2]
+    # No data line (a number) and no other reply (NF, NS, an error) holds "VA ": counting
+    # them counts the heads that are VA replies.
     if (
-        len(heads) != sum(counted)
-        or len(written) != len(heads)
-        or reply.count(b"VA ", 0, start) != len(heads)
+        len(heads) != expected
+        or len(written) != expected
+        or reply.count(b"VA ", 0, start) != expected
     ):
         raise ReplyError(f"lost counter writes: {reply[:200]!r}")
-    # Each hit: a ``VALUE <key> <flags> <length>`` line and its count. A data line that is
-    # not a count (anything but digits and the padding: int() would also take a sign or an
-    # underscore) or that holds a line break (which shifts the lines) is caught here, in C.
+    return written
+
+
+def _hits(reply: bytes, start: int) -> tuple[list[bytes], list[int]]:
+    """The key and count of each ``VALUE <key> <flags> <length>`` hit of ``reply`` from
+    ``start`` (to its ``END``).
+
+    A data line that is not a count (anything but digits and the padding a decrement
+    leaves, ``9 ``: int() would also take a sign or an underscore) or that holds a line
+    break (which shifts the lines) is a corrupt counter; all checked in C.
+    """
     parts = reply[start:-5].split(b"\r\n")
     found, data = parts[0:-1:2], parts[1::2]
     tokens = b" ".join(found).split(b" ") if found else []
@@ -209,49 +240,60 @@ def parse_check(
             or b"".join(data).translate(None, _COUNT_BYTES)
         ):
             raise ValueError
-        counts = list(map(int, data))
+        return tokens[1::4], list(map(int, data))
     except ValueError:
         raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
-    # memcached answers a multi-get's hits in the order asked: when every bucket is there
-    # (a busy subject), the counts are in the order of the reads, no key to match.
-    flat = counts if len(counts) == sum(sizes) else None
-    hits = tokens[1::4]  # their keys
-    # Two ops of one subject's namespace (rare) read some keys twice: each op then looks
-    # at every hit. Otherwise each hit is looked at once.
-    shared = len(set(bases)) < len(bases)
-    out: list[list[int]] = []
-    at = pos = hit = 0
-    if indexes is None:
-        indexes = [key_index(base, enc) for base, enc in zip(bases, encs, strict=True)]
-    for enc, index, n, size in zip(encs, indexes, counted, sizes, strict=True):
-        if flat is not None:
-            values = flat[pos : pos + size]
-            pos += size
-        else:
-            # A young or quiet subject's reply is mostly misses: only the hits are looked
-            # up and converted, the misses stay 0.
-            values = [0] * size
-            if shared:
-                for key, count in zip(hits, counts, strict=True):
-                    i = index.get(key, -1)
-                    if i >= 0:
-                        values[i] = count
-            else:
-                # memcached answers the hits in the order asked: this op's are the next
-                # ones whose keys are its own buckets, in the order of its reads.
-                last = -1
-                while hit < len(hits):
-                    i = index.get(hits[hit], -1)
-                    if i <= last:
-                        break
-                    values[i] = counts[hit]
-                    last = i
-                    hit += 1
-        if n:
-            enc.merge(values, written[at : at + n])
-            at += n
+
+
+def _values_in_order(encs: Sequence[MemcachedEncoded], counts: list[int]) -> list[list[int]]:
+    """Every bucket there (a busy subject): memcached answers a multi-get's hits in the
+    order asked, so the counts are the ops' reads end to end, no key to match."""
+    out = []
+    at = 0
+    for enc in encs:
+        size = len(enc.reads)
+        out.append(counts[at : at + size])
+        at += size
+    return out
+
+
+def _values_by_key(
+    indexes: Sequence[dict[bytes, int]], keys: list[bytes], counts: list[int]
+) -> list[list[int]]:
+    """Two ops of one namespace (rare) ask for some keys twice: each op looks at every hit,
+    and a bucket answered at either place is read by both (the stricter count)."""
+    out = []
+    for index in indexes:  # (a plan's reads are distinct: one key each)
+        values = [0] * len(index)
+        for key, count in zip(keys, counts, strict=True):
+            i = index.get(key, -1)
+            if i >= 0:
+                values[i] = count
         out.append(values)
-    if flat is None and not shared and hit != len(hits):
+    return out
+
+
+def _values_in_turn(
+    indexes: Sequence[dict[bytes, int]], keys: list[bytes], counts: list[int], reply: bytes
+) -> list[list[int]]:
+    """Some buckets missing (a young or quiet subject): each op's hits are the next ones
+    whose keys are its own buckets, in the order of its reads; only they are looked up, the
+    misses stay 0. A key no op asked for is an error (a connection out of step with its
+    commands), never some bucket's count."""
+    out = []
+    hit = 0
+    for index in indexes:  # (a plan's reads are distinct: one key each)
+        values = [0] * len(index)
+        last = -1
+        while hit < len(keys):
+            i = index.get(keys[hit], -1)
+            if i <= last:
+                break
+            values[i] = counts[hit]
+            last = i
+            hit += 1
+        out.append(values)
+    if hit != len(keys):
         raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
     return out
 

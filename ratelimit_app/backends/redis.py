@@ -1,21 +1,17 @@
 """Redis through django-redis: the checks of a request in one atomic round trip.
 
 A check is one transaction of plain commands (``MULTI`` ... ``EXEC``: ``HINCRBY``,
-``EXPIRE``, ``HMGET``...) whose replies hiredis parses off the socket
-(:meth:`RedisBackend._transaction`); a check that also takes a refused hit back runs the Lua
-script :data:`SCRIPT`, which increments the write buckets (setting their TTL on creation)
-and reads every bucket of the window in one atomic call. Keys of one subject share a hash
-tag (``{...}``), one Redis Cluster slot per subject: :class:`RedisClusterBackend` (redis-py's
-cluster client; django-redis has none) runs one script call per slot. Connections come from
-django-redis's connection factory with bounded socket timeouts. Bucket indexes come from the
-client's clock (:func:`ratelimit_app.clock.now`), never the server's.
+``EXPIRE``, ``HLEN``, ``HMGET``, ``MGET``), packed from per-plan templates and parsed by
+hiredis off the socket: as atomic as a script and a third of the server's time, since each
+call a script makes into Redis costs it microseconds. Lua runs only what must decide on a
+value inside the round trip, each script a file of ``lua/`` (package data) whose header
+says what it takes: taking back a refused hit (inside the transaction), trimming a busy
+subject's hashes (after it, once per coarse bucket) and the leaky buckets of
+:mod:`ratelimit_app.gcra` (pipelined after it).
 
-Leaky buckets (:mod:`ratelimit_app.gcra`) have a script of their own, :data:`METER_SCRIPT`:
-every leaky-bucket rule of a request in one atomic call. A request with rules of both
-algorithms sends both scripts in one pipelined round trip (each atomic on its own).
-
-The scripts are Lua files beside this module (``lua/``, package data), read once at import;
-each file's header comment says what it takes and answers.
+Keys of one subject share a hash tag (``{...}``), one Redis Cluster slot per subject:
+:class:`RedisClusterBackend` (redis-py's cluster client; django-redis has none) sends one
+transaction per slot. Bucket indexes come from the client's clock, never the server's.
 """
 
 from __future__ import annotations
@@ -23,14 +19,15 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
 from ratelimit_app import gcra, windows
+from ratelimit_app.backends import base as backend_base
 from ratelimit_app.backends.base import (
     Backend,
     Encoded,
@@ -40,7 +37,6 @@ from ratelimit_app.backends.base import (
     Server,
     cache_settings,
 )
-from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.windows import Plan
 
@@ -51,26 +47,19 @@ except ImportError:  # pragma: no cover
 
 
 def _lua(name: str) -> str:
-    """The Lua source ``lua/<name>.lua`` shipped beside this module (package data); its
-    header comment says what the script takes and answers."""
+    """The Lua source ``lua/<name>.lua`` shipped beside this module (package data)."""
     return (resources.files(__package__) / "lua" / f"{name}.lua").read_text(encoding="utf-8")
 
 
-#: A Lua fragment, not a script: ``drop_stale(base, spec)``, the stale fields of a subject's
-#: hashes dropped (lua/drop_stale.lua). Shared by :data:`SCRIPT` and :data:`TRIM_SCRIPT`.
-DROP_STALE = _lua("drop_stale")
-#: One check of one or more subjects (the rules of a request): take back, increment and
-#: read every bucket, trimming stale fields, atomically (lua/window.lua).
-SCRIPT = DROP_STALE + _lua("window")
+#: Refused hits taken back inside a check's transaction (lua/take_back.lua).
+TAKE_BACK_SCRIPT = _lua("take_back")
+#: A subject's stale hash fields dropped after a check's transaction (lua/trim.lua).
+TRIM_SCRIPT = _lua("trim")
 #: Every leaky bucket of a request, atomically (lua/meter.lua); a stored TAT lives until
 #: its bucket is empty plus :data:`ratelimit_app.gcra.TTL_MARGIN` seconds and a millisecond.
 METER_SCRIPT = _lua("meter").replace(
     "local margin = MARGIN_MS", f"local margin = {gcra.TTL_MARGIN * 1000 + 1}"
 )
-#: Drops the stale fields of a subject's hashes, for the checks sent as a transaction (see
-#: :meth:`RedisBackend._transaction`), which cannot decide on a reply inside the round trip
-#: (lua/trim.lua).
-TRIM_SCRIPT = DROP_STALE + _lua("trim")
 
 #: A transaction's first and last commands.
 MULTI = b"*1\r\n$5\r\nMULTI\r\n"
@@ -80,9 +69,20 @@ EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 #: followed by ``name`` (see :func:`_template`).
 KEY = object()
 Part = bytes | tuple[object, bytes]
+Command = list[Part]
+#: The take-back's place among a plan's command lists (:attr:`RedisEncoded.commands`),
+#: after a look's and a counted check's (0 and 1: ``Op.increment`` indexes them).
+TAKE_BACK = 2
+#: One op of a transaction: its plan's encoding, its take-back plan's (None: none), its key
+#: base and whether it counts.
+Job = tuple["RedisEncoded", "RedisEncoded | None", bytes, bool]
+#: A subject's hashes to trim after a transaction: its key base and lua/trim.lua's ARGV[1].
+Trim = tuple[bytes, bytes]
+Item = TypeVar("Item", Op, MeterOp)
+Answer = TypeVar("Answer")
 
 
-def _template(commands: Sequence[Sequence[Part]], base_len: int) -> list[bytes]:
+def _template(commands: Sequence[Command], base_len: int) -> list[bytes]:
     """``commands`` in the Redis protocol, cut where a subject's key base goes: the packed
     bytes for a base ``b`` of ``base_len`` bytes are ``b.join(parts)``. So a check packs its
     commands with one join, whatever their number."""
@@ -102,12 +102,10 @@ def _template(commands: Sequence[Sequence[Part]], base_len: int) -> list[bytes]:
     return parts
 
 
-def _meter_args(m: gcra.Meter) -> list[bytes]:
-    """A meter's part of :data:`METER_SCRIPT`'s ARGV, less the mode and the take-back."""
-    n = m.rate.count or 1  # a count of 0 never admits: the script only reads
-    q, rem = divmod(m.interval, n)
-    tau_a, tau_r = divmod(m.tau, n)
-    return [b"%d" % m.rate.count, b"%d" % q, b"%d" % rem, b"%d" % tau_a, b"%d" % tau_r]
+def _resolved(command: Command, base: bytes) -> list[Any]:
+    """``command`` with the key base ``base`` put in, as redis-py's clients take it."""
+    name = cast(bytes, command[0]).decode()
+    return [name, *[base + p[1] if isinstance(p, tuple) else p for p in command[1:]]]
 
 
 def _pack(command: list[bytes]) -> bytes:
@@ -117,6 +115,14 @@ def _pack(command: list[bytes]) -> bytes:
         len(command),
         b"".join([b"$%d\r\n%s\r\n" % (len(part), part) for part in command]),
     )
+
+
+def _script_call(
+    script: Any, keys: list[bytes], args: list[bytes], by_sha: bool = True
+) -> list[bytes]:
+    """The EVALSHA (or, not ``by_sha``, EVAL) of a script registered with redis-py."""
+    head = [b"EVALSHA", script.sha.encode()] if by_sha else [b"EVAL", script.script.encode()]
+    return [*head, b"%d" % len(keys), *keys, *args]
 
 
 def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
@@ -132,7 +138,7 @@ def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
 
 def _stale_before(hash_name: bytes, field: int, coarse: bool) -> int:
     """The first fine (or, ``coarse``, coarse) field of ``hash_name`` that a trim at a write of
-    ``field`` keeps (see ARGV[7] in lua/window.lua).
+    ``field`` keeps.
 
     A check at the time of that write reads fields of this level from about one window
     back: ``field - G`` fine buckets, less up to one coarse bucket (``C``) subtracted at the
@@ -147,161 +153,184 @@ def _stale_before(hash_name: bytes, field: int, coarse: bool) -> int:
     return field - 3 * g - windows.coarse_factor(g)
 
 
-class RedisEncoded(Encoded):
-    """The plan as the script's arguments, and where its reply puts each value.
+def _stale_fields(fields: list[tuple[int, bytes, bytes]]) -> dict[bytes, tuple[int, int]]:
+    """For each written hash, the first fine and coarse fields a trim keeps."""
+    stale: dict[bytes, list[int]] = {}
+    for _, name, field in fields:
+        coarse = field.startswith(b"x")
+        index = int(field[1:] if coarse else field)
+        stale.setdefault(name, [0, 0])[coarse] = _stale_before(name, index, coarse)
+    return {name: (fine, coarse) for name, (fine, coarse) in stale.items()}
 
-    Everything here is computed once per plan (plans are memoised objects shared by every
-    subject): a check only adds its subject's key base.
+
+def _watched(
+    fields: list[tuple[int, bytes, bytes]], stale: dict[bytes, tuple[int, int]]
+) -> list[tuple[int, bytes, int]]:
+    """(write, hash, most) of each write to the coarsest level of its window.
+
+    ``most`` is what the hash holds when none of its fields is stale: the fields from the
+    first ones a trim keeps to the ones written now. When the write creates its bucket (once
+    per coarse bucket) and the hash then holds more, some are stale (never for a new
+    subject): the hash is trimmed.
+    """
+    watched = []
+    for n, name, field in fields:
+        coarse = field.startswith(b"x")
+        if coarse or windows.coarse_factor(int(name.rpartition(b"/")[2])) == 1:
+            fine = max(int(f) for _, h, f in fields if h == name and not f.startswith(b"x"))
+            most = fine - stale[name][0] + 1
+            if coarse:
+                most += int(field[1:]) - stale[name][1] + 1
+            watched.append((n, name, most))
+    return watched
+
+
+def _count_commands(
+    writes: Sequence[tuple[bytes, int]],
+) -> tuple[list[Command], list[tuple[int, int, int, bytes]]]:
+    """The commands that count a plan's writes, and what tells that a hash needs a trim.
+
+    An increment a write (its reply proves the write), an EXPIRE of each written hash and
+    key, then an HLEN of each hash :func:`_watched` names. Every write into one hash carries
+    the longest TTL of its fields, so no EXPIRE shortens another's reach. The second list
+    holds, per HLEN: the positions of its increment's reply and its own, its ``most`` and
+    the words of lua/trim.lua for its hash.
+    """
+    commands: list[Command] = []
+    expiring: dict[bytes, int] = {}
+    fields: list[tuple[int, bytes, bytes]] = []  # (write, hash, field) of the hash writes
+    for n, (suffix, ttl) in enumerate(writes):
+        split = _split(suffix)
+        if split is None:
+            commands.append([b"INCR", (KEY, suffix)])
+            name = suffix
+        else:
+            commands.append([b"HINCRBY", (KEY, split[0]), split[1], b"1"])
+            name = split[0]
+            fields.append((n, *split))
+        expiring[name] = max(ttl, expiring.get(name, 0))
+    commands += [[b"EXPIRE", (KEY, name), b"%d" % ttl] for name, ttl in expiring.items()]
+    stale = _stale_fields(fields)
+    tops = []
+    for n, name, most in _watched(fields, stale):
+        tops.append((n, len(commands), most, b"%s %d %d" % (name, *stale[name])))
+        commands.append([b"HLEN", (KEY, name)])
+    return commands, tops
+
+
+def _read_levels(
+    reads: Sequence[bytes],
+) -> tuple[dict[bytes, dict[bytes, list[tuple[int, int]]]], list[tuple[int, bytes]]]:
+    """A plan's reads by hash and level (``b"x"`` coarse, ``b""`` fine), each as (position
+    in the reads, index), hashes in order of their names; and the keys read, with theirs."""
+    levels: dict[bytes, dict[bytes, list[tuple[int, int]]]] = {}
+    keys: list[tuple[int, bytes]] = []
+    for i, suffix in enumerate(reads):
+        split = _split(suffix)
+        if split is None:
+            keys.append((i, suffix))
+        else:
+            name, field = split
+            mark = b"x" if field.startswith(b"x") else b""
+            levels.setdefault(name, {}).setdefault(mark, []).append((i, int(field[len(mark) :])))
+    return {name: levels[name] for name in sorted(levels)}, keys
+
+
+def _read_commands(reads: Sequence[bytes]) -> tuple[list[Command], list[int]]:
+    """The commands that read a plan's buckets, and where each read's value is in their
+    replies put end to end.
+
+    The fields a check reads at one level are consecutive: one HMGET a hash of each level's
+    range, first to last, then one MGET of the keys.
+    """
+    levels, keys = _read_levels(reads)
+    commands: list[Command] = []
+    slots = [0] * len(reads)
+    at = 0
+    for name, by_level in levels.items():
+        names: list[Part] = []
+        for mark, found in by_level.items():
+            first, last = min(f for _, f in found), max(f for _, f in found)
+            names += [b"%s%d" % (mark, f) for f in range(first, last + 1)]
+            for i, index in found:
+                slots[i] = at + index - first
+            at += last - first + 1
+        commands.append([b"HMGET", (KEY, name), *names])
+    for n, (i, _) in enumerate(keys):
+        slots[i] = at + n
+    if keys:
+        commands.append([b"MGET", *[(KEY, suffix) for _, suffix in keys]])
+    return commands, slots
+
+
+def _take_back_command(writes: Sequence[tuple[bytes, int]]) -> Command:
+    """lua/take_back.lua run on a plan's writes: a refused hit of that plan taken back."""
+    fields, keys = [], []
+    for suffix, _ in writes:
+        split = _split(suffix)
+        if split is None:
+            keys.append(suffix)
+        else:
+            fields.append(b"%s %s" % split)
+    # EVAL, not EVALSHA: a transaction cannot run a script the server lacks again alone.
+    script = TAKE_BACK_SCRIPT.encode()
+    return [b"EVAL", script, b"1", (KEY, b""), b" ".join(fields), b" ".join(keys)]
+
+
+class RedisEncoded(Encoded):
+    """A plan as the commands of a transaction, and where their replies put each value.
+
+    A uniform window's buckets are the fields of one hash (``base:W/G``; a fine bucket's
+    field is its index, a coarse bucket's ``x`` and its index), so a check makes one HMGET a
+    window; hierarchical buckets are keys of their own. Computed once per plan (plans are
+    memoised and shared by every subject): a check only adds its subject's key base.
     """
 
-    __slots__ = (
-        "_templates",
-        "hash_reads",
-        "hash_writes",
-        "key_reads",
-        "key_writes",
-        "replied",
-        "slots",
-        "top_writes",
-        "trims",
-        "tx_commands",
-        "tx_reads_from",
-        "tx_tops",
-        "undo_hash",
-        "undo_keys",
-    )
+    __slots__ = ("_templates", "commands", "reads_from", "slots", "tops")
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
-        top: list[tuple[int, bytes]] = []
-        other: list[tuple[int, bytes]] = []
-        keyed: list[tuple[int, bytes]] = []
-        undo_hash, undo_keys = [], []
-        hashed: list[tuple[int, bytes, bytes, int]] = []  # (write, hash, field, ttl)
-        for n, (suffix, ttl) in enumerate(self.writes):
-            split = _split(suffix)
-            if split is None:
-                keyed.append((n, b"%s %d" % (suffix, ttl)))
-                undo_keys.append(suffix)
-            else:
-                hashed.append((n, *split, ttl))
-                undo_hash.append(b"%s %s" % split)
-        # Every write into one hash carries the longest TTL of them (see lua/window.lua).
-        ttls: dict[bytes, int] = {}
-        for _, name, _, ttl in hashed:
-            ttls[name] = max(ttl, ttls.get(name, 0))
-        stale: dict[bytes, list[int]] = {}
-        for _, name, field, _ in hashed:
-            coarse = field.startswith(b"x")
-            index = int(field[1:] if coarse else field)
-            stale.setdefault(name, [0, 0])[coarse] = _stale_before(name, index, coarse)
-        tops: list[tuple[int, bytes, bytes, int]] = []  # (write, hash, field, most)
-        for n, name, field, _ in hashed:
-            g = int(name.rpartition(b"/")[2])
-            if field.startswith(b"x") or windows.coarse_factor(g) == 1:  # coarsest level
-                # At most the fields from the stale ones to these when none is stale.
-                fine_index = max(int(f) for _, h, f, _ in hashed if h == name and f[:1] != b"x")
-                most = fine_index - stale[name][0] + 1
-                if field.startswith(b"x"):
-                    most += int(field[1:]) - stale[name][1] + 1
-                top.append((n, b"%s %s %d %d" % (name, field, ttls[name], most)))
-                tops.append((n, name, field, most))
-            else:
-                other.append((n, b"%s %s %d" % (name, field, ttls[name])))
-        # The script answers the increments in the order of its arguments: reorder
-        # write_index to match.
-        self.write_index = [self.write_index[n] for n, _ in top + other + keyed]
-        self.refresh_proofs()
-        self.top_writes = b" ".join(w for _, w in top)
-        self.hash_writes = b" ".join(w for _, w in other)
-        self.key_writes = b" ".join(w for _, w in keyed)
-        self.undo_hash = b" ".join(undo_hash)
-        self.undo_keys = b" ".join(undo_keys)
-        self.trims = b" ".join(b"%s %d %d" % (name, f, c) for name, (f, c) in stale.items())
-        # Reads: the range first..last of each level of each hash (one HMGET a hash), then
-        # the keys (one MGET). The reply holds ``replied`` values in that order; slots[i] is
-        # where it holds the value of reads[i].
-        fields: dict[tuple[bytes, bytes], list[tuple[int, int]]] = {}
-        keys: list[tuple[int, bytes]] = []
-        for i, suffix in enumerate(self.reads):
-            split = _split(suffix)
-            if split is None:
-                keys.append((i, suffix))
-            else:
-                name, field = split
-                prefix = b"x" if field.startswith(b"x") else b"."
-                index = int(field[1:] if prefix == b"x" else field)
-                fields.setdefault((name, prefix), []).append((i, index))
-        self.slots = [0] * len(self.reads)
-        ranges, at = [], 0
-        # One hash's ranges next to each other: the script reads them in one HMGET.
-        for (name, prefix), found in sorted(fields.items(), key=lambda item: item[0][0]):
-            first, last = min(f for _, f in found), max(f for _, f in found)
-            ranges.append(b"%s %s %d %d" % (name, prefix, first, last))
-            for i, index in found:
-                self.slots[i] = at + index - first
-            at += last - first + 1
-        for i, _ in keys:
-            self.slots[i] = at
-            at += 1
-        self.replied = at
-        self.hash_reads = b" ".join(ranges)
-        self.key_reads = b" ".join(suffix for _, suffix in keys)
+        counted, self.tops = _count_commands(self.writes)
+        reading, self.slots = _read_commands(self.reads)
+        #: The commands of a look, of a counted check, of the take-back of a counted check.
+        self.commands = (reading, counted + reading, [_take_back_command(self.writes)])
+        #: Where the reads' replies start, in a look's and in a counted check's.
+        self.reads_from = (0, len(counted))
+        self._templates: dict[tuple[int, int], list[bytes]] = {}
 
-        # The same check as a transaction (MULTI ... EXEC; see RedisBackend._transaction):
-        # the increments in the script's order, an EXPIRE of every written hash and key, an
-        # HLEN of every hash whose coarsest level is written, one HMGET a hash read, one
-        # MGET of the keys read. EXEC answers one reply per command, in that order.
-        order = [n for n, _ in top + other + keyed]
-        writes_at = {n: i for i, n in enumerate(order)}
-        counted: list[list[Part]] = []
-        for n in order:
-            suffix, ttl = self.writes[n]
-            split = _split(suffix)
-            if split is None:
-                counted.append([b"INCR", (KEY, suffix)])
-            else:
-                counted.append([b"HINCRBY", (KEY, split[0]), split[1], b"1"])
-        expiring: dict[bytes, int] = dict(ttls)
-        for suffix, ttl in self.writes:
-            if _split(suffix) is None:
-                expiring[suffix] = ttl
-        counted += [[b"EXPIRE", (KEY, name), b"%d" % ttl] for name, ttl in expiring.items()]
-        #: (EXEC reply of the increment, of the HLEN, most fields, the trim's words) of
-        #: each hash whose coarsest level is written: trimmed when the increment created
-        #: its bucket and the hash holds more than ``most`` fields (as lua/window.lua does).
-        self.tx_tops = [
-            (
-                writes_at[n],
-                len(counted) + k,
-                most,
-                b"%s %d %d" % (name, stale[name][0], stale[name][1]),
-            )
-            for k, (n, name, _field, most) in enumerate(tops)
-        ]
-        counted += [[b"HLEN", (KEY, name)] for _, name, _, _ in tops]
-        reading: list[list[Part]] = []
-        by_hash: dict[bytes, list[bytes]] = {}
-        for (name, prefix), found in sorted(fields.items(), key=lambda item: item[0][0]):
-            first, last = min(f for _, f in found), max(f for _, f in found)
-            mark = b"" if prefix == b"." else prefix
-            names = by_hash.setdefault(name, [])
-            names += [b"%s%d" % (mark, f) for f in range(first, last + 1)]
-        reading += [[b"HMGET", (KEY, name), *names] for name, names in by_hash.items()]
-        if keys:
-            reading.append([b"MGET", *[(KEY, suffix) for _, suffix in keys]])
-        #: The commands of a counted check and of a look, and where their reads start.
-        self.tx_commands = (reading, counted + reading)
-        self.tx_reads_from = (0, len(counted))
-        self._templates: dict[tuple[bool, int], list[bytes]] = {}
-
-    def transaction(self, increment: bool, base_len: int) -> list[bytes]:
-        """This check's commands as a template for a key base of ``base_len`` bytes."""
-        found = self._templates.get((increment, base_len))
+    def template(self, kind: int, base_len: int) -> list[bytes]:
+        """The commands of ``kind`` (an ``Op.increment``, or :data:`TAKE_BACK`) as a
+        :func:`_template` for a key base of ``base_len`` bytes."""
+        found = self._templates.get((kind, base_len))
         if found is None:
-            found = _template(self.tx_commands[increment], base_len)
-            self._templates[increment, base_len] = found
+            found = self._templates[kind, base_len] = _template(self.commands[kind], base_len)
         return found
+
+
+def _executed(reply: Any, count: int) -> list[Any]:
+    """EXEC's reply: one reply for each of the ``count`` commands. An error among them
+    (``EXECABORT``, a counter that is not a number...) is raised."""
+    if isinstance(reply, Exception):
+        raise reply
+    if not isinstance(reply, list) or len(reply) != count:
+        raise BackendError(f"{reply!r:.80}: not the transaction's {count} replies")
+    for answer in reply:
+        if isinstance(answer, Exception):
+            raise answer
+    return reply
+
+
+def _by_slot(items: Sequence[Item], run: Callable[[list[Item]], list[Answer]]) -> list[Answer]:
+    """``run`` on the items of each hash slot (a namespace is its subject's hash tag), in
+    first-seen order; the answers in the order of ``items``."""
+    by_slot: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        by_slot.setdefault(key_slot(item.namespace.encode()), []).append(i)
+    answers: list[Any] = [None] * len(items)
+    for group in by_slot.values():
+        for i, answer in zip(group, run([items[i] for i in group]), strict=True):
+            answers[i] = answer
+    return answers
 
 
 class RedisBackend(Backend):
@@ -310,10 +339,6 @@ class RedisBackend(Backend):
 
     inline_ok = True
     encoding = RedisEncoded
-    #: Count and read as one transaction of plain commands (:meth:`_transaction`) rather
-    #: than the script: as atomic, and a third of the server's time (the script's calls
-    #: into Redis cost it microseconds each). The script stays for take-backs.
-    transactions = True
 
     def __init__(self, alias: str, cache: Any) -> None:
         """Built as every backend is, ``cls(alias, cache)``: the server (``LOCATION``; a
@@ -326,14 +351,15 @@ class RedisBackend(Backend):
         if not self.url:
             raise BackendError(f"{alias}: no Redis server in LOCATION")
         # Without a timeout a server that stops answering would hang every request:
-        # RATELIMIT_SOCKET_TIMEOUT applies unless the cache's OPTIONS set SOCKET_TIMEOUT /
+        # base.SOCKET_TIMEOUT applies unless the cache's OPTIONS set SOCKET_TIMEOUT /
         # SOCKET_CONNECT_TIMEOUT.
-        options.setdefault("SOCKET_TIMEOUT", conf.SOCKET_TIMEOUT)
-        options.setdefault("SOCKET_CONNECT_TIMEOUT", conf.SOCKET_TIMEOUT)
+        options.setdefault("SOCKET_TIMEOUT", backend_base.SOCKET_TIMEOUT)
+        options.setdefault("SOCKET_CONNECT_TIMEOUT", backend_base.SOCKET_TIMEOUT)
         self.options = options
-        #: Marked down for RATELIMIT_DEAD_RETRY seconds when a check fails. Named "server"
+        #: Marked down for base.DEAD_RETRY seconds when a check fails. Named "server"
         #: in errors: the URL may hold a password.
         self.server = Server("server")
+        self._prefix = self.key_prefix.encode()
         #: Each thread's connection for :meth:`_call`, and all of them, for :meth:`close`.
         self._local = threading.local()
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -356,9 +382,8 @@ class RedisBackend(Backend):
         )
 
     def _use(self, client: Any) -> None:
-        """Talk to the server through ``client``, with the scripts registered on it."""
+        """Talk to the server through ``client``, with the scripts run by SHA registered."""
         self.client = client
-        self.script = client.register_script(SCRIPT)
         self.meter_script = client.register_script(METER_SCRIPT)
         self.trim_script = client.register_script(TRIM_SCRIPT)
 
@@ -367,93 +392,135 @@ class RedisBackend(Backend):
         self.client.connection_pool.disconnect()
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
-        return self._exchange(ops, (), 0)[0]
+        return self._round_trip(ops, (), 0)[0]
 
     def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
-        return self._exchange((), ops, now_us)[1]
+        return self._round_trip((), ops, now_us)[1]
 
     def exchange(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:
-        """Both scripts pipelined into one round trip (one alone when the other has no work)."""
+        """:meth:`run_many` and :meth:`meter_many` in one round trip: the checks'
+        transaction, then the leaky buckets' script (each atomic on its own)."""
         if not meters:
             return self.run_many(ops), []
         if not ops:
             return [], self.meter_many(meters, now_us)
-        return self._exchange(ops, meters, now_us)
+        return self._round_trip(ops, meters, now_us)
+
+    def _round_trip(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply]]:
+        """:meth:`_exchange`, then the trims it calls for; a failure marks the server down."""
+        server = self.server
+        if server.dead_until:  # (every check comes here: no call while it is up)
+            self._check_alive(server)
+        try:
+            values, metered, trims = self._exchange(ops, meters, now_us)
+            for base, stale in trims:
+                self._trim(base, stale)
+        except Exception as exc:  # includes a counter that is not a number
+            raise self._failed(exc, server) from exc
+        if server.dead_until:
+            self._succeeded(server)
+        return values, metered
 
     def _exchange(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
-    ) -> tuple[list[list[int]], list[MeterReply]]:
-        self._check_alive(self.server)
-        if self.transactions and not meters and all(op.undo is None for op in ops):
-            try:
-                found = self._transaction(ops)
-            except Exception as exc:  # includes a counter that is not a number
-                raise self._failed(exc, self.server) from exc
-            self._succeeded(self.server)
-            return found, []
-        # One script call per group of subjects (:meth:`_groups`: all of them on one server,
-        # one hash slot each on a cluster).
-        window_groups = [
-            (group, [ops[i] for i in group])
-            for group in (self._groups([op.namespace for op in ops]) if ops else [])
-        ]
-        meter_groups = [
-            (group, [meters[i] for i in group])
-            for group in (self._groups([m.namespace for m in meters]) if meters else [])
-        ]
-        calls: list[tuple[Any, list[bytes], list[bytes]]] = []
-        for _, chosen_ops in window_groups:
-            calls.append((self.script, *self._window_args(chosen_ops)))
-        for _, chosen_meters in meter_groups:
-            calls.append((self.meter_script, *self._meter_args(chosen_meters, now_us)))
-        values: list[list[int]] = [[] for _ in ops]
-        metered: list[MeterReply] = [MeterReply(None)] * len(meters)
-        try:
-            replies = iter(self._evaluate(calls))
-            for group, chosen_ops in window_groups:
-                found = self._window_values(chosen_ops, next(replies))
-                for i, v in zip(group, found, strict=True):
-                    values[i] = v
-            for group, chosen_meters in meter_groups:
-                answered = self._meter_replies(chosen_meters, next(replies))
-                for i, reply in zip(group, answered, strict=True):
-                    metered[i] = reply
-        except Exception as exc:  # includes a counter that is not a number
-            raise self._failed(exc, self.server) from exc
-        self._succeeded(self.server)
-        return values, metered
+    ) -> tuple[list[list[int]], list[MeterReply], list[Trim]]:
+        """One write of the transaction of ``ops`` and the script of ``meters``, one read
+        of every reply (:meth:`_call_many`)."""
+        chunks, jobs, count = self._packed(ops)
+        meter_call = None
+        if meters:
+            meter_call = self._meter_args(meters, now_us)
+            chunks.append(_pack(_script_call(self.meter_script, *meter_call)))
+        replies = self._call_many(b"".join(chunks), (count + 2 if jobs else 0) + bool(meters))
+        values: list[list[int]] = []
+        trims: list[Trim] = []
+        if jobs:
+            values, trims = self._window_values(jobs, _executed(replies[count + 1], count))
+        metered: list[MeterReply] = []
+        if meter_call is not None:
+            reply = self._script_reply(replies[-1], self.meter_script, *meter_call)
+            metered = self._meter_replies(meters, reply)
+        return values, metered, trims
 
-    def _groups(self, namespaces: Sequence[str]) -> list[list[int]]:
-        """The subjects (indexes into ``namespaces``) each script call carries: all of them,
-        in one call, on a single server."""
-        return [list(range(len(namespaces)))]
+    def _job(self, op: Op) -> Job:
+        """``op`` as a :data:`Job` of a transaction."""
+        encoded: Callable[[Plan], Any] = self.encoded  # (a RedisEncoded; no cast() a call)
+        undo = None if op.undo is None else encoded(op.undo)
+        return encoded(op.plan), undo, self._prefix + op.namespace.encode(), op.increment
 
-    def _evaluate(self, calls: list[tuple[Any, list[bytes], list[bytes]]]) -> list[Any]:
-        """Run the scripts: one alone on this thread's connection (:meth:`_call`), several
-        as EVALSHAs in one pipeline (a script the server lacks is then run again alone)."""
-        if len(calls) == 1:
-            return [self._run_script(*calls[0])]
-        pipe = self.client.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        replies = pipe.execute(raise_on_error=False)
-        for n, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):  # not run: safe to run again
-                replies[n] = self._run_script(*calls[n])
-            elif isinstance(reply, Exception):
-                raise reply
-        return replies
+    def _packed(self, ops: Sequence[Op]) -> tuple[list[bytes], list[Job], int]:
+        """The transaction of ``ops`` packed (none: nothing), each op's templates joined with
+        its key base; each op as a :data:`Job`, and the number of commands but MULTI and EXEC."""
+        if not ops:
+            return [], [], 0
+        chunks = [MULTI]
+        jobs: list[Job] = []
+        count = 0
+        for op in ops:
+            job = enc, undo, base, increment = self._job(op)
+            if undo is not None:
+                chunks.append(base.join(undo.template(TAKE_BACK, len(base))))
+                count += 1
+            chunks.append(base.join(enc.template(increment, len(base))))
+            count += len(enc.commands[increment])
+            jobs.append(job)
+        chunks.append(EXEC)
+        return chunks, jobs, count
+
+    @staticmethod
+    def _window_values(jobs: list[Job], answered: list[Any]) -> tuple[list[list[int]], list[Trim]]:
+        """Each op's values (in the order of its plan's reads) from the transaction's
+        replies, each written bucket's raised to what its increment answered
+        (:meth:`Encoded.merge`); and the hashes to trim, of each counted op whose increment
+        created the coarsest bucket of a hash that then held more than ``most`` fields."""
+        results: list[list[int]] = []
+        trims: list[Trim] = []
+        at = 0
+        for enc, undo, base, increment in jobs:
+            at += undo is not None  # a take-back answers first (0)
+            end = at + len(enc.commands[increment])
+            mine = answered[at:end]
+            at = end
+            found: list[Any] = []
+            for reply in mine[enc.reads_from[increment] :]:
+                found += reply
+            values = [int(found[slot] or 0) for slot in enc.slots]  # IndexError if short
+            if increment:
+                enc.merge(values, mine[: len(enc.writes)])
+                stale = b" ".join(
+                    words
+                    for created, length, most, words in enc.tops
+                    if mine[created] == 1 and mine[length] > most
+                )
+                if stale:
+                    trims.append((base, stale))
+            results.append(values)
+        return results, trims
+
+    def _trim(self, base: bytes, stale: bytes) -> None:
+        """Run lua/trim.lua for one subject (its own round trip, once per coarse bucket)."""
+        self._run_script(self.trim_script, [base], [stale])
+
+    def _script_reply(self, reply: Any, script: Any, keys: list[bytes], args: list[bytes]) -> Any:
+        """A pipelined script's reply. A script the server lacks (``NOSCRIPT``: a restart,
+        ``SCRIPT FLUSH``) ran nothing, so it runs again alone, and is loaded."""
+        if not isinstance(reply, Exception):
+            return reply
+        if isinstance(reply, NoScriptError) or str(reply).startswith("NOSCRIPT"):
+            return self._run_script(script, keys, args)
+        raise reply
 
     def _run_script(self, script: Any, keys: list[bytes], args: list[bytes]) -> Any:
         """EVALSHA, or EVAL (which also loads the script) when the server lacks it (a
         restart, SCRIPT FLUSH): NOSCRIPT means nothing ran, so running it is safe."""
-        count = b"%d" % len(keys)
         try:
-            return self._call([b"EVALSHA", script.sha.encode(), count, *keys, *args])
+            return self._call(_script_call(script, keys, args))
         except NoScriptError:
-            return self._call([b"EVAL", script.script.encode(), count, *keys, *args])
+            return self._call(_script_call(script, keys, args, by_sha=False))
 
     def _connection(self) -> Any:
         """This thread's own connection (see :meth:`_call`)."""
@@ -469,12 +536,11 @@ class RedisBackend(Backend):
     def _call(self, command: list[bytes]) -> Any:
         """One command on this thread's own connection, and its reply.
 
-        The checks' scripts bypass redis-py's client and pool: on every command they take a
-        lock, poll the socket for stray data and record metrics, about a third of a check on
-        loopback. Each thread (and process: a forked child opens its own) keeps one
-        connection, built by the pool's connection class with the pool's options (timeouts,
-        password, parser); it connects on first use and again after a failure. No retries:
-        a check's script is not idempotent, and a failure fails open or closed at once.
+        redis-py's client and pool take a lock, poll the socket for stray data and record
+        metrics on every command, about a third of a check on loopback. Each thread (and
+        process: a forked child opens its own) keeps one connection, built by the pool's
+        connection class with the pool's options; it connects on first use and again after
+        a failure. No retries: a check is not idempotent; a failure fails open or closed.
         """
         conn = self._connection()
         try:
@@ -487,60 +553,6 @@ class RedisBackend(Backend):
             conn.disconnect()
             raise
 
-    def _transaction(self, ops: Sequence[Op]) -> list[list[int]]:
-        """Count and read every op's buckets in one ``MULTI ... EXEC`` (atomic, as the
-        script is), each op's values in the order of its plan's reads.
-
-        A transaction cannot decide on a reply: every written hash gets its ``EXPIRE`` (the
-        same TTL for every write into it, so a later one never shortens an earlier one's
-        reach), and the hashes to trim (a coarse bucket created in a hash that holds more
-        fields than three windows need: once per coarse bucket of a busy subject) are
-        trimmed by :data:`TRIM_SCRIPT` in a second round trip.
-        """
-        prefix = self.key_prefix.encode()
-        encoded: list[tuple[RedisEncoded, bytes, bool]] = []
-        chunks = [MULTI]
-        total = 0
-        for op in ops:
-            enc = cast(RedisEncoded, self.encoded(op.plan))
-            base = prefix + op.namespace.encode()
-            chunks.append(base.join(enc.transaction(op.increment, len(base))))
-            total += len(enc.tx_commands[op.increment])
-            encoded.append((enc, base, op.increment))
-        chunks.append(EXEC)
-        replies = self._call_many(b"".join(chunks), total + 2)
-        answered = replies[-1]
-        if isinstance(answered, Exception):
-            raise answered
-        if not isinstance(answered, list) or len(answered) != total:
-            raise BackendError(f"{answered!r:.80}: not the transaction's {total} replies")
-        results: list[list[int]] = []
-        trims: list[tuple[bytes, bytes]] = []
-        at = 0
-        for enc, base, increment in encoded:
-            mine = answered[at : at + len(enc.tx_commands[increment])]
-            at += len(mine)
-            for reply in mine:
-                if isinstance(reply, Exception):  # e.g. HINCRBY of a field that is no number
-                    raise reply
-            found: list[Any] = []
-            for reply in mine[enc.tx_reads_from[increment] :]:
-                found += reply
-            values = [int(found[slot] or 0) for slot in enc.slots]  # IndexError if short
-            if increment:
-                enc.merge(values, mine[: len(enc.writes)])
-                stale = b" ".join(
-                    words
-                    for created, length, most, words in enc.tx_tops
-                    if mine[created] == 1 and mine[length] > most
-                )
-                if stale:
-                    trims.append((base, stale))
-            results.append(values)
-        for base, stale in trims:
-            self._run_script(self.trim_script, [base], [base, stale])
-        return results
-
     def _call_many(self, packed: bytes, count: int) -> list[Any]:
         """Send ``packed`` on this thread's connection (:meth:`_call`) and read ``count``
         replies, parsed by hiredis straight off the socket (redis-py's reading costs a few
@@ -549,9 +561,11 @@ class RedisBackend(Backend):
         conn = self._connection()
         local = self._local
         try:
-            conn.connect()
             sock = conn._sock
-            reader = getattr(local, "reader", None)
+            if sock is None:
+                conn.connect()
+                sock = conn._sock
+            reader = local.reader
             if reader is None:
                 reader = local.reader = hiredis.Reader() if hiredis else None
             if reader is None:  # no hiredis: redis-py parses, one reply at a time
@@ -582,57 +596,19 @@ class RedisBackend(Backend):
         except ResponseError as exc:
             return exc
 
-    def _window_args(self, ops: Sequence[Op]) -> tuple[list[bytes], list[bytes]]:
-        keys: list[bytes] = []
-        args: list[bytes] = []
-        prefix = self.key_prefix
-        for op in ops:
-            enc = cast(RedisEncoded, self.encoded(op.plan))
-            base = (prefix + op.namespace).encode()
-            keys.append(base + enc.reads[-1])
-            if op.undo is None:
-                undo_hash = undo_keys = b""
-            else:
-                taken = cast(RedisEncoded, self.encoded(op.undo))
-                undo_hash, undo_keys = taken.undo_hash, taken.undo_keys
-            if op.increment:
-                args += (base, undo_hash, undo_keys, enc.top_writes, enc.hash_writes)
-                args += (enc.key_writes, enc.trims, enc.hash_reads, enc.key_reads)
-            else:
-                args += (base, undo_hash, undo_keys, b"", b"", b"", b"")
-                args += (enc.hash_reads, enc.key_reads)
-        return keys, args
-
-    def _window_values(self, ops: Sequence[Op], reply: bytes) -> list[list[int]]:
-        """Each op's values (in the order of its plan's reads) from the script's reply, the
-        written buckets' taken from their increments (:meth:`Encoded.merge`)."""
-        tokens = reply.split()
-        results = []
-        at = 0
-        for op in ops:
-            enc = cast(RedisEncoded, self.encoded(op.plan))
-            if op.increment:
-                written = tokens[at : at + len(enc.writes)]
-                at += len(written)
-            found = tokens[at : at + enc.replied]
-            at += enc.replied
-            values = [int(found[slot]) for slot in enc.slots]  # IndexError if short
-            if op.increment:
-                enc.merge(values, written)
-            results.append(values)
-        if at != len(tokens):
-            raise BackendError(f"{len(tokens)} values in the reply, {at} expected")
-        return results
-
     def _meter_args(self, ops: Sequence[MeterOp], now_us: int) -> tuple[list[bytes], list[bytes]]:
+        """lua/meter.lua's KEYS and ARGV for ``ops``."""
         keys, args = [], [b"%d" % now_us]
         for op in ops:
+            m = op.meter
             keys.append((self.key_prefix + op.namespace + gcra.SUFFIX).encode())
-            args += _meter_args(op.meter)
+            n = m.rate.count or 1  # a count of 0 never admits: the script only reads
+            q, rem = divmod(m.interval, n)
+            tau_a, tau_r = divmod(m.tau, n)
+            args += [b"%d" % m.rate.count, b"%d" % q, b"%d" % rem, b"%d" % tau_a, b"%d" % tau_r]
             if op.take_back is not None:
                 written = op.take_back.written
-                taken = b"" if written is None else gcra.encode(op.meter, written)
-                args += [b"u", taken]
+                args += [b"u", b"" if written is None else gcra.encode(m, written)]
             else:
                 args += [b"c" if op.increment else b"l", b""]
         return keys, args
@@ -687,21 +663,19 @@ class RedisClusterBackend(RedisBackend):
     Select it with ``RATELIMIT_BACKEND = "ratelimit_app.backends.redis.RedisClusterBackend"``;
     ``LOCATION`` of the ``RATELIMIT_USE_CACHE`` alias names one node of the cluster
     (``redis://host:port``; a list: the first), from which the client learns the others.
-    The scripts and the key layout are :class:`RedisBackend`'s: every key of a subject carries
-    its hash tag, so a subject's buckets live in one slot, and the subjects of a request are
-    checked by one script call per slot (a cluster refuses a call whose keys span slots).
-    A request whose rules count two subjects on two slots makes two round trips.
+    The commands and the key layout are :class:`RedisBackend`'s: every key of a subject
+    carries its hash tag, so a subject's buckets live in one slot, and the subjects of a
+    request are checked by one transaction (and one script call) per slot: a cluster refuses
+    one whose keys span slots.
 
     The client connects (and learns the cluster's slots) on first use, not when the backend
     is built: a cluster that cannot be reached fails that check, and the next ones fail at
-    once for ``RATELIMIT_DEAD_RETRY`` seconds, like any backend that failed. redis-py's
+    once for ``base.DEAD_RETRY`` seconds, like any backend that failed. redis-py's
     cluster client retries a failed node and refreshes its slot map, so a check can take
     longer than one socket timeout: async views run it in a thread, off the event loop.
     """
 
     inline_ok = False
-    #: redis-py's cluster client routes each script call to its slot's node.
-    transactions = False
 
     def _open_client(self) -> None:
         """Nothing to open yet: the cluster client reads the slot map from a node when it
@@ -730,27 +704,43 @@ class RedisClusterBackend(RedisBackend):
             self._use(client)
             self.connected = True
 
-    def _exchange(
+    def _round_trip(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:
         self._connect()
-        return super()._exchange(ops, meters, now_us)
+        return super()._round_trip(ops, meters, now_us)
+
+    def _exchange(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply], list[Trim]]:
+        """A transaction and a script call per slot, each routed to its node by redis-py."""
+        trims: list[Trim] = []
+
+        def transaction(chosen: list[Op]) -> list[list[int]]:
+            jobs = [self._job(op) for op in chosen]
+            pipe = self.client.pipeline(transaction=True)
+            for enc, undo, base, increment in jobs:
+                if undo is not None:
+                    pipe.execute_command(*_resolved(undo.commands[TAKE_BACK][0], base))
+                for command in enc.commands[increment]:
+                    pipe.execute_command(*_resolved(command, base))
+            values, stale = self._window_values(jobs, pipe.execute())
+            trims.extend(stale)
+            return values
+
+        def meter(chosen: list[MeterOp]) -> list[MeterReply]:
+            return self._meter_replies(
+                chosen, self.meter_script(*self._meter_args(chosen, now_us))
+            )
+
+        return _by_slot(ops, transaction), _by_slot(meters, meter), trims
+
+    def _trim(self, base: bytes, stale: bytes) -> None:
+        self.trim_script(keys=[base], args=[stale])
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         self._connect()
         super().delete(namespace, suffixes)
-
-    def _groups(self, namespaces: Sequence[str]) -> list[list[int]]:
-        """One group per hash slot (a namespace is its subject's hash tag), in first-seen
-        order."""
-        by_slot: dict[int, list[int]] = {}
-        for i, ns in enumerate(namespaces):
-            by_slot.setdefault(key_slot(ns.encode()), []).append(i)
-        return list(by_slot.values())
-
-    def _evaluate(self, calls: list[tuple[Any, list[bytes], list[bytes]]]) -> list[Any]:
-        """Each call on its own, routed to the node of its slot by redis-py."""
-        return [script(keys=keys, args=args) for script, keys, args in calls]
 
     def _close_client(self) -> None:
         if self.connected:

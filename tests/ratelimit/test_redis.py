@@ -235,24 +235,23 @@ def test_the_cluster_backend_keeps_its_parents_constructor(redis_cache: str) -> 
 
 
 def test_the_scripts_are_the_lua_files_of_the_package(redis_cache: str) -> None:
-    """Each script is read from ``ratelimit_app/backends/lua/`` at import (the fragment
-    ``drop_stale`` in front of the two scripts that call it), and Redis compiles each:
-    a mistake in a file fails here, not only in the checks that happen to run it."""
+    """Each script is read from ``ratelimit_app/backends/lua/`` at import, and Redis
+    compiles each: a mistake in a file fails here, not only in the checks that happen to run
+    it."""
     from ratelimit_app.backends import redis as redis_backend
 
     lua = resources.files("ratelimit_app.backends") / "lua"
     text = {p.name: p.read_text(encoding="utf-8") for p in lua.iterdir()}
-    assert sorted(text) == ["drop_stale.lua", "meter.lua", "trim.lua", "window.lua"]
-    window, meter, trim = (
-        redis_backend.SCRIPT,
+    assert sorted(text) == ["meter.lua", "take_back.lua", "trim.lua"]
+    take_back, meter, trim = (
+        redis_backend.TAKE_BACK_SCRIPT,
         redis_backend.METER_SCRIPT,
         redis_backend.TRIM_SCRIPT,
     )
-    assert window == text["drop_stale.lua"] + text["window.lua"]
-    assert trim == text["drop_stale.lua"] + text["trim.lua"]
+    assert (take_back, trim) == (text["take_back.lua"], text["trim.lua"])
     assert "MARGIN_MS" in text["meter.lua"]
     margin = f"local margin = {gcra.TTL_MARGIN * 1000 + 1}\n"
     assert meter == text["meter.lua"].replace("local margin = MARGIN_MS\n", margin)
     client = caches["rl"].client.get_client()  # type: ignore[attr-defined]
-    for script in (window, meter, trim):
+    for script in (take_back, meter, trim):
         assert client.script_load(script) == hashlib.sha1(script.encode()).hexdigest()

@@ -114,7 +114,7 @@ def ruleset(*raw: dict[str, Any]) -> RuleSet:
     return RuleSet(found)
 
 
-def names(matched: list[rules.Rule]) -> list[str]:
+def names(matched: list[rules.CompiledRule]) -> list[str]:
     return [r.name for r in matched]
 
 

@@ -1,7 +1,23 @@
--- Drops the stale fields of a subject's hashes, for the checks sent as a transaction
--- (RedisBackend._transaction), which cannot decide on a reply inside their round trip.
--- Follows drop_stale.lua. KEYS[1] routes the call (it carries the subject's hash tag),
--- ARGV[1] is the subject's key base, ARGV[2] "hash fine coarse ...", as ARGV[7] of
--- window.lua.
-drop_stale(ARGV[1], ARGV[2])
+-- Drops the stale fields of a subject's hashes, after a check's transaction created a
+-- coarse bucket in a hash that holds more fields than three windows need (redis.py).
+--
+-- KEYS[1] is the subject's key base (it carries the subject's hash tag). ARGV[1] is
+-- "hash fine coarse ...": in the hash base .. hash, the fine fields (an index) before fine
+-- and the coarse fields ("x" and an index) before coarse are deleted.
+local base = KEYS[1]
+for hash, fine, coarse in string.gmatch(ARGV[1], "(%S+) (%S+) (%S+)") do
+  local key = base .. hash
+  local before, coarse_before = tonumber(fine), tonumber(coarse)
+  local dropped = {}
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    local old
+    if string.byte(field) == 120 then  -- "x": a coarse bucket
+      old = tonumber(string.sub(field, 2)) < coarse_before
+    else
+      old = tonumber(field) < before
+    end
+    if old then dropped[#dropped + 1] = field end
+  end
+  if #dropped > 0 then redis.call('HDEL', key, unpack(dropped)) end
+end
 return 0
