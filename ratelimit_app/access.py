@@ -3,7 +3,7 @@
 Entries are strings:
 
 * an IP address or a CIDR network, IPv4 or IPv6 (``'203.0.113.7'``, ``'10.0.0.0/8'``,
-  ``'2001:db8::/32'``), matched against the client IP (:func:`ratelimit_app.keys.client_ip`,
+  ``'2001:db8::/32'``), matched against the client IP (:func:`ratelimit_app.addresses.client_ip`,
   before masking); IPv4-mapped IPv6 addresses and networks (``'::ffff:10.0.0.0/104'``) are
   the IPv4 ones they map, on either side;
 * ``'user:<pk>'``, matched against ``request.user.pk``;
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import keys
+from ratelimit_app import addresses, keys
 
-IPNetwork = keys.IPNetwork
+IPNetwork = addresses.IPNetwork
 logger = logging.getLogger("ratelimit_app")
 
 
@@ -50,7 +50,7 @@ class AccessList:
         if ip in self._ips:  # the common entry, a single address: a set lookup
             return True
         # Spaces and the IPv4-mapped form (a dual-stack socket's) do not change the address.
-        addr = keys.parse_address(ip)
+        addr = addresses.parse_address(ip)
         if addr is None:
             return False
         return any(addr in net for net in self.networks)
@@ -82,7 +82,7 @@ def parse_entry(entry: object) -> tuple[str, object]:
             raise ImproperlyConfigured(f"allow/deny entry {entry!r} is not an email address.")
         return "email", address
     try:
-        return "network", keys.unmap_network(ipaddress.ip_network(text, strict=False))
+        return "network", addresses.unmap_network(ipaddress.ip_network(text, strict=False))
     except ValueError as exc:
         raise ImproperlyConfigured(
             f"allow/deny entry {entry!r} is not an IP, a CIDR network, 'user:<id>' or an "

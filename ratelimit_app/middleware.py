@@ -40,7 +40,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import enforce, keys, responses, store
+from ratelimit_app import addresses, enforce, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.enforce import Decision
@@ -112,7 +112,7 @@ def _listed(
     allow, deny = current.allow, current.deny
     if not (allow.networks or allow.users or deny.networks or deny.users):
         return None
-    address = keys.client_address(request) if allow.networks or deny.networks else None
+    address = addresses.client_address(request) if allow.networks or deny.networks else None
     if deny.has_ip(address) or deny.has_user(request):
         return responses.denied(request)
     if rules and (allow.has_ip(address) or allow.has_user(request)):

@@ -13,12 +13,12 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import ALL, clock, gcra, keys, limits, rates, sources, store, windows
+from ratelimit_app import ALL, addresses, clock, gcra, keys, limits, rates, sources, store, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict
 from ratelimit_app.gcra import SLIDING_WINDOW
-from ratelimit_app.keys import namespace
 from ratelimit_app.limits import Limit, Method
+from ratelimit_app.namespaces import namespace
 from ratelimit_app.rules import CompiledRule
 
 __all__ = ["Target", "find_limit", "lookup", "reset", "target"]
@@ -126,7 +126,7 @@ def target(
         return None
     fallback = None
     if limit.kind not in ("ip", "user_or_ip"):
-        fallback = keys.mask_ip(subject)
+        fallback = addresses.mask_ip(subject)
     return Target(limit, limit.static_rates, value, fallback)
 
 

@@ -31,7 +31,7 @@ from ratelimit_app import declared
 from ratelimit_app.access import AccessList, merge
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import affects_limiter, conf
-from ratelimit_app.keys import namespace
+from ratelimit_app.namespaces import namespace
 from ratelimit_app.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.windows import Plan
 

@@ -55,6 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 
 from ratelimit_app import (
     ALL,
+    addresses,
     clock,
     enforce,
     keys,
@@ -136,11 +137,11 @@ class BaseThrottle(drf_throttling.BaseThrottle):
         num_proxies = api_settings.NUM_PROXIES
         if num_proxies is None:
             try:
-                return keys.client_ip(request)
+                return addresses.client_ip(request)
             except ImproperlyConfigured:  # no address: allow_request says what to do
                 self._no_ident = True
                 return None
-        masked = keys.mask_ip(_forwarded(request.META, num_proxies))
+        masked = addresses.mask_ip(_forwarded(request.META, num_proxies))
         self._no_ident = masked is None
         return masked
 
@@ -154,11 +155,15 @@ def _forwarded(meta: Any, num_proxies: int) -> str:
     xff = meta.get("HTTP_X_FORWARDED_FOR")
     if num_proxies == 0 or xff is None:
         return remote
-    if conf.TRUSTED_PROXIES and keys.parse_address(remote) and not keys.trusted_proxy(remote):
+    if (
+        conf.TRUSTED_PROXIES
+        and addresses.parse_address(remote)
+        and not addresses.trusted_proxy(remote)
+    ):
         return remote
     hops = xff.split(",")
     hop = hops[-min(num_proxies, len(hops))]
-    return hop if keys.parse_address(hop) else remote
+    return hop if addresses.parse_address(hop) else remote
 
 
 def _num_proxies_problem(value: object) -> str | None:

@@ -31,6 +31,8 @@ LAYERS: dict[str, dict[str, int]] = {
         "refusals": 0,
         "windows": 1,
         "gcra": 1,
+        "addresses": 1,
+        "namespaces": 1,
         "keys": 1,
         "limits": 2,
         "access": 2,

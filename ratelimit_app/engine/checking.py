@@ -15,8 +15,8 @@ from ratelimit_app.engine.memory import remember
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, Moment, Step
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.keys import namespace
 from ratelimit_app.limits import Check
+from ratelimit_app.namespaces import namespace
 from ratelimit_app.signals import backend_failed
 
 logger = logging.getLogger("ratelimit_app")

@@ -25,7 +25,7 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates, store
+from ratelimit_app import ALL, UNSAFE, addresses, gcra, limits, rates, store
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.limits import Limit, LimitError, Method
 from ratelimit_app.operations import Target, target
@@ -82,7 +82,7 @@ class Named:
                 "The subject is empty: give the IP address, email address or user id whose "
                 f"counters to use ({self} is keyed by {self.key_kind})."
             )
-        if self.key_kind == "ip" and keys.mask_ip(subject) is None:
+        if self.key_kind == "ip" and addresses.mask_ip(subject) is None:
             raise CommandError(f"{subject!r} is not an IP address, and {self} is keyed by IP.")
         try:
             found = self.apply(target, subject)

@@ -14,7 +14,7 @@ from django.test import RequestFactory, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import keys
+from ratelimit_app import addresses, keys, namespaces
 from ratelimit_app.keys import namespace
 
 rf = RequestFactory()
@@ -482,12 +482,12 @@ def test_masking_is_the_network_address_of_the_mask(
     assert addr is not None
     mask = v4_mask if addr.version == 4 else v6_mask
     expected = ipaddress.ip_network(f"{addr}/{mask}", strict=False).network_address
-    assert keys._masked(str(address), v4_mask, v6_mask) == str(expected)
+    assert addresses._masked(str(address), v4_mask, v6_mask) == str(expected)
 
 
 def _masked_slowly(ip: str) -> str | None:
-    """What :func:`keys._masked` answers for an unmasked address, by ``ipaddress``."""
-    addr = keys._parse_address(ip)
+    """What :func:`addresses._masked` answers for an unmasked address, by ``ipaddress``."""
+    addr = addresses._parse_address(ip)
     return None if addr is None else str(addr)
 
 
@@ -500,15 +500,15 @@ TRICKY_IPV4 = [
 
 @pytest.mark.parametrize("ip", TRICKY_IPV4)
 def test_the_ipv4_fast_path_answers_as_ipaddress_does(ip: str) -> None:
-    keys._masked.cache_clear()
-    assert keys._masked(ip, 32, 128) == _masked_slowly(ip)
+    addresses._masked.cache_clear()
+    assert addresses._masked(ip, 32, 128) == _masked_slowly(ip)
 
 
 @given(st.ip_addresses(v=4).map(str) | st.text(alphabet="0123456789.x: ", max_size=18))
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_the_ipv4_fast_path_agrees_on_any_text(ip: str) -> None:
-    keys._masked.cache_clear()
-    assert keys._masked(ip, 32, 128) == _masked_slowly(ip)
+    addresses._masked.cache_clear()
+    assert addresses._masked(ip, 32, 128) == _masked_slowly(ip)
 
 
 def test_trusted_proxies_are_read_again_when_the_setting_changes() -> None:
@@ -555,7 +555,7 @@ def test_trusted_proxy_memo_holds_no_long_strings() -> None:
     with override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"]):
         assert keys.trusted_proxy(" " * 100 + "10.0.0.1 ")
         assert not keys.trusted_proxy("10.0.0.1" + "0" * 100)
-        assert all(len(ip) <= keys.MAX_ADDRESS_LENGTH for ip in keys._trusted)
+        assert all(len(ip) <= addresses.MAX_ADDRESS_LENGTH for ip in addresses._trusted)
 
 
 def test_a_json_body_is_parsed_once_whatever_the_number_of_keys(
@@ -591,9 +591,9 @@ def test_a_json_body_is_parsed_once_whatever_the_number_of_keys(
 def _retained(call: Callable[[int], object], n: int = 300) -> int:
     """Bytes still allocated after ``call(i)`` for each ``i < n``: what memos kept (emptied
     first, so that none is full and forgets as much as it keeps)."""
-    keys._parse_address.cache_clear()
-    keys._masked.cache_clear()
-    keys._namespaces.clear()
+    addresses._parse_address.cache_clear()
+    addresses._masked.cache_clear()
+    namespaces._namespaces.clear()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -656,9 +656,9 @@ def test_the_namespace_memo_remembers_no_long_values() -> None:
         keys.namespace("g", "post:name", f"{i:05d}" + "\U0001f600" * 300)
 
     assert _retained(call, 1000) < 300_000
-    long_value = "v" * (keys.NAMESPACE_MEMO_VALUE + 1)
+    long_value = "v" * (namespaces.NAMESPACE_MEMO_VALUE + 1)
     assert keys.namespace("g", "k", long_value) == keys.namespace("g", "k", long_value)
-    assert ("g", "k", long_value) not in keys._namespaces
+    assert ("g", "k", long_value) not in namespaces._namespaces
     derived = keys.derived("long", b"x")
     keys.namespace("g", "k", derived)
-    assert ("g", "k", derived) in keys._namespaces  # derived subjects are remembered
+    assert ("g", "k", derived) in namespaces._namespaces  # derived subjects are remembered

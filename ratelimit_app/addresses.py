@@ -1,0 +1,201 @@
+"""The client's address: ``REMOTE_ADDR`` or ``RATELIMIT_IP_META_KEY``, ``X-Forwarded-For``
+read right to left past ``RATELIMIT_TRUSTED_PROXIES``, IPv4-mapped addresses as IPv4, and
+masks (a client holds a whole IPv6 /64). Pure functions of the request and the settings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from functools import lru_cache
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.http import HttpRequest
+from django.utils.module_loading import import_string
+
+from ratelimit_app.conf import affects_limiter, conf
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_address(text: str) -> IPAddress | None:
+    """The address ``text`` holds (surrounding spaces ignored), an IPv4-mapped IPv6 address
+    (``::ffff:192.0.2.1``, what a dual-stack socket reports for an IPv4 peer) as its IPv4
+    address; None when it holds none. Every comparison of addresses goes through it."""
+    if len(text) > MAX_ADDRESS_LENGTH:
+        text = text.strip()
+        if len(text) > MAX_ADDRESS_LENGTH:  # no address; not remembered (a client's text)
+            return None
+    return _parse_address(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_address(text: str) -> IPAddress | None:
+    # Parsing an address costs microseconds; the same clients come back, so remember.
+    try:
+        addr = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def unmap_network(network: IPNetwork) -> IPNetwork:
+    """An IPv4-mapped IPv6 network (``::ffff:10.0.0.0/104``) as the IPv4 network it maps
+    (``10.0.0.0/8``), so it matches the addresses :func:`parse_address` gives; other networks
+    unchanged."""
+    if isinstance(network, ipaddress.IPv6Network) and network.prefixlen >= 96:
+        mapped = network.network_address.ipv4_mapped
+        if mapped is not None:
+            return ipaddress.IPv4Network((mapped, network.prefixlen - 96))
+    return network
+
+
+def mask_ip(ip: str) -> str | None:
+    """``ip`` masked by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK``; None if invalid."""
+    if len(ip) > MAX_ADDRESS_LENGTH:
+        ip = ip.strip()
+        if len(ip) > MAX_ADDRESS_LENGTH:  # no address; not remembered (a client's text)
+            return None
+    return _masked(ip, conf.IPV4_MASK, conf.IPV6_MASK)
+
+
+@lru_cache(maxsize=4096)
+def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
+    if v4_mask == 32:
+        # A plain IPv4 address, unmasked, is its own answer: the C parser (0.7 us) instead
+        # of ipaddress (5 us), for the first request of every new client. inet_pton rejects
+        # what ipaddress rejects (leading zeros, short forms, spaces); printing it back equal
+        # means the text is already the canonical form ipaddress would give.
+        try:
+            if socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip:
+                return ip
+        except (OSError, ValueError):  # not IPv4 (ValueError: an embedded NUL)
+            pass
+    addr = _parse_address(ip)
+    if addr is None:
+        return None
+    bits = addr.max_prefixlen
+    drop = bits - (v6_mask if bits == 128 else v4_mask)
+    if drop <= 0:  # the usual IPv4 mask, 32: the address itself
+        return str(addr)
+    # The network address by integer masking: a new client's first request costs half as
+    # much as building an ip_network (the quiet subjects of a flood are all new).
+    return str(type(addr)(int(addr) >> drop << drop))
+
+
+#: ``trusted_proxy``'s answers by address (forgotten when settings change; starts over when
+#: full). A memo of its own: an ``lru_cache`` keyed on the networks too would hash every
+#: network, in Python, on every call.
+_trusted: dict[str, bool] = {}
+TRUSTED_MEMO = 4096
+#: Longer than any IP address in text (an IPv6 address with a zone is at most 63).
+MAX_ADDRESS_LENGTH = 64
+
+
+def trusted_proxy(ip: str) -> bool:
+    """True when ``ip`` is one of ``RATELIMIT_TRUSTED_PROXIES``."""
+    ip = ip.strip()
+    if len(ip) > MAX_ADDRESS_LENGTH:  # no address: not remembered (a header is the client's)
+        return False
+    found = _trusted.get(ip)
+    if found is None:
+        addr = _parse_address(ip)
+        found = addr is not None and any(
+            addr in unmap_network(net) for net in conf.TRUSTED_PROXIES
+        )
+        if len(_trusted) >= TRUSTED_MEMO:
+            _trusted.clear()
+        _trusted[ip] = found
+    return found
+
+
+def client_ip(request: HttpRequest) -> str:
+    """The client's address, masked by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK``.
+
+    ``RATELIMIT_IP_META_KEY`` works as in django-ratelimit (a META key, a callable or a dotted
+    path). Otherwise ``REMOTE_ADDR``, and only when that peer is one of
+    ``RATELIMIT_TRUSTED_PROXIES`` is ``X-Forwarded-For`` read, right to left, skipping the
+    trusted proxies: the first untrusted address is the client. A client cannot spoof its way
+    past a proxy that appends to the header. IPv4-mapped IPv6 addresses are their IPv4
+    address. Raises ``ImproperlyConfigured`` when no valid address is found (see
+    :func:`client_address`).
+    """
+    masked = _masked(_address(request), conf.IPV4_MASK, conf.IPV6_MASK)
+    if masked is None:
+        raise ImproperlyConfigured(_no_address(request))
+    return masked
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address as :func:`client_ip` finds it, before masking.
+
+    Raises ``ImproperlyConfigured`` when there is none or it is not an IP address: the
+    server gives no ``REMOTE_ADDR`` (a Unix socket), or ``RATELIMIT_IP_META_KEY`` finds
+    nothing valid. django-ratelimit raises here too; counting such requests in one shared
+    bucket would let one client lock out everyone, and not limiting them at all would let
+    every client through.
+    """
+    address = _address(request)
+    if _parse_address(address) is None:
+        raise ImproperlyConfigured(_no_address(request))
+    return address
+
+
+def _source(request: HttpRequest) -> tuple[str, object]:
+    """Where the address comes from (for messages) and what it holds, unvalidated."""
+    meta_key = conf.IP_META_KEY
+    if not meta_key:
+        return "REMOTE_ADDR", request.META.get("REMOTE_ADDR")
+    if callable(meta_key):
+        raw = meta_key(request)
+    elif "." in meta_key:
+        raw = import_string(meta_key)(request)
+    else:
+        raw = request.META.get(meta_key)
+    return f"RATELIMIT_IP_META_KEY ({meta_key!r})", raw
+
+
+def _address(request: HttpRequest) -> str:
+    """The client's address, unvalidated (``''`` when there is none). Text a client may
+    have written (a header named by ``RATELIMIT_IP_META_KEY``, an ``X-Forwarded-For`` hop)
+    longer than any address is none: the address memos never keep it."""
+    raw = _source(request)[1]
+    text = raw.strip() if isinstance(raw, str) else ""
+    if conf.IP_META_KEY:
+        return text if len(text) <= MAX_ADDRESS_LENGTH else ""
+    if not conf.TRUSTED_PROXIES or not trusted_proxy(text):
+        return text
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    for hop in reversed(forwarded.split(",")[-32:]):
+        hop = hop.strip()
+        if hop and not trusted_proxy(hop):
+            # A proxy appends the address it saw, which is always valid; garbage here
+            # means a misconfigured proxy: count the proxy itself rather than no one.
+            valid = len(hop) <= MAX_ADDRESS_LENGTH and _parse_address(hop) is not None
+            return hop if valid else text
+    return text
+
+
+def _no_address(request: HttpRequest) -> str:
+    source, raw = _source(request)
+    found = "nothing" if not raw else f"{str(raw)[:60]!r}, not an IP address"
+    return (
+        f"ratelimit: no client IP address: {source} gave {found}. A limit keyed on the IP "
+        f"(or falling back to it for a missing value) cannot count this request. Set "
+        f"RATELIMIT_IP_META_KEY to the header your proxy sets (behind a proxy that "
+        f"reaches Django over a Unix socket), or serve Django over TCP so that the server "
+        f"fills REMOTE_ADDR, and list your proxies in RATELIMIT_TRUSTED_PROXIES. See "
+        f"https://django-bucketry.readthedocs.io/en/latest/security.html"
+    )
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if affects_limiter(setting):
+        _trusted.clear()

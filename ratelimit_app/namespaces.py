@@ -1,0 +1,41 @@
+"""A subject as the counters store it: a salted hash of its limit, kind and value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ratelimit_app.conf import affects_limiter, conf
+
+#: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
+#: the memo starts over when full. A value is the client's text: one longer than an
+#: address, an email or a derived subject is hashed again rather than remembered.
+NAMESPACE_MEMO = 8192
+NAMESPACE_MEMO_VALUE = 80
+_namespaces: dict[tuple[str, str, str], str] = {}
+
+
+def namespace(group: str, kind: str, value: str) -> str:
+    """The hashed, hash-tagged part of a key: no raw IP or email ever reaches the cache.
+
+    The hash is salted with a value derived from ``SECRET_KEY``, so a key read off the cache
+    cannot be reversed by hashing every IPv4 address. Recent subjects are remembered in the
+    process, never stored elsewhere (forgotten when the salt or the hash may have changed).
+    """
+    found = _namespaces.get((group, kind, value))
+    if found is None:
+        raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
+        found = "{" + conf.HASH(raw).hexdigest()[:32] + "}"
+        if len(value) <= NAMESPACE_MEMO_VALUE:
+            if len(_namespaces) >= NAMESPACE_MEMO:
+                _namespaces.clear()
+            _namespaces[group, kind, value] = found
+    return found
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if affects_limiter(setting):
+        _namespaces.clear()
