@@ -113,23 +113,26 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
 
 #: Each limit's ``RateLimit-Policy`` entry, by its label and the identity of its rates (a
 #: limit's rates are one object for the life of the rule): (rates, capacity, the entry).
-_POLICIES: dict[tuple[str | None, int], tuple[Any, int | None, str]] = {}
+_POLICIES: dict[tuple[str | None, int], tuple[Any, int | None, str, tuple[str, ...]]] = {}
 
 
-def _limit_policy(label: str | None, rates: tuple[Any, ...], capacity: int | None) -> str:
+def _limit_policy(
+    label: str | None, rates: tuple[Any, ...], capacity: int | None
+) -> tuple[str, tuple[str, ...]]:
     """The ``RateLimit-Policy`` entry of a limit's rates (a leaky bucket's quota is its
-    capacity), formatted once per rule."""
+    capacity) and each rate's name in the ``RateLimit`` header, formatted once per rule."""
     key = (label, id(rates))
     found = _POLICIES.get(key)
     if found is None or found[0] is not rates or found[1] != capacity:
+        names = tuple([_name(label, r.text) for r in rates])
         text = ", ".join(
-            f"{_name(label, r.text)};q={r.count if capacity is None else capacity};w={r.seconds}"
-            for r in rates
+            f"{name};q={r.count if capacity is None else capacity};w={r.seconds}"
+            for name, r in zip(names, rates, strict=True)
         )
         if len(_POLICIES) >= 1024:
             _POLICIES.clear()
-        found = _POLICIES[key] = (rates, capacity, text)
-    return found[2]
+        found = _POLICIES[key] = (rates, capacity, text, names)
+    return found[2], found[3]
 
 
 def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
@@ -142,13 +145,19 @@ def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
             continue
         meter = r.meter
         capacity = None if meter is None else meter.meter.capacity
-        policy.append(_limit_policy(d.name, d.check.rates, capacity))
-        u = r.binding()
+        text, names = _limit_policy(d.name, d.check.rates, capacity)
+        policy.append(text)
+        usages = r.usages
+        if len(usages) == 1:
+            u, name = usages[0], names[0]
+        else:  # each rate's usage is in the order of the rates
+            u = r.binding()
+            name = names[[x is u for x in usages].index(True)]
         if r.limited:
             remaining, wait = 0, max(1, math.ceil(u.retry_after))
         else:
-            remaining, wait = u.remaining, math.ceil(u.reset)
-        state.append(f"{_name(d.name, u.rate.text)};r={remaining};t={max(0, int(wait))}")
+            remaining, wait = u.remaining, max(0, math.ceil(u.reset))
+        state.append(f"{name};r={remaining};t={wait}")
     if not policy:
         return {}
     return {"RateLimit-Policy": ", ".join(policy), "RateLimit": ", ".join(state)}
