@@ -193,7 +193,8 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
     def __getitem__(self, name: str) -> dict[str, Any]:
         d = self._decisions.get(name)
         if d is None:
-            return dict(self._earlier[name])
+            found: dict[str, Any] = self._earlier[name]
+            return found
         usage = d.usage()
         assert usage is not None  # only decided limits are listed
         return usage
@@ -212,15 +213,10 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
 def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     """``request.ratelimit_usage`` and ``request.limited``, for the view (docs/rules:
     "Rules that do not block")."""
-    decided: dict[Any, Decision] = {}  # a rule's decision is named
-    limited = False
-    for d in verdict.decisions:
-        if d.result is not None:
-            decided[d.name] = d
-            limited = limited or d.result.limited
+    decided: dict[Any, Decision] = {d.name: d for d in verdict.decisions if d.result is not None}
     earlier = getattr(request, "ratelimit_usage", None) or {}
     request.ratelimit_usage = UsageByRule(decided, earlier)  # type: ignore[attr-defined]
-    request.limited = limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
+    request.limited = verdict.limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
 
 
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:

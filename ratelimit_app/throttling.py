@@ -462,7 +462,7 @@ def _decided(
             return waiting.pop(0)
         batch = [decision]  # the view's check has run: this one is extra, decided alone
     else:
-        batch = _view_decisions(throttle, decision, request, view)
+        batch = _view_decisions(decision, request, view)
         dispatch = _Dispatch()
         with contextlib.suppress(AttributeError):  # a request that takes no attribute
             setattr(request, STASH, dispatch)
@@ -481,11 +481,9 @@ def _dispatch(request: Any) -> _Dispatch | None:
     return found
 
 
-def _view_decisions(
-    leader: SimpleRateThrottle, decision: Decision, request: Any, view: Any
-) -> list[Decision]:
-    """What every throttle of ours on ``view`` decides for the request (``leader``'s
-    ``decision`` among them), as the view's ``get_throttles()`` makes them."""
+def _view_decisions(decision: Decision, request: Any, view: Any) -> list[Decision]:
+    """What every throttle of ours on ``view`` decides for the request (``decision``, the
+    asking throttle's, among them), as the view's ``get_throttles()`` makes them."""
     if not _several_throttles(view):
         return [decision]
     found = []

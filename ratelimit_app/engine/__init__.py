@@ -10,7 +10,7 @@ hit is taken back; a refusal whose wait is exact is remembered by this process
 
 from __future__ import annotations
 
-from ratelimit_app.engine.checking import check_many, exchange, report_failure, take_back
+from ratelimit_app.engine.checking import check_many, report_failure, take_back
 from ratelimit_app.engine.memory import (
     REFUSALS,
     refusal_key,
@@ -27,7 +27,6 @@ __all__ = [
     "Check",
     "Result",
     "check_many",
-    "exchange",
     "failure_dict",
     "meter_result",
     "recall_many",
