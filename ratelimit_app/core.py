@@ -2,7 +2,8 @@
 
 Same signatures and return values as django-ratelimit 4.1's ``django_ratelimit.core``, so a
 project moves over by changing the import. The limit is validated
-(:func:`ratelimit_app.limits.build`) and checked by the engine (:mod:`ratelimit_app.engine`).
+(:func:`ratelimit_app.config.limits.build`) and checked by the engine
+(:mod:`ratelimit_app.engine`).
 ``reset`` and ``lookup`` (:mod:`ratelimit_app.operations`) are importable from here too.
 """
 
@@ -15,13 +16,15 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, enforce, keys, limits, rates
-from ratelimit_app.conf import conf
-from ratelimit_app.enforce import Decision
-from ratelimit_app.engine import failure_dict
-from ratelimit_app.gcra import SLIDING_WINDOW
+from ratelimit_app import ALL, UNSAFE, keys
+from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
+from ratelimit_app.config import limits
+from ratelimit_app.config.conf import conf
+from ratelimit_app.config.limits import Limit, Method, method_set
+from ratelimit_app.engine import enforce, failure_dict
+from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.keys import get_header, user_or_ip
-from ratelimit_app.limits import Limit, Method, method_set
 from ratelimit_app.operations import lookup, reset
 
 __all__ = [
@@ -49,7 +52,7 @@ def group_name(fn: Callable[..., Any]) -> str:
 
 
 def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
-    """What counters are kept apart by (:func:`ratelimit_app.rates.scope`), for a method
+    """What counters are kept apart by (:func:`ratelimit_app.algorithms.rates.scope`), for a method
     spec as the decorators take it."""
     methods = method_set(method)
     return rates.scope(group, ",".join(sorted(methods)) if methods else "", rate_list)
@@ -90,7 +93,7 @@ def get_usage(
 def limit_usage(
     request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
 ) -> dict[str, Any] | None:
-    """:func:`get_usage` for a validated :class:`~ratelimit_app.limits.Limit`."""
+    """:func:`get_usage` for a validated :class:`~ratelimit_app.config.limits.Limit`."""
     decision = limit_decision(request, limit, increment, fail_open)
     if decision is None:
         return None
@@ -102,7 +105,7 @@ def limit_usage(
 def limit_decision(
     request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
 ) -> Decision | None:
-    """The decided :class:`~ratelimit_app.enforce.Decision` of ``limit`` for ``request``, or
+    """The decided :class:`~ratelimit_app.engine.enforce.Decision` of ``limit`` for ``request``, or
     None when no limit applies (another method, no rate) or the counters failed and the
     limit fails open.
 

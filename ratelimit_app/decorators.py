@@ -14,11 +14,13 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import ALL, UNSAFE, gcra, keys, limits, rates, responses
+from ratelimit_app import ALL, UNSAFE, keys, responses
+from ratelimit_app.algorithms import gcra, rates
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import conf
+from ratelimit_app.config import limits
+from ratelimit_app.config.conf import conf
+from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.core import group_name, limit_decision
-from ratelimit_app.limits import Limit, Method
 
 __all__ = ["ratelimit"]
 
@@ -58,7 +60,8 @@ def ratelimit(
     view is answered ``RATELIMIT_FAIL_CLOSED_STATUS`` (503, "service unavailable") as a
     fail-closed rule is, rather than a refusal that would blame the client.
 
-    ``algorithm="leaky_bucket"`` meters a leaky bucket instead (:mod:`ratelimit_app.gcra`):
+    ``algorithm="leaky_bucket"`` meters a leaky bucket instead
+    (:mod:`ratelimit_app.algorithms.gcra`):
     ``rate`` is its leak rate (one rate) and ``burst`` its capacity (default: the rate's
     count). A bad algorithm or burst is reported like a bad rate: system check E010, and
     ``ImproperlyConfigured`` when the view is called.

@@ -1,7 +1,8 @@
 """Request features ("keys"): who a limit counts. Pure functions of the request.
 
-The client's address is :mod:`ratelimit_app.addresses`' job, and the hashed namespace a
-subject is stored under is :mod:`ratelimit_app.namespaces`'; both are importable from here.
+The client's address is :mod:`ratelimit_app.identity.addresses`' job, and the hashed namespace a
+subject is stored under is :mod:`ratelimit_app.identity.namespaces`'; both are importable from
+here.
 
 Every extractor returns a string or ``None`` for "missing". Values are normalised before any
 rule about their length (stripped, NFKC, control and invisible characters removed), because
@@ -40,15 +41,15 @@ from django.utils.module_loading import import_string
 
 # Re-exported: the client's address and the namespaces were this module's once, and
 # projects' key functions import them from here.
-from ratelimit_app.addresses import IPAddress as IPAddress
-from ratelimit_app.addresses import IPNetwork as IPNetwork
-from ratelimit_app.addresses import client_address as client_address
-from ratelimit_app.addresses import client_ip as client_ip
-from ratelimit_app.addresses import mask_ip as mask_ip
-from ratelimit_app.addresses import parse_address as parse_address
-from ratelimit_app.addresses import trusted_proxy as trusted_proxy
-from ratelimit_app.addresses import unmap_network as unmap_network
-from ratelimit_app.namespaces import namespace as namespace
+from ratelimit_app.identity.addresses import IPAddress as IPAddress
+from ratelimit_app.identity.addresses import IPNetwork as IPNetwork
+from ratelimit_app.identity.addresses import client_address as client_address
+from ratelimit_app.identity.addresses import client_ip as client_ip
+from ratelimit_app.identity.addresses import mask_ip as mask_ip
+from ratelimit_app.identity.addresses import parse_address as parse_address
+from ratelimit_app.identity.addresses import trusted_proxy as trusted_proxy
+from ratelimit_app.identity.addresses import unmap_network as unmap_network
+from ratelimit_app.identity.namespaces import namespace as namespace
 
 #: Values longer than this (after normalising) are kept as a hash of themselves
 #: (:func:`derived`): a person's email or name is never this long.

@@ -4,7 +4,8 @@ Per request:
 
 1. Deny list: a denied IP or user gets 403 on every request, before any rule. An allowed IP
    or user skips every rule.
-2. The rules that match the request (:class:`~ratelimit_app.rules.RuleSet`: a request no rule
+2. The rules that match the request (:class:`~ratelimit_app.config.rules.RuleSet`: a request no
+rule
    covers costs a prefix test and nothing else). Emails on the lists are matched against
    the rules keyed on an email: a denied one gets 403, an allowed one skips those rules (the
    email is what the request claims, so the IP and user rules still apply).
@@ -40,13 +41,16 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import addresses, enforce, keys, responses, store
+from ratelimit_app import keys, responses
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import conf
-from ratelimit_app.enforce import Decision
+from ratelimit_app.config import store
+from ratelimit_app.config.conf import conf
+from ratelimit_app.config.limits import Subjects
+from ratelimit_app.config.rules import CompiledRule
+from ratelimit_app.engine import enforce
+from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.exceptions import Ratelimited
-from ratelimit_app.limits import Subjects
-from ratelimit_app.rules import CompiledRule
+from ratelimit_app.identity import addresses
 
 __all__ = ["RatelimitMiddleware"]
 

@@ -1,12 +1,12 @@
 """Rules and allow/deny entries kept in the database, edited in the admin.
 
 They apply together with ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMIT_DENY`` (see
-:mod:`ratelimit_app.store` for how a change reaches every process within a second or so,
+:mod:`ratelimit_app.config.store` for how a change reaches every process within a second or so,
 without a query per request). Validation is the settings' own: :func:`Rule.as_dict` goes
-through :func:`ratelimit_app.rules.parse_rule`, and an entry through
-:func:`ratelimit_app.access.parse_entry`, so the admin and the system checks never disagree.
+through :func:`ratelimit_app.config.rules.parse_rule`, and an entry through
+:func:`ratelimit_app.config.access.parse_entry`, so the admin and the system checks never disagree.
 A row is data, not code: its key is a built-in kind and its rate a literal
-(:mod:`ratelimit_app.limits`); nothing a row names is imported or called.
+(:mod:`ratelimit_app.config.limits`); nothing a row names is imported or called.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import access, declared, gcra, rules
+from ratelimit_app.algorithms import gcra
+from ratelimit_app.config import access, declared, rules
 
 
 def _lines(text: str) -> list[str]:

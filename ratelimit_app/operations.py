@@ -13,13 +13,16 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import ALL, addresses, clock, gcra, keys, limits, rates, sources, store, windows
+from ratelimit_app import ALL, clock, keys
+from ratelimit_app.algorithms import gcra, rates, windows
+from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import get_backend
+from ratelimit_app.config import limits, sources, store
+from ratelimit_app.config.limits import Limit, Method
+from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict
-from ratelimit_app.gcra import SLIDING_WINDOW
-from ratelimit_app.limits import Limit, Method
-from ratelimit_app.namespaces import namespace
-from ratelimit_app.rules import CompiledRule
+from ratelimit_app.identity import addresses
+from ratelimit_app.identity.namespaces import namespace
 
 __all__ = ["Target", "find_limit", "lookup", "reset", "target"]
 
@@ -73,7 +76,8 @@ def find_limit(
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
 ) -> Limit:
-    """The limit a rule (a :class:`~ratelimit_app.rules.CompiledRule`, or the name of a rule in
+    """The limit a rule (a :class:`~ratelimit_app.config.rules.CompiledRule`, or the name of a
+    rule in
     force) or a decorator's group (with the decorator's ``key``, ``rate``, ``method``,
     ``algorithm`` and ``burst``) counts with. Raises ``ValueError`` when there is none."""
     if isinstance(rule_or_group, Limit):

@@ -40,9 +40,9 @@ from django.template import loader
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends import base
-from ratelimit_app.conf import conf
-from ratelimit_app.enforce import Decision
-from ratelimit_app.limits import Limit
+from ratelimit_app.config.conf import conf
+from ratelimit_app.config.limits import Limit
+from ratelimit_app.engine.enforce import Decision
 
 logger = logging.getLogger("ratelimit_app")
 

@@ -51,7 +51,7 @@ def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
 
 
 def forget_refusals() -> None:
-    """Forget every refusal this process remembers (:mod:`ratelimit_app.refusals`).
+    """Forget every refusal this process remembers (:mod:`ratelimit_app.algorithms.refusals`).
 
     Needed only by tests that turn the memory on (:func:`remember_refusals`): inside Django's
     test environment nothing is remembered, so ``cache.clear()`` resets every limit, as in

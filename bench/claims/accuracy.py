@@ -13,7 +13,8 @@ Limiters:
   django-ratelimit shifts each key's boundaries by ``crc32(key) % period``; that only moves
   the edges, so edges are simulated at multiples of W and bursts are placed on them.
 * **ours** (uniform and hierarchical layouts): the real bucket logic of
-  :mod:`ratelimit_app.windows`, run over an in-memory dict of counters, as ``engine.check``
+  :mod:`ratelimit_app.algorithms.windows`, run over an in-memory dict of counters, as
+  ``engine.check``
   runs it: increment, read, evaluate, and take the increment back when the hit is refused.
 * **ours, refused hits counted**: the same without taking refused hits back (what
   django-ratelimit's counter does, and what ratelimit_app did before it took them back), with
@@ -30,8 +31,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ratelimit_app import windows
-from ratelimit_app.rates import Rate
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.rates import Rate
 
 SEED = 20261122
 

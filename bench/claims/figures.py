@@ -1,8 +1,9 @@
 """The figure of ``docs/concepts`` (``docs/_static/algorithms.svg``), drawn from the real logic.
 
 One trace of requests goes to both algorithms at once: the sliding window (through
-:mod:`ratelimit_app.windows`, as :class:`bench.claims.accuracy.Buckets` runs it) and the leaky
-bucket (through :mod:`ratelimit_app.gcra`). The upper panel plots how many admitted
+:mod:`ratelimit_app.algorithms.windows`, as :class:`bench.claims.accuracy.Buckets` runs it) and
+the leaky
+bucket (through :mod:`ratelimit_app.algorithms.gcra`). The upper panel plots how many admitted
 requests the last ``W`` seconds hold, the lower one the bucket's level; dots are admitted
 requests, crosses refused ones. ``tests/test_bench.py`` checks that the committed file is
 what this module draws.
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from bench.claims.accuracy import Buckets
 from bench.common import configure_django
-from ratelimit_app import gcra
-from ratelimit_app.rates import Rate
+from ratelimit_app.algorithms import gcra
+from ratelimit_app.algorithms.rates import Rate
 
 PATH = Path(__file__).resolve().parents[2] / "docs" / "_static" / "algorithms.svg"
 #: Both algorithms: 4 per 10 s (the leaky bucket: one leaks out every 2.5 s, capacity 4).

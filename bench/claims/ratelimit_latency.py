@@ -256,8 +256,8 @@ def contenders(backend: str) -> list[Contender]:
     from django_ratelimit.core import get_usage as peer_usage
     from django_smart_ratelimit.key_functions import generate_key
 
+    from ratelimit_app.algorithms.rates import parse
     from ratelimit_app.core import get_usage as our_usage
-    from ratelimit_app.rates import parse
 
     three = ";".join(THREE_RATES)
     g = f"bench-{backend}"
@@ -355,7 +355,7 @@ def contenders(backend: str) -> list[Contender]:
 
 @contextmanager
 def _mode(hierarchical: bool) -> Iterator[None]:
-    from ratelimit_app import windows
+    from ratelimit_app.algorithms import windows
 
     with mock.patch.object(windows, "HIERARCHICAL", hierarchical):
         yield

@@ -1,11 +1,12 @@
 """The counter backend interface and what every backend shares.
 
-A backend runs a :class:`~ratelimit_app.windows.Plan` for one subject in one round trip:
+A backend runs a :class:`~ratelimit_app.algorithms.windows.Plan` for one subject in one round trip:
 increment the plan's write buckets (when counting), then read its buckets, and return the
 values in the order of ``plan.reads``. Any failure raises :class:`BackendError`; a backend
 never returns zeros it did not read.
 
-Leaky buckets (:mod:`ratelimit_app.gcra`) are metered by :meth:`Backend.meter_many`: read a
+Leaky buckets (:mod:`ratelimit_app.algorithms.gcra`) are metered by :meth:`Backend.meter_many`:
+read a
 subject's TAT, decide, and store the new one only if nothing else changed it meanwhile. The
 default implementation, on any Django cache, is atomic within one process only (for
 development); memcached and Redis override it.
@@ -23,10 +24,10 @@ from typing import Any, NamedTuple, cast
 from django.conf import settings
 from django.core.cache import caches
 
-from ratelimit_app import gcra
-from ratelimit_app.conf import conf
+from ratelimit_app.algorithms import gcra
+from ratelimit_app.algorithms.windows import Plan
+from ratelimit_app.config.conf import conf
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.windows import Plan
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -78,7 +79,8 @@ _meter_lock = threading.Lock()
 class Encoded:
     """A plan's key suffixes as bytes, and where each one sits in ``plan.reads``.
 
-    Plans are memoised and shared by every subject (:mod:`ratelimit_app.windows`), so their
+    Plans are memoised and shared by every subject (:mod:`ratelimit_app.algorithms.windows`), so
+    their
     byte forms are computed once, and a check's per-request work does not grow with the
     number of buckets it reads.
     """

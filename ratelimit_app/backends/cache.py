@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from django.core.cache import caches
 
+from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends.base import Backend, Op
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.windows import Plan
 
 
 class CacheBackend(Backend):

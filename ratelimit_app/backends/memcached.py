@@ -11,7 +11,8 @@ stays one round trip with several servers. A node that fails is marked down for
 others meanwhile: availability over accuracy, since the counts they had stay behind on the
 dead node. Sockets set TCP_NODELAY and :data:`~.base.SOCKET_TIMEOUT`.
 
-Leaky buckets (:mod:`ratelimit_app.gcra`): one round trip reads every TAT of the request with
+Leaky buckets (:mod:`ratelimit_app.algorithms.gcra`): one round trip reads every TAT of the
+request with
 its CAS id, a second stores each admitted request's new TAT only if the item is unchanged
 (or, for a subject with no TAT yet, only if there is still none). A request whose store lost
 the race reads and decides again, up to :data:`CAS_ATTEMPTS` times; after that it is refused
@@ -30,7 +31,7 @@ from typing import Any, cast
 
 from pymemcache.client.base import PooledClient
 
-from ratelimit_app import gcra
+from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import base
 from ratelimit_app.backends.base import (
     Backend,

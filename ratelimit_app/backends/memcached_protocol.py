@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends.base import Encoded, Op
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.windows import Plan
 
 #: memcached reads a TTL over 30 days as a Unix timestamp.
 MAX_RELATIVE_TTL = 30 * 86400

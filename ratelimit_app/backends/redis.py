@@ -7,7 +7,7 @@ call a script makes into Redis costs it microseconds. Lua runs only what must de
 value inside the round trip, each script a file of ``lua/`` (package data) whose header
 says what it takes: taking back a refused hit (inside the transaction), trimming a busy
 subject's hashes (after it, once per coarse bucket) and the leaky buckets of
-:mod:`ratelimit_app.gcra` (pipelined after it).
+:mod:`ratelimit_app.algorithms.gcra` (pipelined after it).
 
 Keys of one subject share a hash tag (``{...}``), one Redis Cluster slot per subject:
 :class:`RedisClusterBackend` (redis-py's cluster client; django-redis has none) sends one
@@ -26,7 +26,8 @@ from typing import Any, TypeVar, cast
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from ratelimit_app import gcra, windows
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import base as backend_base
 from ratelimit_app.backends.base import (
     Backend,
@@ -38,7 +39,6 @@ from ratelimit_app.backends.base import (
     cache_settings,
 )
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.windows import Plan
 
 try:  # in the redis extra: parses replies in C
     import hiredis
@@ -56,7 +56,8 @@ TAKE_BACK_SCRIPT = _lua("take_back")
 #: A subject's stale hash fields dropped after a check's transaction (lua/trim.lua).
 TRIM_SCRIPT = _lua("trim")
 #: Every leaky bucket of a request, atomically (lua/meter.lua); a stored TAT lives until
-#: its bucket is empty plus :data:`ratelimit_app.gcra.TTL_MARGIN` seconds and a millisecond.
+#: its bucket is empty plus :data:`ratelimit_app.algorithms.gcra.TTL_MARGIN` seconds and a
+#: millisecond.
 METER_SCRIPT = _lua("meter").replace(
     "local margin = MARGIN_MS", f"local margin = {gcra.TTL_MARGIN * 1000 + 1}"
 )

@@ -1,15 +1,16 @@
 """The engine: one request's checks in one backend round trip, and the refusals remembered.
 
-A check (:class:`~ratelimit_app.limits.Check`) names a subject's limit; :func:`check_many`
+A check (:class:`~ratelimit_app.config.limits.Check`) names a subject's limit; :func:`check_many`
 runs each through the step of its algorithm (:mod:`.step`: :mod:`.sliding_window`,
 :mod:`.leaky_bucket`) in one round trip and evaluates it into a :class:`Result`. A refused
 hit is taken back; a refusal whose wait is exact is remembered by this process
 (:mod:`.memory`) and answered from memory while it lasts (:func:`recall_many`).
-:mod:`ratelimit_app.enforce` is the one caller that decides requests.
+:mod:`ratelimit_app.engine.enforce` is the one caller that decides requests.
 """
 
 from __future__ import annotations
 
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.checking import check_many, report_failure, take_back
 from ratelimit_app.engine.memory import (
     REFUSALS,
@@ -19,7 +20,6 @@ from ratelimit_app.engine.memory import (
 )
 from ratelimit_app.engine.recall import LOOK_BATCH, recall_many
 from ratelimit_app.engine.result import Result, failure_dict, meter_result, usage_dict
-from ratelimit_app.limits import Check
 
 __all__ = [
     "LOOK_BATCH",

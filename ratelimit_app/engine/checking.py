@@ -6,17 +6,18 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ratelimit_app import clock, gcra
+from ratelimit_app import clock
+from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Backend, MeterOp
-from ratelimit_app.conf import conf
+from ratelimit_app.config.conf import conf
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import leaky_bucket, sliding_window  # noqa: F401  (they register)
 from ratelimit_app.engine.memory import remember
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, Moment, Step
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.limits import Check
-from ratelimit_app.namespaces import namespace
+from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.signals import backend_failed
 
 logger = logging.getLogger("ratelimit_app")

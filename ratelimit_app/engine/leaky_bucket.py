@@ -1,13 +1,13 @@
-"""A leaky bucket as the engine runs it (the arithmetic: :mod:`ratelimit_app.gcra`)."""
+"""A leaky bucket as the engine runs it (the arithmetic: :mod:`ratelimit_app.algorithms.gcra`)."""
 
 from __future__ import annotations
 
-from ratelimit_app import gcra
+from ratelimit_app.algorithms import gcra
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.backends.base import MeterOp, MeterReply
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result, meter_result
 from ratelimit_app.engine.step import Moment, Step, register
-from ratelimit_app.gcra import LEAKY_BUCKET
-from ratelimit_app.limits import Check
 
 
 @register

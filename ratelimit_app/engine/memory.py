@@ -1,4 +1,5 @@
-"""This process's refusals (:mod:`ratelimit_app.refusals`), shared by every adapter: each
+"""This process's refusals (:mod:`ratelimit_app.algorithms.refusals`), shared by every adapter:
+each
 check refused with an exact wait, and its result, answered from memory while it lasts."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from django.core import mail
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ratelimit_app import refusals, windows
-from ratelimit_app.conf import affects_limiter
+from ratelimit_app.algorithms import refusals, windows
+from ratelimit_app.config.conf import affects_limiter
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
-from ratelimit_app.limits import Check
 
 #: Seconds at most a refusal is answered from memory before a look confirms it: how long a
 #: count that went down in another process (a reset, a rule changed) takes to reach this one.

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ratelimit_app import clock
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import memory
 from ratelimit_app.engine.checking import check_many
 from ratelimit_app.engine.memory import REFUSALS, counted_down, recalled, refusal_key
 from ratelimit_app.engine.result import Result
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.limits import Check
 
 #: Checks one look confirms at most: the request's due refusals and others due soon.
 LOOK_BATCH = 256
@@ -33,7 +33,8 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
     one not refused), with their waits counted down.
 
     When none is refused from memory but some are **due** (the memory's cap ran out before
-    the wait: :meth:`~ratelimit_app.refusals.Memory.due`), they are confirmed in one round
+    the wait: :meth:`~ratelimit_app.algorithms.refusals.Memory.due`), they are confirmed in one
+    round
     trip that only looks, together with the refusals due soon (up to :data:`LOOK_BATCH`): a
     botnet of refused subjects then costs a few looks per process per
     :data:`~.memory.REFUSAL_MEMORY`, not one per subject. Still no room: refused and remembered

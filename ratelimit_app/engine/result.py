@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ratelimit_app import gcra, windows
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.backends.base import MeterReply
-from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 
 
 class Result:

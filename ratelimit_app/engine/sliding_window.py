@@ -1,13 +1,14 @@
-"""Sliding windows as the engine runs them (the buckets: :mod:`ratelimit_app.windows`)."""
+"""Sliding windows as the engine runs them (the buckets:
+:mod:`ratelimit_app.algorithms.windows`)."""
 
 from __future__ import annotations
 
-from ratelimit_app import windows
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends.base import Op
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import Moment, Step, register
-from ratelimit_app.gcra import SLIDING_WINDOW
-from ratelimit_app.limits import Check
 
 
 @register

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from ratelimit_app import gcra, windows
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
-from ratelimit_app.limits import Check
 
 
 class Moment:

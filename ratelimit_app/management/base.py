@@ -25,11 +25,14 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE, addresses, gcra, limits, rates, store
+from ratelimit_app import ALL, UNSAFE
+from ratelimit_app.algorithms import gcra, rates
+from ratelimit_app.config import limits, store
+from ratelimit_app.config.limits import Limit, LimitError, Method
+from ratelimit_app.config.rules import parse_rules
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.limits import Limit, LimitError, Method
+from ratelimit_app.identity import addresses
 from ratelimit_app.operations import Target, target
-from ratelimit_app.rules import parse_rules
 
 #: Shared by both commands' ``--help``.
 LIMIT_EPILOG = """\

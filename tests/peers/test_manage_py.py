@@ -32,7 +32,8 @@ SHIM = {
     "core.py": (
         "from ratelimit_app.core import *  # noqa: F403\n"
         "from ratelimit_app.core import get_usage, is_ratelimited  # noqa: F401\n"
-        "from ratelimit_app import keys, rates\n\n\n"
+        "from ratelimit_app import keys\n"
+        "from ratelimit_app.algorithms import rates\n\n\n"
         "def _split_rate(rate):\n"
         "    (only,) = rates.normalize(rate)\n"
         "    return only.count, only.seconds\n\n\n"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ratelimit_app import rates
+from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
+from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import Result, check_many
-from ratelimit_app.gcra import SLIDING_WINDOW
-from ratelimit_app.limits import Check
 
 
 def check(

@@ -98,7 +98,7 @@ MIDDLEWARE = [
 def rules_site() -> Iterator[None]:
     """The test views (tests/ratelimit/urls.py) behind :data:`MIDDLEWARE`, with no
     configuration snapshot and no remembered refusal from an earlier test."""
-    from ratelimit_app import store
+    from ratelimit_app.config import store
     from ratelimit_app.testing import forget_refusals
 
     store.forget()
@@ -133,7 +133,7 @@ def rules(*items: dict[str, Any], **settings: Any) -> Any:
 
 class ReferenceMeter:
     """A leaky bucket as a level that drains, in exact fractions: the reference that
-    :mod:`ratelimit_app.gcra` must agree with on every decision and every figure.
+    :mod:`ratelimit_app.algorithms.gcra` must agree with on every decision and every figure.
 
     Written independently of that module, as the algorithm is usually stated: a level and
     the time it was last set, draining continuously at the leak rate; a request is admitted

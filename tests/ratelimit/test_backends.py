@@ -16,12 +16,12 @@ import pytest
 from django.core.cache import caches
 from django.test import override_settings
 
-from ratelimit_app import gcra, windows
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import base, get_backend, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.keys import namespace
-from ratelimit_app.rates import parse
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.checking import check
 from tests.ratelimit.conftest import several_memcached

@@ -9,7 +9,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory, override_settings
 from django_ratelimit.core import get_usage as peer_get_usage
 
-from ratelimit_app import ALL, UNSAFE, windows
+from ratelimit_app import ALL, UNSAFE
+from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.core import get_usage, is_ratelimited, reset
 from ratelimit_app.signals import backend_failed

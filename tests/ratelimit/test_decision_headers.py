@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import gcra, limits, windows
-from ratelimit_app.enforce import Decision
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.rates import normalize
+from ratelimit_app.config import limits
 from ratelimit_app.engine import Result, meter_result, usage_dict
-from ratelimit_app.rates import normalize
+from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.responses import decision_headers, ratelimit_headers
 
 RATES = ["5/m", "10/m;100/h", "3/s;50/m;1000/d", "1/h"]

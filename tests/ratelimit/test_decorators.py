@@ -8,8 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path
 
-from ratelimit_app import limits, responses
+from ratelimit_app import responses
 from ratelimit_app.backends import reset_backends
+from ratelimit_app.config import limits
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.testing import frozen_clock

@@ -1,4 +1,4 @@
-"""The leaky bucket's pure logic (:mod:`ratelimit_app.gcra`) against a reference meter.
+"""The leaky bucket's pure logic (:mod:`ratelimit_app.algorithms.gcra`) against a reference meter.
 
 The reference (:class:`tests.ratelimit.conftest.ReferenceMeter`) is written independently of
 the module: a level and the time it was last set, draining continuously at the leak rate, in
@@ -17,8 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import gcra
-from ratelimit_app.rates import MAX_SECONDS, Rate, parse
+from ratelimit_app.algorithms import gcra
+from ratelimit_app.algorithms.rates import MAX_SECONDS, Rate, parse
 from tests.ratelimit.conftest import ReferenceMeter
 
 T0_US = 1_700_000_000 * gcra.MICROS

@@ -8,7 +8,8 @@ them both. These tests force that order (Y's check, then X's with the earlier cl
 kind of bucket boundary, on every backend: the second one must be refused.
 
 The guarantee has a bound, documented in docs/concepts.rst: a check also reads the buckets of
-the next ``lookahead`` seconds (:func:`ratelimit_app.windows.lookahead`), so a hit is seen
+the next ``lookahead`` seconds (:func:`ratelimit_app.algorithms.windows.lookahead`), so a hit is
+seen
 by any hit whose clock is at most that much later.
 """
 
@@ -18,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ratelimit_app import windows
-from ratelimit_app.rates import Rate, parse
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.rates import Rate, parse
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.checking import check
 

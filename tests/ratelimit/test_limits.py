@@ -1,4 +1,4 @@
-"""One notion of a limit (:mod:`ratelimit_app.limits`), and what was broken without it.
+"""One notion of a limit (:mod:`ratelimit_app.config.limits`), and what was broken without it.
 
 * Database rules are data: only built-in keys and literal rates, nothing imported or called.
 * An async view whose key needs the user is checked off the event loop (it answered 500).
@@ -18,11 +18,13 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core, gcra, limits, store
+from ratelimit_app import core
+from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import get_backend
-from ratelimit_app.limits import LimitError
+from ratelimit_app.config import limits, store
+from ratelimit_app.config.limits import LimitError
+from ratelimit_app.config.rules import RuleError, parse_rule
 from ratelimit_app.models import Rule as RuleRow
-from ratelimit_app.rules import RuleError, parse_rule
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit import canary, views
 

@@ -34,14 +34,15 @@ from django.test import RequestFactory, override_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import ALL, gcra, windows
+from ratelimit_app import ALL
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
+from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import get_backend, memcached_protocol, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.core import get_usage, scope
 from ratelimit_app.engine import Check, Result, check_many
-from ratelimit_app.gcra import LEAKY_BUCKET
 from ratelimit_app.keys import namespace
-from ratelimit_app.rates import parse
 from ratelimit_app.testing import frozen_clock
 
 #: A minute boundary: with 60 fine buckets a window, fine buckets are seconds and coarse
@@ -233,7 +234,7 @@ def test_a_take_back_that_misses_after_a_counting_subject(on_memcached: str) -> 
 
 def test_a_leaky_bucket_tat_is_never_padded(on_memcached: str) -> None:
     """A TAT is stored whole (``ms``), when admitted and when taken back, never changed by
-    arithmetic, so :func:`ratelimit_app.gcra.decode` (digits only) needs no change.
+    arithmetic, so :func:`ratelimit_app.algorithms.gcra.decode` (digits only) needs no change.
 
     At 11 a minute a TAT's remainder in ticks goes 5, 10, ...: the take-back of a second
     request (refused by another rule) stores ``...:5`` over ``...:10``, a shorter value, with

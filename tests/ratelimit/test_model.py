@@ -1,7 +1,8 @@
 """Every backend against the model: a hypothesis state machine on real servers.
 
-The reference is pure: :mod:`ratelimit_app.windows` (which buckets a check writes and reads,
-how the values read make a usage) and :mod:`ratelimit_app.gcra` (the leaky bucket). The
+The reference is pure: :mod:`ratelimit_app.algorithms.windows` (which buckets a check writes and
+reads,
+how the values read make a usage) and :mod:`ratelimit_app.algorithms.gcra` (the leaky bucket). The
 **model** is a plain dict of bucket counters and leaky-bucket TATs that carries those plans
 itself: it applies a plan's writes, take-backs and reads to the dict and evaluates with the
 same pure functions, following what :func:`~ratelimit_app.engine.check_many` does around the
@@ -86,13 +87,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ratelimit_app import ALL, gcra, windows
+from ratelimit_app import ALL
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.algorithms.rates import Rate, parse
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.core import reset, scope
 from ratelimit_app.engine import Check, Result, check_many
-from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.keys import namespace
-from ratelimit_app.rates import Rate, parse
 from ratelimit_app.testing import FrozenClock, frozen_clock
 from tests.conftest import start_or_skip
 

@@ -8,10 +8,10 @@ from django.http import HttpRequest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratelimit_app import rates
+from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms.rates import Rate
 from ratelimit_app.core import get_usage
 from ratelimit_app.decorators import ratelimit
-from ratelimit_app.rates import Rate
 
 
 @pytest.mark.parametrize(

@@ -21,12 +21,12 @@ import pytest
 from django.core.cache import caches
 from django.test import override_settings
 
-from ratelimit_app import gcra, windows
+from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import base, build, get_backend, reset_backends
 from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.keys import namespace
-from ratelimit_app.rates import parse
 
 T0 = 1_800_000_000.5
 #: ``RATELIMIT_CACHE_PREFIX`` in this module (not the default), and django-redis's own

@@ -1,5 +1,5 @@
 """Due refusals are confirmed in batches: a botnet costs a few looks per cap, not one per
-subject (ratelimit_app.engine.recall_many, ratelimit_app.refusals.Memory.soon)."""
+subject (ratelimit_app.engine.recall_many, ratelimit_app.algorithms.refusals.Memory.soon)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from ratelimit_app import refusals, windows
+from ratelimit_app.algorithms import refusals, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import LOOK_BATCH, memory
 from ratelimit_app.keys import namespace

@@ -1,4 +1,5 @@
-"""Refusals remembered per process (ratelimit_app/refusals.py): a flood costs no round trip.
+"""Refusals remembered per process (ratelimit_app/algorithms/refusals.py): a flood costs no round
+trip.
 
 A subject refused with an exact wait is refused again from memory until the wait ends or
 its cap (``engine.memory.REFUSAL_MEMORY`` seconds) passes; the answer stays correct
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core, engine, keys, operations, refusals, signals, windows
+from ratelimit_app import core, engine, keys, operations, signals
+from ratelimit_app.algorithms import refusals, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import memory
 from ratelimit_app.testing import frozen_clock

@@ -8,9 +8,9 @@ import pytest
 from django.http import HttpRequest
 from django.test import RequestFactory, override_settings
 
-from ratelimit_app import rules
-from ratelimit_app.rates import Rate
-from ratelimit_app.rules import RuleError, RuleSet, parse_rule, parse_rules
+from ratelimit_app.algorithms.rates import Rate
+from ratelimit_app.config import rules
+from ratelimit_app.config.rules import RuleError, RuleSet, parse_rule, parse_rules
 
 rf = RequestFactory()
 BASE: dict[str, Any] = {"name": "login", "path": "/accounts/login/", "key": "ip", "rate": "5/m"}

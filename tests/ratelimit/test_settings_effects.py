@@ -26,12 +26,12 @@ import pytest
 import redis
 from django.test import override_settings
 
-from ratelimit_app import windows
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
+from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import reset_backends
-from ratelimit_app.conf import conf
-from ratelimit_app.gcra import LEAKY_BUCKET
+from ratelimit_app.config.conf import conf
 from ratelimit_app.keys import namespace
-from ratelimit_app.rates import parse
 from tests.ratelimit.checking import check
 
 ROOT = Path(__file__).resolve().parents[2]

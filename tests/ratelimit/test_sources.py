@@ -1,4 +1,4 @@
-"""Named limits from elsewhere than RATELIMIT_RULES (:mod:`ratelimit_app.sources`): the
+"""Named limits from elsewhere than RATELIMIT_RULES (:mod:`ratelimit_app.config.sources`): the
 operations, the admin and the system checks find them there, never by importing their module."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from ratelimit_app import checks, operations, sources
+from ratelimit_app import operations
 from ratelimit_app.admin import UsageForm
-from ratelimit_app.limits import Limit
+from ratelimit_app.config import checks, sources
+from ratelimit_app.config.limits import Limit
 
 
 @pytest.fixture

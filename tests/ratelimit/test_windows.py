@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import windows
-from ratelimit_app.rates import Rate, parse
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.rates import Rate, parse
 
 T0 = 1_700_000_000
 

@@ -39,14 +39,15 @@ import redis
 from django.test import RequestFactory, override_settings
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ratelimit_app import ALL, windows
+from ratelimit_app import ALL
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import base, reset_backends
 from ratelimit_app.core import get_usage, lookup, scope
 from ratelimit_app.engine import Check, check_many
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.keys import namespace
-from ratelimit_app.rates import parse
 from ratelimit_app.testing import frozen_clock
 from tests.conftest import start_or_skip
 from tests.servers import HOST, free_port

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from metrics_app import buffer
 from metrics_app.retention import parse_retention
-from ratelimit_app import rates
-from ratelimit_app.rules import RuleError, parse_rule
+from ratelimit_app.algorithms import rates
+from ratelimit_app.config.rules import RuleError, parse_rule
 
 #: Text that looks like configuration: digits, units, separators, and anything else.
 config_text = st.one_of(

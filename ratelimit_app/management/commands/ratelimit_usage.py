@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ratelimit_app.gcra import LEAKY_BUCKET
+from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.management.base import LimitCommand, Named, backend_errors, limit_from_options
 from ratelimit_app.operations import Target, lookup
 

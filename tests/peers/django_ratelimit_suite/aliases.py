@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import ratelimit_app
-from ratelimit_app import core, decorators, exceptions, keys, rates
+from ratelimit_app import core, decorators, exceptions, keys
+from ratelimit_app.algorithms import rates
 
 PEER = "django_ratelimit"
 #: The module name the peer's tests are loaded under (its dotted paths name it).

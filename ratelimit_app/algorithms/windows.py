@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ratelimit_app.rates import Rate
+from ratelimit_app.algorithms.rates import Rate
 
 #: ``G``, the fine buckets a window is cut into in the uniform layout: more buckets, tighter
 #: limits (a check blocks early by at most ``W/G``) but more reads per check and more counters

@@ -2,7 +2,7 @@
 (its algorithm and burst), validated once into one value.
 
 Everything that limits builds on :class:`Limit`: rules from settings and from the database
-(:mod:`ratelimit_app.rules`), the ``@ratelimit`` decorator, ``get_usage`` /
+(:mod:`ratelimit_app.config.rules`), the ``@ratelimit`` decorator, ``get_usage`` /
 ``is_ratelimited``, and the admin's and the commands' lookups and resets
 (:func:`ratelimit_app.operations.target`). What a limit derives from its parts (its scope, whether
 it may be checked on an event loop) is derived here, once, so those users cannot drift apart.
@@ -27,7 +27,8 @@ from typing import Any, NamedTuple, NoReturn, Self, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, gcra, keys, rates
+from ratelimit_app import ALL, keys
+from ratelimit_app.algorithms import gcra, rates
 
 __all__ = ["Check", "Limit", "LimitError", "Mistake", "build"]
 
@@ -141,7 +142,7 @@ class Limit:
     #: Derived once (a limit is checked on every request it covers):
     #: the rates when they do not depend on the request (else None: resolved per request),
     static_rates: tuple[rates.Rate, ...] | None = field(init=False, repr=False)
-    #: the scope of its counters for those rates (:func:`ratelimit_app.rates.scope`),
+    #: the scope of its counters for those rates (:func:`ratelimit_app.algorithms.rates.scope`),
     static_scope: str | None = field(init=False, repr=False)
     #: the name its subjects are filed under (``"ip"``, ``"email"``, a callable's name),
     kind: str = field(init=False, repr=False)

@@ -5,7 +5,7 @@ A rule is a dict::
     {"name": "login-email", "path": "/accounts/login/", "methods": ["POST"],
      "key": "email", "rate": "5/m;10/d", "count": "failures"}
 
-or, a leaky bucket (a steady rate with a bounded burst, :mod:`ratelimit_app.gcra`)::
+or, a leaky bucket (a steady rate with a bounded burst, :mod:`ratelimit_app.algorithms.gcra`)::
 
     {"name": "api", "path": "/api/", "key": "user_or_ip", "rate": "10/s",
      "algorithm": "leaky_bucket", "burst": 50}
@@ -28,8 +28,10 @@ from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from ratelimit_app import gcra, keys, limits, rates
-from ratelimit_app.limits import Limit, LimitError, Mistake, collect, raise_all
+from ratelimit_app import keys
+from ratelimit_app.algorithms import gcra, rates
+from ratelimit_app.config import limits
+from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"
@@ -61,7 +63,7 @@ class RuleError(Mistake):
 @dataclass(frozen=True, slots=True, eq=False)
 class CompiledRule:
     """One validated rule: which requests it covers (paths, URL names, methods), the
-    :class:`~ratelimit_app.limits.Limit` that counts them (group ``rule:<name>``), and what
+    :class:`~ratelimit_app.config.limits.Limit` that counts them (group ``rule:<name>``), and what
     happens over it."""
 
     name: str
@@ -76,7 +78,7 @@ class CompiledRule:
     #: Derived once, read on every request: whether only failed requests count,
     failures_only: bool = field(init=False, repr=False)
     #: and the methods of the requests it matches (HEAD with GET:
-    #: :func:`ratelimit_app.limits.counted_methods`).
+    #: :func:`ratelimit_app.config.limits.counted_methods`).
     matches: frozenset[str] | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -156,7 +158,7 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Compiled
     and its ``errors`` are all of them (the system checks report each one).
 
     ``trusted=False`` for a rule kept in the database: only built-in keys and literal rates
-    (:func:`ratelimit_app.limits.build`).
+    (:func:`ratelimit_app.config.limits.build`).
     """
     if not isinstance(raw, Mapping):
         raise RuleError(f"#{index}", "name", f"a rule must be a dict, got {raw!r}.")

@@ -22,7 +22,7 @@ What a view's throttles of this module do, per request:
   window of W seconds, whatever the concurrency); when one refuses, none of them counts
   it (a client retrying too fast gets in as soon as the window has room);
 * a refusal is remembered by the process until its wait ends (the refusal memory of
-  :mod:`ratelimit_app.refusals`, shared with the middleware and ``@ratelimit``);
+  :mod:`ratelimit_app.algorithms.refusals`, shared with the middleware and ``@ratelimit``);
 * the answer carries the ``RateLimit-Policy`` and ``RateLimit`` headers (through the view's
   ``headers``, which DRF adds to every response it finalises); a refused one, DRF's 429
   with ``Retry-After`` from :meth:`SimpleRateThrottle.wait`;
@@ -53,24 +53,16 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
         "ratelimit_app.throttling needs Django REST framework: pip install 'django-bucketry[drf]'"
     ) from exc
 
-from ratelimit_app import (
-    ALL,
-    addresses,
-    clock,
-    enforce,
-    keys,
-    limits,
-    operations,
-    rates,
-    responses,
-    sources,
-)
+from ratelimit_app import ALL, clock, keys, operations, responses
+from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import base
-from ratelimit_app.conf import conf, drf_throttles_named
-from ratelimit_app.enforce import Decision, Verdict
-from ratelimit_app.engine import Result
-from ratelimit_app.gcra import SLIDING_WINDOW
-from ratelimit_app.limits import Check, Limit
+from ratelimit_app.config import limits, sources
+from ratelimit_app.config.conf import conf, drf_throttles_named
+from ratelimit_app.config.limits import Check, Limit
+from ratelimit_app.engine import Result, enforce
+from ratelimit_app.engine.enforce import Decision, Verdict
+from ratelimit_app.identity import addresses
 
 __all__ = [
     "AnonRateThrottle",

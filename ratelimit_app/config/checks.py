@@ -18,12 +18,12 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ratelimit_app import sources
 from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
-from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
+from ratelimit_app.config import sources
+from ratelimit_app.config.conf import DEFAULTS, REMOVED, drf_throttles_named
 
 if TYPE_CHECKING:
-    from ratelimit_app.rules import CompiledRule
+    from ratelimit_app.config.rules import CompiledRule
 
 MESSAGES: dict[str, str] = {
     "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
@@ -192,7 +192,7 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
 
 
 def _access_lists() -> Iterable[checks.CheckMessage]:
-    from ratelimit_app.access import compile_list
+    from ratelimit_app.config.access import compile_list
 
     for name in ("RATELIMIT_ALLOW", "RATELIMIT_DENY"):
         try:
@@ -229,7 +229,7 @@ def _middleware_order(raw: object, found: list[CompiledRule]) -> Iterable[checks
 
 
 def _check_rules() -> Iterable[checks.CheckMessage]:
-    from ratelimit_app.rules import parse_rules
+    from ratelimit_app.config.rules import parse_rules
 
     raw = _setting("RATELIMIT_RULES")
     found, errors = parse_rules(raw)

@@ -41,7 +41,7 @@ from functools import lru_cache
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app.rates import MAX_COUNT, MAX_SECONDS, Rate
+from ratelimit_app.algorithms.rates import MAX_COUNT, MAX_SECONDS, Rate
 
 SLIDING_WINDOW = "sliding_window"
 LEAKY_BUCKET = "leaky_bucket"

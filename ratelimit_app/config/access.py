@@ -3,7 +3,8 @@
 Entries are strings:
 
 * an IP address or a CIDR network, IPv4 or IPv6 (``'203.0.113.7'``, ``'10.0.0.0/8'``,
-  ``'2001:db8::/32'``), matched against the client IP (:func:`ratelimit_app.addresses.client_ip`,
+  ``'2001:db8::/32'``), matched against the client IP
+  (:func:`ratelimit_app.identity.addresses.client_ip`,
   before masking); IPv4-mapped IPv6 addresses and networks (``'::ffff:10.0.0.0/104'``) are
   the IPv4 ones they map, on either side;
 * ``'user:<pk>'``, matched against ``request.user.pk``;
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import addresses, keys
+from ratelimit_app import keys
+from ratelimit_app.identity import addresses
 
 IPNetwork = addresses.IPNetwork
 logger = logging.getLogger("ratelimit_app")

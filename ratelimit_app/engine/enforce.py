@@ -2,7 +2,7 @@
 
 The middleware (rules), ``@ratelimit``, ``get_usage`` / ``is_ratelimited`` and the DRF
 throttles each say which limits apply (a :class:`Decision` each, made from the limit's own
-:meth:`~ratelimit_app.limits.Limit.check`) and call :func:`decide`, which
+:meth:`~ratelimit_app.config.limits.Limit.check`) and call :func:`decide`, which
 
 1. answers from the refusal memory when a limit refused this subject lately (no round trip),
 2. else checks every limit in one round trip (:func:`ratelimit_app.engine.check_many`); a
@@ -21,6 +21,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.engine import (
     REFUSALS,
     Result,
@@ -31,7 +32,6 @@ from ratelimit_app.engine import (
 )
 from ratelimit_app.engine import take_back as take_back_hits
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.limits import Check, Limit
 from ratelimit_app.signals import ratelimited
 
 __all__ = ["Decision", "Verdict", "decide", "take_back"]

@@ -27,13 +27,13 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ratelimit_app import declared
-from ratelimit_app.access import AccessList, merge
+from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import affects_limiter, conf
-from ratelimit_app.namespaces import namespace
-from ratelimit_app.rules import CompiledRule, RuleError, RuleSet, parse_rule
-from ratelimit_app.windows import Plan
+from ratelimit_app.config import declared
+from ratelimit_app.config.access import AccessList, merge
+from ratelimit_app.config.conf import affects_limiter, conf
+from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
+from ratelimit_app.identity.namespaces import namespace
 
 logger = logging.getLogger("ratelimit_app")
 

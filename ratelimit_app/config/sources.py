@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ratelimit_app.limits import Limit
+    from ratelimit_app.config.limits import Limit
 
 __all__ = ["DRF", "Source", "get", "limit", "register", "registered"]
 
