@@ -4,7 +4,8 @@ Same signatures and return values as django-ratelimit 4.1's ``django_ratelimit.c
 project moves over by changing the import. The limit is validated
 (:func:`ratelimit_app.config.limits.build`) and checked by the engine
 (:mod:`ratelimit_app.engine`).
-``reset`` and ``lookup`` (:mod:`ratelimit_app.operations`) are importable from here too.
+``reset`` and ``lookup`` (:mod:`ratelimit_app.operations`) are importable from here too: the
+one way to read or clear a subject's counters for any limit, a DRF throttle's included.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 public :func:`reset` / :func:`lookup` (also importable from :mod:`ratelimit_app.core`).
 
 A person types a subject (an IP, an email, a user id) and names a rule, a decorator's group
-(with its key and rate) or a DRF throttle's scope; :func:`target` finds where that subject's
-counts are filed, :func:`lookup` reads them counting nothing, and :func:`reset` clears them.
+(with its key and rate), a DRF throttle's scope (``"drf:<scope>"``) or a throttle class;
+:func:`target` finds where that subject's counts are filed, :func:`lookup` reads them
+counting nothing, and :func:`reset` clears them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
 
-__all__ = ["Target", "find_limit", "lookup", "reset", "target"]
+__all__ = ["LimitName", "Target", "find_limit", "lookup", "reset", "target"]
+
+#: What names a limit: a rule (its name or the compiled rule), a decorator's group, a DRF
+#: scope (``"drf:<scope>"``), a throttle class of :mod:`ratelimit_app.throttling`, or the limit.
+LimitName = str | CompiledRule | Limit | type
 
 
 #: Buckets deleted per backend call by :func:`reset`.
@@ -69,28 +74,31 @@ class Target:
 
 
 def find_limit(
-    rule_or_group: str | CompiledRule | Limit,
+    rule_or_group: LimitName,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
 ) -> Limit:
-    """The limit a rule (a :class:`~ratelimit_app.config.rules.CompiledRule`, or the name of a
-    rule in
-    force) or a decorator's group (with the decorator's ``key``, ``rate``, ``method``,
-    ``algorithm`` and ``burst``) counts with. Raises ``ValueError`` when there is none."""
+    """The limit a rule (a :class:`~ratelimit_app.config.rules.CompiledRule`, or the name of
+    a rule in force), a decorator's group (with the decorator's ``key``, ``rate``, ``method``,
+    ``algorithm`` and ``burst``) or a DRF throttle (``"drf:<scope>"`` or its class) counts
+    with. Raises ``ValueError`` when there is none."""
     if isinstance(rule_or_group, Limit):
         return rule_or_group
     if isinstance(rule_or_group, CompiledRule):
         return rule_or_group.limit
+    # The DRF throttles' limits come from the sources registry, filled by their package
+    # when the project imports it: this module never imports DRF.
+    if not isinstance(rule_or_group, str):
+        resolved = sources.resolve(rule_or_group)
+        if resolved is None:
+            raise ValueError(f"{rule_or_group!r} is no rule, group or throttle of ours.")
+        return resolved
     if key is None:
         found = store.current().rules.by_name.get(rule_or_group)
-        if found is not None:
-            return found.limit
-        # A DRF throttle's scope, when the project uses our throttles (their module has
-        # registered them by then: this one never imports DRF).
-        named = sources.limit(rule_or_group)
+        named = found.limit if found is not None else sources.limit(rule_or_group)
         if named is None:
             raise ValueError(
                 f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "
@@ -106,7 +114,7 @@ def find_limit(
 
 
 def target(
-    rule_or_group: str | CompiledRule | Limit,
+    rule_or_group: LimitName,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -135,7 +143,7 @@ def target(
 
 
 def reset(
-    rule_or_group: str | CompiledRule | Limit,
+    rule_or_group: LimitName,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
@@ -167,7 +175,7 @@ def reset(
 
 
 def lookup(
-    rule_or_group: str | CompiledRule | Limit,
+    rule_or_group: LimitName,
     subject: str,
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,

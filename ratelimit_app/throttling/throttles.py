@@ -1,19 +1,6 @@
-"""Django REST framework's throttles, counted on our sliding windows (or a leaky bucket).
+"""The throttle classes and their request path: what Django REST framework calls.
 
-``rest_framework.throttling`` keeps a list of timestamps per client in the cache, read and
-written back without a lock: concurrent requests lose each other's updates, and every
-request pickles the whole list. The classes here have DRF's names and hooks, so switching is
-a change of module path::
-
-    REST_FRAMEWORK = {
-        "DEFAULT_THROTTLE_CLASSES": [
-            "ratelimit_app.throttling.AnonRateThrottle",
-            "ratelimit_app.throttling.UserRateThrottle",
-        ],
-        "DEFAULT_THROTTLE_RATES": {"anon": "100/d", "user": "10/m;1000/d"},
-    }
-
-What a view's throttles of this module do, per request:
+What a view's throttles of this package do, per request:
 
 * the first one that DRF asks checks **all** of them, in one backend round trip
   (:func:`ratelimit_app.engine.check_many`), and leaves the results on the request for the
@@ -30,8 +17,6 @@ What a view's throttles of this module do, per request:
   (so ``metrics_app`` counts it in the series ``ratelimit:drf:<scope>``);
 * when the backend fails, the throttle fails open or closed (``fail_open``, default
   ``RATELIMIT_FAIL_OPEN``); closed answers ``RATELIMIT_FAIL_CLOSED_STATUS`` (503).
-
-See ``docs/drf.rst`` for the differences from DRF's classes and why.
 """
 
 from __future__ import annotations
@@ -39,43 +24,34 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from rest_framework import exceptions as drf_exceptions
+from rest_framework import throttling as drf_throttling
+from rest_framework.settings import api_settings
 
-try:
-    from rest_framework import exceptions as drf_exceptions
-    from rest_framework import throttling as drf_throttling
-    from rest_framework.settings import api_settings
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
-    raise ImportError(
-        "ratelimit_app.throttling needs Django REST framework: pip install 'django-bucketry[drf]'"
-    ) from exc
-
-from ratelimit_app import ALL, clock, keys, operations, responses
+from ratelimit_app import ALL, clock, keys, responses
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import base
 from ratelimit_app.config import limits, sources
-from ratelimit_app.config.conf import conf, drf_throttles_named
+from ratelimit_app.config.conf import conf
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.engine import Result, enforce
 from ratelimit_app.engine.enforce import Decision, Verdict
 from ratelimit_app.identity import addresses
 
 __all__ = [
+    "PREFIX",
+    "SUBJECT_KIND",
     "AnonRateThrottle",
     "BaseThrottle",
     "ScopedRateThrottle",
     "SimpleRateThrottle",
     "ThrottleUnavailable",
     "UserRateThrottle",
-    "lookup",
-    "problems",
-    "reset",
-    "scope_limits",
-    "throttle_limit",
+    "num_proxies_problem",
 ]
 
 #: A throttle's limits are named ``drf:<scope>``: their group, the rule of their metrics
@@ -83,7 +59,7 @@ __all__ = [
 PREFIX = sources.DRF + ":"
 #: The kind every throttle's subject is filed under: its ident (a user's primary key or a
 #: masked IP address) or, for a ``get_cache_key`` of another shape, the whole key. With this
-#: kind, :func:`ratelimit_app.operations.lookup` finds a subject from what a person types.
+#: kind, :func:`ratelimit_app.core.lookup` finds a subject from what a person types.
 SUBJECT_KIND = "user_or_ip"
 #: Where the throttles of one request leave what they share (:class:`_Dispatch`).
 STASH = "_ratelimit_throttling"
@@ -140,7 +116,7 @@ class BaseThrottle(drf_throttling.BaseThrottle):
 
 def _forwarded(meta: Any, num_proxies: int) -> str:
     """DRF's ``NUM_PROXIES`` rule, with the checks :meth:`BaseThrottle.get_ident` lists."""
-    problem = _num_proxies_problem(num_proxies)
+    problem = num_proxies_problem(num_proxies)
     if problem:
         raise ImproperlyConfigured(problem)
     remote = meta.get("REMOTE_ADDR") or ""
@@ -158,7 +134,7 @@ def _forwarded(meta: Any, num_proxies: int) -> str:
     return hop if addresses.parse_address(hop) else remote
 
 
-def _num_proxies_problem(value: object) -> str | None:
+def num_proxies_problem(value: object) -> str | None:
     """What is wrong with a ``NUM_PROXIES`` (None: nothing)."""
     if value is None or (type(value) is int and value >= 0):
         return None
@@ -524,127 +500,3 @@ def _add_policy(request: Any, view: Any, name: str, usage: dict[str, Any]) -> No
         return
     dispatch.policies.append((name, usage))
     headers.update(responses.ratelimit_headers(dispatch.policies))
-
-
-# -- the admin's and the commands' view of throttles -------------------------------------------
-
-
-def throttle_limit(throttle: type[SimpleRateThrottle] | str, scope: str | None = None) -> Limit:
-    """The limit a throttle counts with, for :func:`ratelimit_app.operations.lookup` and
-    :func:`ratelimit_app.operations.reset`: a class of ours (a ``ScopedRateThrottle`` with the
-    view's ``scope``), or a scope of ``DEFAULT_THROTTLE_RATES`` (``"user"`` or
-    ``"drf:user"``: a sliding window at its rate). Raises ``ValueError`` when there is no
-    such limit (no rate, or a rate that cannot make one)."""
-    if isinstance(throttle, str):
-        scope = throttle.removeprefix(PREFIX)
-        throttle = SimpleRateThrottle
-    found = throttle.__new__(throttle)
-    if scope is not None:
-        found.scope = scope
-    try:
-        if issubclass(throttle, ScopedRateThrottle) or not getattr(found, "rate", None):
-            found.rate = found.get_rate()
-        found.num_requests, found.duration = found.parse_rate(found.rate)
-        if found.rate is None:
-            raise NoRate(f"{found.name!r}: its rate is None: it throttles nothing.")
-        return found.limit()
-    except ImproperlyConfigured as exc:
-        raise ValueError(str(exc)) from None
-
-
-class NoRate(ValueError):
-    """A throttle whose rate is None: DRF's way to throttle nothing (not a mistake)."""
-
-
-def scope_limits() -> dict[str, Limit]:
-    """``drf:<scope>`` -> limit, for every scope of ``DEFAULT_THROTTLE_RATES`` that has a
-    valid rate (the system checks report the others)."""
-    found = {}
-    for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
-        if rate is None:
-            continue
-        with contextlib.suppress(ValueError):
-            found[PREFIX + str(scope)] = throttle_limit(str(scope))
-    return found
-
-
-def lookup(
-    throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None
-) -> dict[str, Any] | None:
-    """The usage of one client of a throttle (as :func:`ratelimit_app.operations.lookup` gives
-    it): ``ident`` is a user id or an IP address (a ``get_cache_key`` of another shape: the
-    whole key). See :func:`throttle_limit` for ``throttle`` and ``scope``."""
-    return operations.lookup(throttle_limit(throttle, scope), ident)
-
-
-def reset(throttle: type[SimpleRateThrottle] | str, ident: str, scope: str | None = None) -> bool:
-    """Clear one client's counters of a throttle (arguments as for :func:`lookup`)."""
-    return operations.reset(throttle_limit(throttle, scope), ident)
-
-
-# -- the system checks (ratelimit_app.E021) --------------------------------------------------
-
-
-def problems(patterns: Sequence[Any] | None = None) -> list[str]:
-    """What would make a throttle of ours fail on a request: a ``REST_FRAMEWORK`` setting
-    (a class of this module that does not exist, a bad ``NUM_PROXIES``, a rate our parser
-    refuses), or a view of ``patterns`` (default: the URLconf's) whose throttle of ours has
-    no rate for its scope, or a rate, algorithm or burst that make no limit."""
-    from django.utils.module_loading import import_string
-
-    found = []
-    for path in drf_throttles_named():
-        try:
-            import_string(path)
-        except ImportError as exc:
-            found.append(f"REST_FRAMEWORK['DEFAULT_THROTTLE_CLASSES']: {exc}.")
-    problem = _num_proxies_problem(api_settings.NUM_PROXIES)
-    if problem:
-        found.append(problem)
-    for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
-        if rate is not None:
-            try:
-                rates.normalize(rate)
-            except ImproperlyConfigured as exc:
-                found.append(f"REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'][{scope!r}]: {exc}")
-    if patterns is None:
-        from django.urls import get_resolver
-
-        patterns = get_resolver().url_patterns
-    seen = set()
-    for view in _view_classes(patterns):
-        for cls in getattr(view, "throttle_classes", ()) or ():
-            if not (isinstance(cls, type) and issubclass(cls, SimpleRateThrottle)):
-                continue
-            scope = None
-            if issubclass(cls, ScopedRateThrottle):
-                scope = getattr(view, getattr(cls, "scope_attr", "throttle_scope"), None)
-                if not scope:
-                    continue  # a view without a scope is not throttled by it
-            if (cls, scope) in seen:
-                continue
-            seen.add((cls, scope))
-            try:
-                throttle_limit(cls, scope)
-            except NoRate:
-                continue
-            except ValueError as exc:
-                found.append(f"{view.__module__}.{view.__qualname__}, {cls.__name__}: {exc}")
-    return found
-
-
-def _view_classes(patterns: Sequence[Any]) -> Iterator[type]:
-    """The class of every DRF view (``as_view()`` keeps it as ``cls``) in ``patterns``."""
-    for pattern in patterns:
-        nested = getattr(pattern, "url_patterns", None)
-        if nested is not None:
-            yield from _view_classes(nested)
-            continue
-        view = getattr(getattr(pattern, "callback", None), "cls", None)
-        if isinstance(view, type):
-            yield view
-
-
-# The operations, the admin and the system checks find the throttles' limits and mistakes
-# here: they cannot import this module (it imports Django REST framework).
-sources.register(sources.DRF, kind="DRF throttle", limits=scope_limits, problems=problems)

@@ -106,7 +106,7 @@ def test_refused_requests_are_not_counted(backend_kind: str, scope: str) -> None
     view = api_view(limited)
     with frozen_clock(T0):
         assert statuses(view, 10) == [200] * 3 + [429] * 7
-        assert throttling.lookup(limited, "192.0.2.1")["count"] == 3
+        assert core.lookup(limited, "192.0.2.1")["count"] == 3
 
 
 @mock.patch.object(memory, "REFUSAL_MEMORY", 0)
@@ -117,7 +117,7 @@ def test_a_request_one_throttle_refuses_counts_in_none(backend_kind: str, scope:
     view = api_view(tight, loose)
     with frozen_clock(T0):
         assert statuses(view, 5) == [200, 200, 429, 429, 429]
-        assert throttling.lookup(loose, "192.0.2.1")["count"] == 2
+        assert core.lookup(loose, "192.0.2.1")["count"] == 2
 
 
 def _exchanges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -160,7 +160,7 @@ def test_one_round_trip_for_all_of_a_views_throttles(
         # round trip, which also times the wait exactly).
         assert get(view).status_code == 429
         assert len(calls) == 7
-        assert throttling.lookup(view.cls.throttle_classes[0], "192.0.2.1")["count"] == 5
+        assert core.lookup(view.cls.throttle_classes[0], "192.0.2.1")["count"] == 5
 
 
 def test_a_view_that_chooses_its_throttles(backend_kind: str, scope: str) -> None:
@@ -170,7 +170,7 @@ def test_a_view_that_chooses_its_throttles(backend_kind: str, scope: str) -> Non
     view = api_view(a, b, get_throttles=lambda self: [b()])
     with frozen_clock(T0):
         assert statuses(view, 6) == [200] * 5 + [429]
-        assert throttling.lookup(a, "192.0.2.1")["count"] == 0
+        assert core.lookup(a, "192.0.2.1")["count"] == 0
 
 
 def test_the_ratelimit_headers(backend_kind: str, scope: str) -> None:
@@ -242,7 +242,7 @@ def test_users_count_by_user_and_anonymous_by_address(backend_kind: str, scope: 
         assert [get(view, user=User(7)).status_code for _ in range(2)] == [200, 429]
         assert get(view, user=User(8)).status_code == 200
         assert statuses(view, 2, ip="192.0.2.7") == [200, 429]  # not user 7's counter
-        assert throttling.lookup(view.cls.throttle_classes[0], "7")["count"] == 1
+        assert core.lookup(view.cls.throttle_classes[0], "7")["count"] == 1
 
 
 def test_a_key_of_the_projects_own(backend_kind: str, scope: str) -> None:
@@ -260,7 +260,7 @@ def test_a_key_of_the_projects_own(backend_kind: str, scope: str) -> None:
         assert get(view, HTTP_X_API_KEY="k1\u200b").status_code == 429
         assert get(view, HTTP_X_API_KEY="k2").status_code == 200
         assert get(view).status_code == 200  # no key: not throttled (DRF's None)
-        assert throttling.lookup(keyed, "k1")["count"] == 2
+        assert core.lookup(keyed, "k1")["count"] == 2
 
 
 def test_a_key_the_request_names_shows_its_counter_only_when_it_refuses(
@@ -369,7 +369,7 @@ def test_refusals_are_remembered(
         assert len(calls) == asked + 1
         # One memory for the middleware, @ratelimit and the throttles: a reset forgets it.
         assert len(engine.REFUSALS) == 1
-        assert throttling.reset(limited, "192.0.2.1") is True
+        assert core.reset(limited, "192.0.2.1") is True
         assert len(engine.REFUSALS) == 0
         assert get(view).status_code == 200
 
@@ -387,12 +387,45 @@ def test_usage_in_the_admins_lookup(backend_kind: str, rates: Any, scope: str) -
         # By name, as the admin's usage lookup and the management commands ask.
         assert core.lookup(f"drf:{scope}", "192.0.2.44")["count"] == 2
         # Typed as a person types it: an IPv4-mapped address is the IPv4 address.
-        assert throttling.lookup(f"drf:{scope}", "::ffff:192.0.2.44")["count"] == 2
-        assert throttling.lookup(scope, "44")["count"] == 1
-        assert throttling.reset(scope, "192.0.2.44")
-        assert throttling.lookup(scope, "192.0.2.44")["count"] == 0
+        assert core.lookup(f"drf:{scope}", "::ffff:192.0.2.44")["count"] == 2
+        assert core.lookup(f"drf:{scope}", "44")["count"] == 1
+        assert core.reset(f"drf:{scope}", "192.0.2.44")
+        assert core.lookup(f"drf:{scope}", "192.0.2.44")["count"] == 0
     with pytest.raises(ValueError, match="No default throttle rate"):
         throttling.throttle_limit("no-such-scope")
+
+
+def test_a_throttle_class_that_makes_no_limit_is_a_value_error(rates: Any, scope: str) -> None:
+    """``core.lookup`` takes a class of ours that has a rate: a ``ScopedRateThrottle`` (its
+    scope is the view's: ``"drf:<scope>"`` names it), a rate of None (DRF's way to throttle
+    nothing) or DRF's own class name no limit."""
+    rates(**{scope: None})
+    with pytest.raises(ValueError, match='name it as "drf:<scope>"'):
+        core.lookup(throttling.ScopedRateThrottle, "192.0.2.1")
+    with pytest.raises(throttling.NoRate, match="throttles nothing"):
+        core.reset(throttle(throttling.AnonRateThrottle, scope), "192.0.2.1")
+    with pytest.raises(ValueError, match="no rule, group or throttle"):
+        core.lookup(drf.AnonRateThrottle, "192.0.2.1")
+
+
+def test_the_old_lookup_warns_and_still_answers(backend_kind: str, rates: Any, scope: str) -> None:
+    rates(**{scope: "5/m"})
+    view = api_view(throttling.ScopedRateThrottle, throttle_scope=scope)
+    with frozen_clock(T0):
+        statuses(view, 2, ip="192.0.2.44")
+        with pytest.warns(DeprecationWarning, match=r"ratelimit_app\.core\.lookup"):
+            found = throttling.lookup(scope, "192.0.2.44")
+    assert found is not None and found["count"] == 2
+
+
+def test_the_old_reset_warns_and_still_clears(backend_kind: str, scope: str) -> None:
+    limited = throttle(throttling.AnonRateThrottle, scope, "1/m")
+    view = api_view(limited)
+    with frozen_clock(T0):
+        assert statuses(view, 2) == [200, 429]
+        with pytest.warns(DeprecationWarning, match=r"ratelimit_app\.core\.reset"):
+            assert throttling.reset(limited, "192.0.2.1") is True
+        assert get(view).status_code == 200
 
 
 @pytest.mark.django_db
@@ -433,7 +466,7 @@ def test_an_overridden_timer_moves_only_its_own_checks(backend_kind: str, scope:
     fixed.at = T0 + 61
     assert statuses(view, 1) == [200]  # the window of T0 + 61 no longer holds T0's hits
     with frozen_clock(T0):
-        assert throttling.lookup(fixed, "192.0.2.1")["count"] == 2  # made at T0
+        assert core.lookup(fixed, "192.0.2.1")["count"] == 2  # made at T0
     assert clock.now is original
 
 

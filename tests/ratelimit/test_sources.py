@@ -63,6 +63,27 @@ def test_the_operations_find_a_registered_limit(api: Limit) -> None:
     assert operations.find_limit("fake:api") is api
 
 
+class Token:
+    """An object a source stands a limit for, as a throttle class."""
+
+
+@pytest.mark.usefixtures("empty")
+def test_the_operations_resolve_an_object_through_its_source(api: Limit) -> None:
+    with pytest.raises(ValueError, match="no rule, group or throttle"):
+        operations.find_limit(Token)
+    register("plain", {})  # a source that resolves nothing is skipped
+    seen: list[object] = []
+
+    def resolve(obj: object) -> Limit | None:
+        seen.append(obj)
+        return api if obj is Token else None
+
+    sources.register("fake", kind="test", limits=dict, problems=list, resolve=resolve)
+    assert operations.find_limit(Token) is api
+    assert sources.resolve(object) is None
+    assert seen == [Token, object]
+
+
 @pytest.mark.django_db
 @pytest.mark.usefixtures("empty")
 def test_the_admin_offers_registered_limits(api: Limit) -> None:
@@ -87,4 +108,8 @@ def test_the_throttles_register_themselves() -> None:
     throttling = pytest.importorskip("ratelimit_app.throttling")
     source = sources.get(sources.DRF)
     assert source is not None and source.kind == "DRF throttle"
-    assert (source.limits, source.problems) == (throttling.scope_limits, throttling.problems)
+    assert (source.limits, source.problems, source.resolve) == (
+        throttling.scope_limits,
+        throttling.problems,
+        throttling.resolve,
+    )
