@@ -374,7 +374,12 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     rate_plans = p.rates
     if len(rate_plans) == 1:  # the common case: one rate
         rp = rate_plans[0]
-        counts = _segment_counts(rp, values)
+        if rp.multi:
+            counts = _segment_counts(rp, values)
+        else:  # every segment is one bucket: no call per rate
+            counts = list(map(values.__getitem__, rp.first))
+            if counts and min(counts) < 0:
+                counts = _clamped(counts)
         n = sum(counts)
         return [_usage(rp, counts, n, counted and n > rp.rate.count, counted, t)]
     per_segment = [_segment_counts(rp, values) for rp in rate_plans]
@@ -397,8 +402,13 @@ def _segment_counts(rp: RatePlan, values: list[int]) -> list[int]:
             total += values[i] * sign
         counts[k] = total
     if counts and min(counts) < 0:
-        counts = [c if c > 0 else 0 for c in counts]
+        counts = _clamped(counts)
     return counts
+
+
+def _clamped(counts: list[int]) -> list[int]:
+    """``counts`` with a negative one as 0: a segment's true count is never negative."""
+    return [c if c > 0 else 0 for c in counts]
 
 
 def _usage(

@@ -16,6 +16,7 @@ transaction per slot. Bucket indexes come from the client's clock, never the ser
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -334,6 +335,21 @@ def _by_slot(items: Sequence[Item], run: Callable[[list[Item]], list[Answer]]) -
     return answers
 
 
+class _Closer:
+    """Kept in a thread's storage beside its connection: when the thread ends, its storage
+    goes and this closes the connection. A server that starts a thread per request (Django's
+    runserver) would otherwise leave a socket per request to the garbage collector."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit, anything may be gone
+            self.conn.disconnect()
+
+
 class RedisBackend(Backend):
     """Redis through django-redis's connection factory: the checks of a request in one
     round trip on this thread's own connection."""
@@ -531,6 +547,7 @@ class RedisBackend(Backend):
             pool = self.client.connection_pool
             conn = pool.connection_class(**pool.connection_kwargs)
             local.conn, local.pid, local.reader = conn, os.getpid(), None
+            local.closer = _Closer(conn)
             self._connections.add(conn)
         return conn
 

@@ -119,6 +119,8 @@ class Check(NamedTuple):
     burst: int | None = None
 
 
+_tuple = tuple.__new__
+
 #: The subjects of one request, found once per key (:meth:`Limit.check`).
 Subjects = dict[Any, tuple[str, str]]
 
@@ -221,7 +223,9 @@ class Limit:
                 subject = subjects.get(key)
                 if subject is None:
                     subject = subjects[key] = keys.subject(key, self.group, request)
-        return Check(scope, subject, rate_list, increment, self.algorithm, self.burst)
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function, and a check is made
+        # for every limit of every request.
+        return _tuple(Check, (scope, subject, rate_list, increment, self.algorithm, self.burst))
 
     def scope_for(self, rate_list: tuple[rates.Rate, ...]) -> str:
         """The scope of the counters for ``rate_list`` (the static scope when they are the

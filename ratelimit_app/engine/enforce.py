@@ -64,8 +64,10 @@ class Decision:
         "limit",
         "name",
         "own",
+        "refused",
         "result",
         "sender",
+        "shown",
     )
 
     def __init__(
@@ -84,15 +86,15 @@ class Decision:
         #: None until decided, and when not checked (the backend failed, or another limit
         #: refused the request from memory).
         self.result: Result | None = None
+        #: Over its limit (a non-blocking limit's refusal only marks the request).
+        self.refused = False
+        #: Whether the response's ``RateLimit`` headers show its counter: the requester's
+        #: own (:attr:`own`), and a refusal's.
+        self.shown = False
         self._usage: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return f"Decision({self.name or self.limit.group!r}, {self.result!r})"
-
-    @property
-    def refused(self) -> bool:
-        """Over its limit (a non-blocking limit's refusal only marks the request)."""
-        return self.result is not None and self.result.limited
 
     @property
     def retry_after(self) -> float:
@@ -100,17 +102,17 @@ class Decision:
         result = self.result
         return result.binding().retry_after if result is not None and result.limited else 0.0
 
-    @property
-    def shown(self) -> bool:
-        """Whether the response's ``RateLimit`` headers show its counter: the requester's
-        own (:attr:`own`), and a refusal's."""
-        r = self.result
-        if r is None:
-            return False
+    def decided(self, result: Result | None) -> None:
+        """Take ``result`` (None: not checked) as this limit's, and what follows from it."""
+        self.result = result
+        if result is None:
+            self.refused = self.shown = False
+            return
         own = self.own
         if own is None:
             own = self.check.subject[0] in OWN_KINDS
-        return own or r.limited
+        self.refused = refused = result.limited
+        self.shown = own or refused
 
     def usage(self) -> dict[str, Any] | None:
         """django-ratelimit's usage dict of the result, made once (None: not checked)."""
@@ -150,7 +152,7 @@ class Verdict:
     @property
     def limited(self) -> bool:
         """True when any limit is over (blocking or not)."""
-        return any([d.refused for d in self.decisions])
+        return True in [d.refused for d in self.decisions]
 
     def refusing(self) -> Decision | None:
         """The blocking limit that refuses the request (the one that frees up last), or
@@ -191,8 +193,8 @@ def decide(
             report_failure(exc)
             return Verdict(decisions, failed=exc)
     for d, result in zip(decisions, results, strict=True):
-        d.result = result
-        if result is not None and result.limited and d.check.increment:
+        d.decided(result)
+        if d.refused and d.check.increment:
             _signal(request, d, sender)
     return Verdict(decisions, remembered=remembered)
 

@@ -10,6 +10,8 @@ from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import Moment, Step, register
 
+_tuple = tuple.__new__
+
 
 @register
 class SlidingWindow(Step):
@@ -26,7 +28,9 @@ class SlidingWindow(Step):
         self.detail: windows.Plan | None = None
 
     def op(self) -> Op:
-        return Op(self.namespace, self.plan, self.check.increment)
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function, and this is made
+        # for every check of every request.
+        return _tuple(Op, (self.namespace, self.plan, self.check.increment, None))
 
     def decide(self, reply: list[int]) -> Result:
         increment = self.check.increment

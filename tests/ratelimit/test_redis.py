@@ -151,6 +151,27 @@ def test_each_thread_keeps_its_own_connection(redis_cache: str) -> None:
     assert _client_id(backend) != mine
 
 
+def test_a_thread_s_connection_closes_when_the_thread_ends(redis_cache: str) -> None:
+    """Django's runserver starts a thread per request: each thread's connection is closed
+    when the thread ends, never left open (or to the garbage collector, unclosed)."""
+    backend = get_backend()
+    ids: list[int] = []
+    threads = [threading.Thread(target=lambda: ids.append(_client_id(backend))) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(ids)) == 8
+    deadline = time.monotonic() + 5
+    while True:
+        listed = server(backend).client_list()
+        still = {int(c["id"]) for c in listed} & set(ids)
+        if not still or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert not still, f"connections of ended threads still open: {sorted(still)}"
+
+
 def test_a_killed_connection_fails_one_check_then_reconnects(redis_cache: str, group: str) -> None:
     with mock.patch.object(base, "DEAD_RETRY", 0):  # the failure marks nothing down
         backend = get_backend()
