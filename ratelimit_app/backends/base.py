@@ -240,6 +240,21 @@ class Backend(ABC):
             return gcra.advance(op.meter, read, now_us)
         return None
 
+    def execute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
+        """Run ``ops`` of every kind in one :meth:`exchange`: one reply per op, in order
+        (a window :class:`Op`'s values, a :class:`MeterOp`'s :class:`MeterReply`). The
+        engine reaches a backend through this alone; a new kind of op is a branch here and
+        its encoding in each backend."""
+        windowed = [op for op in ops if isinstance(op, Op)]
+        if len(windowed) == len(ops):  # the common case: sliding windows only
+            return self.exchange(windowed, [], now_us)[0]
+        metered = [op for op in ops if isinstance(op, MeterOp)]
+        if len(windowed) + len(metered) != len(ops):
+            raise TypeError(f"not an operation of this backend: {ops!r}")
+        values, replies = self.exchange(windowed, metered, now_us)
+        w, m = iter(values), iter(replies)
+        return [next(w) if isinstance(op, Op) else next(m) for op in ops]
+
     def exchange(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:

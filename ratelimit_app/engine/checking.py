@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ratelimit_app import clock
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import get_backend
-from ratelimit_app.backends.base import Backend, MeterOp
+from ratelimit_app.backends.base import Backend
 from ratelimit_app.config.conf import conf
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import leaky_bucket, sliding_window  # noqa: F401  (they register)
@@ -48,7 +47,7 @@ def check_many(
     moment = Moment(clock.now() if at is None else at)
     steps = [STEPS[c.algorithm](c, namespace(c.scope, *c.subject), moment) for c in checks]
     backend = get_backend()
-    replies = exchange(backend, [s.op() for s in steps], moment.now_us)
+    replies = backend.execute([s.op() for s in steps], moment.now_us)
     results = [s.decide(reply) for s, reply in zip(steps, replies, strict=True)]
     for r in results:
         if r.limited:
@@ -69,7 +68,7 @@ def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Momen
     timed = [s for s in steps if s.exact_wait()]
     if sent:
         try:
-            replies = exchange(backend, [op for _, op in sent], moment.now_us)
+            replies = backend.execute([op for _, op in sent], moment.now_us)
         except BackendError as exc:
             # Whether the hits were taken back is unknown: leaving them counted is the safe
             # side (trying again could take them back twice, which would be lenient).
@@ -79,18 +78,6 @@ def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Momen
             s.refine(reply)
     remember([(s.check, s.result) for s in timed], moment.t)
     return [s.result for s in steps]
-
-
-def exchange(backend: Backend, ops: Sequence[Any], now_us: int) -> list[Any]:
-    """Run ``ops`` (of any kind) on ``backend`` in one call; one reply per op, in order."""
-    windowed = [op for op in ops if not isinstance(op, MeterOp)]
-    if len(windowed) == len(ops):
-        values, _ = backend.exchange(ops, [], now_us)
-        return values
-    metered = [op for op in ops if isinstance(op, MeterOp)]
-    values, replies = backend.exchange(windowed, metered, now_us)
-    w, m = iter(values), iter(replies)
-    return [next(m) if isinstance(op, MeterOp) else next(w) for op in ops]
 
 
 def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
@@ -108,7 +95,7 @@ def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
             ops.append(op)
         r.plan = r.reply = None
     if ops:
-        exchange(get_backend(), ops, gcra.micros(clock.now()))
+        get_backend().execute(ops, gcra.micros(clock.now()))
 
 
 def report_failure(exc: BackendError) -> None:

@@ -810,3 +810,20 @@ def test_command_errors(options: list[str], message: str) -> None:
 
     with rules(bucket("api")), pytest.raises(CommandError, match=message):
         call_command("ratelimit_usage", "api", "127.0.0.1", *options, stdout=io.StringIO())
+
+
+def test_execute_answers_ops_of_both_kinds_in_their_order(backend: Any, group: str) -> None:
+    """``Backend.execute``, the engine's one call per round trip: windows and meters mixed
+    in any order, each answered in its place (values for a window, a ``MeterReply`` for a
+    meter); anything else is refused before a command is sent."""
+    m, rates = gcra.meter(parse("10/s")), parse("5/m")
+    a, b = namespace(group, "ip", "192.0.2.30"), namespace(group, "ip", "192.0.2.31")
+    plan = windows.plan(rates, T0)
+    ops: list[Any] = [MeterOp(a, m, True), Op(a, plan, True), MeterOp(b, m, True), Op(b, plan)]
+    first = backend.execute(ops, T0_US)
+    assert [type(r).__name__ for r in first] == ["MeterReply", "list", "MeterReply", "list"]
+    assert windows.evaluate(plan, first[1], T0, counted=True)[0].count == 1  # a counted
+    assert first[3] == [0] * len(plan.reads)  # b only looked
+    assert first[0].read is None and first[0].written == gcra.advance(m, None, T0_US)
+    with pytest.raises(TypeError, match="not an operation"):
+        backend.execute([Op(a, plan), ("not", "an", "op")], T0_US)
