@@ -44,7 +44,7 @@ from metrics_app import query
 from metrics_app.admin import period_from, step_of
 from metrics_app.conf import conf as metrics_conf
 from ratelimit_app import responses
-from ratelimit_app.config.conf import conf
+from ratelimit_app.conf import conf
 from ratelimit_app.core import get_usage
 from ratelimit_app.throttling import ThrottleUnavailable
 

@@ -12,8 +12,8 @@ from django.shortcuts import render
 from django.views.decorators.http import etag, require_safe
 
 from demo_site.shortener.views import CREATE_RATE
+from ratelimit_app.conf import conf
 from ratelimit_app.config import declared
-from ratelimit_app.config.conf import conf
 
 #: How to reach each rule's 429 from a browser (docs/demo.rst says the same).
 HOW_TO_TRY = {

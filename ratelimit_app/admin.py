@@ -3,7 +3,7 @@
 * **Rules**: the database's rules, editable and validated as ``RATELIMIT_RULES`` entries are
   (a bad rate or key is a form error naming it), and, read-only beside them, the rules of
   the settings: the whole configuration in force. A change applies in every process within
-  about a second (:mod:`ratelimit_app.config.store`).
+  about a second (:mod:`ratelimit_app.store`).
 * **Allow and deny lists**: IPs, CIDR networks, ``user:<id>`` and emails, with a note and an
   optional expiry; merged with ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY``.
 * **Usage lookup**: a rule and a subject (an IP, an email, a user id) give each rate's count,
@@ -30,8 +30,8 @@ from django.utils.functional import Promise
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import operations
-from ratelimit_app.config import declared, sources, store
+from ratelimit_app import operations, store
+from ratelimit_app.config import declared, sources
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
 from ratelimit_app.models import AccessEntry, Rule

@@ -12,9 +12,9 @@ class RatelimitAppConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete, post_save
 
-        from ratelimit_app.config import checks  # noqa: F401  (registers the system checks)
-        from ratelimit_app.config.store import bump
+        from ratelimit_app import checks  # noqa: F401  (registers the system checks)
         from ratelimit_app.models import AccessEntry, Rule
+        from ratelimit_app.store import bump
 
         def changed(**kwargs: object) -> None:
             bump()

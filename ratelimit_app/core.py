@@ -20,8 +20,8 @@ from django.http import HttpRequest
 from ratelimit_app import ALL, UNSAFE, keys
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
+from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
-from ratelimit_app.config.conf import conf
 from ratelimit_app.config.limits import Limit, Method, method_set
 from ratelimit_app.engine import enforce, failure_dict
 from ratelimit_app.engine.enforce import Decision

@@ -17,8 +17,8 @@ from django.http import HttpRequest, HttpResponse
 from ratelimit_app import ALL, UNSAFE, keys, responses
 from ratelimit_app.algorithms import gcra, rates
 from ratelimit_app.backends import get_backend
+from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
-from ratelimit_app.config.conf import conf
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.core import group_name, limit_decision
 

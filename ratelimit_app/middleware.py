@@ -41,10 +41,9 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import keys, responses
+from ratelimit_app import keys, responses, store
 from ratelimit_app.backends import get_backend
-from ratelimit_app.config import store
-from ratelimit_app.config.conf import conf
+from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce

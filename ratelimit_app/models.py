@@ -1,7 +1,7 @@
 """Rules and allow/deny entries kept in the database, edited in the admin.
 
 They apply together with ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMIT_DENY`` (see
-:mod:`ratelimit_app.config.store` for how a change reaches every process within a second or so,
+:mod:`ratelimit_app.store` for how a change reaches every process within a second or so,
 without a query per request). Validation is the settings' own: :func:`Rule.as_dict` goes
 through :func:`ratelimit_app.config.rules.parse_rule`, and an entry through
 :func:`ratelimit_app.config.access.parse_entry`, so the admin and the system checks never disagree.

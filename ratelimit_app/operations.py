@@ -14,11 +14,11 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import ALL, clock, keys
+from ratelimit_app import ALL, clock, keys, store
 from ratelimit_app.algorithms import gcra, rates, windows
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import get_backend
-from ratelimit_app.config import limits, sources, store
+from ratelimit_app.config import limits, sources
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict

@@ -40,7 +40,7 @@ from django.template import loader
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends import base
-from ratelimit_app.config.conf import conf
+from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.engine.enforce import Decision
 

@@ -26,7 +26,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "algorithms": 0,
         "config": 0,
         "identity": 0,
-        "config.conf": 0,
+        "conf": 0,
         "clock": 0,
         "exceptions": 0,
         "signals": 0,
@@ -44,7 +44,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "config.declared": 3,
         "models": 3,
         "backends": 3,
-        "config.store": 4,
+        "store": 4,
         "engine": 4,
         "engine.enforce": 5,
         "core": 5,
@@ -57,7 +57,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "metrics": 6,
         "testing": 6,
         "admin": 7,
-        "config.checks": 7,
+        "checks": 7,
         "apps": 7,
     },
     "metrics_app": {
@@ -317,9 +317,9 @@ def test_the_circle_finder_finds_circles(
 
 def test_the_checks_see_function_level_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from ratelimit_app.config.store import current\n")
-    known = {"ratelimit_app.config.store": Path("store.py")}
-    assert list(imports(source, known)) == ["ratelimit_app.config.store"]
+    source.write_text("def f():\n    from ratelimit_app.store import current\n")
+    known = {"ratelimit_app.store": Path("store.py")}
+    assert list(imports(source, known)) == ["ratelimit_app.store"]
 
 
 REACH = "ratelimit_app.operations (layer 5) imports ratelimit_app.throttling (layer 6)"
@@ -338,7 +338,7 @@ REACH = "ratelimit_app.operations (layer 5) imports ratelimit_app.throttling (la
         "from django.utils.module_loading import import_string\n"
         'found = import_string("ratelimit_app.throttling.AnonRateThrottle")\n',
         'import sys\nNAME = "ratelimit_app.throttling"\nloaded = NAME in sys.modules\n',
-        "import sys\nfrom ratelimit_app.config.conf import THROTTLING\n"
+        "import sys\nfrom ratelimit_app.conf import THROTTLING\n"
         "loaded = THROTTLING in sys.modules\n",
     ],
 )
@@ -349,12 +349,10 @@ def test_a_reach_by_name_up_a_layer_fails(tmp_path: Path, source: str) -> None:
     conf.write_text('THROTTLING = "ratelimit_app.throttling"\n')
     known = {
         "ratelimit_app.operations": module,
-        "ratelimit_app.config.conf": conf,
+        "ratelimit_app.conf": conf,
         "ratelimit_app.throttling": tmp_path / "throttling.py",
     }
-    edges = {
-        "ratelimit_app.operations": set(imports(module, known)) - {"ratelimit_app.config.conf"}
-    }
+    edges = {"ratelimit_app.operations": set(imports(module, known)) - {"ratelimit_app.conf"}}
     assert upward(edges) == [REACH]
 
 

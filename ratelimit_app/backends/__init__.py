@@ -29,7 +29,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends.base import Backend
-from ratelimit_app.config.conf import affects_limiter, conf
+from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.exceptions import BackendError
 
 MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"

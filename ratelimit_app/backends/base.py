@@ -26,7 +26,7 @@ from django.core.cache import caches
 
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.algorithms.windows import Plan
-from ratelimit_app.config.conf import conf
+from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 
 logger = logging.getLogger("ratelimit_app")

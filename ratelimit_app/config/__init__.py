@@ -1,7 +1,8 @@
-"""What a project configured, read and validated once.
+"""What a project declares, validated and compiled once.
 
-``conf`` (the ``RATELIMIT_*`` settings), ``limits`` (a validated limit and its check of a
-request), ``rules`` and ``declared`` (settings rules and database rules compiled), ``access``
-(allow and deny lists), ``sources`` (where each kind of limit is declared), ``store`` (the
-current snapshot every process reads) and ``checks`` (the system checks).
+``limits`` (a validated limit and its check of a request), ``rules`` (a rule and the rules
+that match a request), ``access`` (allow and deny lists), ``declared`` (the settings' rules
+and lists, compiled) and ``sources`` (named limits other parts register: the DRF throttles).
+The settings themselves are :mod:`ratelimit_app.conf`; the configuration in force, settings
+and database together, is :mod:`ratelimit_app.store`.
 """

@@ -2,8 +2,8 @@
 validated and compiled once, and again after a setting changes.
 
 Invalid rules and lists are left out and logged here; the system checks
-(:mod:`ratelimit_app.config.checks`) report them with their codes. The database's rules and entries
-are merged with these by :mod:`ratelimit_app.config.store`, which holds the configuration in force.
+(:mod:`ratelimit_app.checks`) report them with their codes. The database's rules and entries
+are merged with these by :mod:`ratelimit_app.store`, which holds the configuration in force.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ratelimit_app.conf import affects_limiter, read
 from ratelimit_app.config.access import EMPTY, AccessList, compile_list
-from ratelimit_app.config.conf import affects_limiter, read
 from ratelimit_app.config.rules import CompiledRule, parse_rules
 
 logger = logging.getLogger("ratelimit_app")

@@ -9,7 +9,7 @@ from ratelimit_app import clock
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Backend
-from ratelimit_app.config.conf import conf
+from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import leaky_bucket, sliding_window  # noqa: F401  (they register)
 from ratelimit_app.engine.memory import remember

@@ -12,7 +12,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from ratelimit_app.algorithms import refusals, windows
-from ratelimit_app.config.conf import affects_limiter
+from ratelimit_app.conf import affects_limiter
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 

@@ -16,7 +16,7 @@ from django.dispatch import receiver
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from ratelimit_app.config.conf import affects_limiter, conf
+from ratelimit_app.conf import affects_limiter, conf
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

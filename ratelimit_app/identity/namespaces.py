@@ -7,7 +7,7 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ratelimit_app.config.conf import affects_limiter, conf
+from ratelimit_app.conf import affects_limiter, conf
 
 #: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
 #: the memo starts over when full. A value is the client's text: one longer than an

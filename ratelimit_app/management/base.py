@@ -25,9 +25,9 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE
+from ratelimit_app import ALL, UNSAFE, store
 from ratelimit_app.algorithms import gcra, rates
-from ratelimit_app.config import limits, store
+from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, LimitError, Method
 from ratelimit_app.config.rules import parse_rules
 from ratelimit_app.exceptions import BackendError

@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from rest_framework.settings import api_settings
 
 from ratelimit_app.algorithms import rates
-from ratelimit_app.config.conf import drf_throttles_named
+from ratelimit_app.conf import drf_throttles_named
 from ratelimit_app.throttling.limits import NoRate, throttle_limit
 from ratelimit_app.throttling.throttles import (
     ScopedRateThrottle,

@@ -35,8 +35,8 @@ from ratelimit_app import ALL, clock, keys, responses
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import base
+from ratelimit_app.conf import conf
 from ratelimit_app.config import limits, sources
-from ratelimit_app.config.conf import conf
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.engine import Result, enforce
 from ratelimit_app.engine.enforce import Decision, Verdict

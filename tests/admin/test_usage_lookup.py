@@ -10,9 +10,8 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import Client, override_settings
 
-from ratelimit_app import core
+from ratelimit_app import core, store
 from ratelimit_app.admin import format_duration
-from ratelimit_app.config import store
 from ratelimit_app.testing import frozen_clock
 
 T0 = 1_800_000_000.0

@@ -11,7 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from ratelimit_app.config import checks
+from ratelimit_app import checks
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ["ratelimit_app.throttling.AnonRateThrottle", "ratelimit_app.throttling.UserRateThrottle"]

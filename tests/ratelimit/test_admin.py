@@ -15,8 +15,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from ratelimit_app import core
-from ratelimit_app.config import store
+from ratelimit_app import core, store
 from ratelimit_app.models import AccessEntry, Rule
 from ratelimit_app.testing import frozen_clock
 

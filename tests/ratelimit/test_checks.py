@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import RequestFactory, override_settings
 
+from ratelimit_app import checks
 from ratelimit_app.backends.cache import CacheBackend
-from ratelimit_app.config import checks
-from ratelimit_app.config.conf import REMOVED
+from ratelimit_app.conf import REMOVED
 from ratelimit_app.decorators import ratelimit, registry
 
 LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}

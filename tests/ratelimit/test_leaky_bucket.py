@@ -32,12 +32,11 @@ from django.urls import path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import core
+from ratelimit_app import checks, core
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.backends.base import MeterOp, Op
-from ratelimit_app.config import checks
 from ratelimit_app.config.rules import RuleError, parse_rule
 from ratelimit_app.core import get_usage, is_ratelimited
 from ratelimit_app.decorators import ratelimit, registry

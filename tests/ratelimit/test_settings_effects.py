@@ -30,7 +30,7 @@ from ratelimit_app.algorithms import windows
 from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import reset_backends
-from ratelimit_app.config.conf import conf
+from ratelimit_app.conf import conf
 from ratelimit_app.keys import namespace
 from tests.ratelimit.checking import check
 

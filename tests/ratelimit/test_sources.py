@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from ratelimit_app import operations
+from ratelimit_app import checks, operations
 from ratelimit_app.admin import UsageForm
-from ratelimit_app.config import checks, sources
+from ratelimit_app.config import sources
 from ratelimit_app.config.limits import Limit
 
 

@@ -29,9 +29,9 @@ from django.dispatch import receiver
 
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
+from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
-from ratelimit_app.config.conf import affects_limiter, conf
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.identity.namespaces import namespace
 

@@ -19,8 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
+from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
 from ratelimit_app.config import sources
-from ratelimit_app.config.conf import DEFAULTS, REMOVED, drf_throttles_named
 
 if TYPE_CHECKING:
     from ratelimit_app.config.rules import CompiledRule

@@ -8,7 +8,7 @@ so ``override_settings`` and pytest-django's ``settings`` fixture just work.
 A leaf: this module reads settings and imports nothing else of the package. What is built
 from settings keeps its own cache and forgets it with its own receiver, on the settings
 :func:`affects_limiter` names: the declared rules and lists (:mod:`ratelimit_app.config.declared`),
-the configuration in force (:mod:`ratelimit_app.config.store`), the backends
+the configuration in force (:mod:`ratelimit_app.store`), the backends
 (:mod:`ratelimit_app.backends`), the hashed subjects (:mod:`ratelimit_app.keys`) and the
 refusals remembered (:mod:`ratelimit_app.engine`).
 """
