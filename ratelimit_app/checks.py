@@ -18,7 +18,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class
+from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class, missing_cache
 from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
 from ratelimit_app.config import sources
 
@@ -89,7 +89,7 @@ def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     alias = _setting("RATELIMIT_USE_CACHE")
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
-        return [_error("E001", f"({alias!r}; CACHES has {', '.join(map(repr, caches))}).")]
+        return [_error("E001", missing_cache(alias, caches))]
     backend = caches[alias].get("BACKEND", "")
     if backend in (MEMCACHED, REDIS) and not caches[alias].get("LOCATION"):
         return [_error("E013", f"({alias!r} is {backend}).")]
@@ -223,7 +223,7 @@ def _middleware_order(raw: object, found: list[CompiledRule]) -> Iterable[checks
     ):
         yield _error(
             "W004",
-            f"(rules {', '.join(map(repr, user_keyed))}).",
+            f"Rules keyed on the user: {', '.join(map(repr, user_keyed))}.",
             hint="Move RatelimitMiddleware after AuthenticationMiddleware.",
         )
 
@@ -234,6 +234,9 @@ def _check_rules() -> Iterable[checks.CheckMessage]:
     raw = _setting("RATELIMIT_RULES")
     found, errors = parse_rules(raw)
     for error in errors:
+        if not error.field:  # the setting itself is no list of rules
+            yield checks.Error(error.problem, id="ratelimit_app.E014")
+            continue
         yield _error("E014", f"Rule {error.rule!r}, field {error.field!r}: {error.problem}")
     yield from _access_lists()
     yield from _statuses()

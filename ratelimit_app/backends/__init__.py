@@ -58,14 +58,27 @@ def get_backend(alias: str | None = None) -> Backend:
     return backend
 
 
+def missing_cache(alias: str, caches: Any) -> str:
+    """What is wrong when ``alias`` is not in ``caches`` (the ``CACHES`` setting), and the fix
+    (the system check and the request-time error say the same)."""
+    if not caches:
+        return (
+            f"RATELIMIT_USE_CACHE is {alias!r}, but CACHES is empty: add a {alias!r} cache to "
+            "CACHES, or set RATELIMIT_USE_CACHE to the alias of a cache that exists."
+        )
+    return (
+        f"RATELIMIT_USE_CACHE is {alias!r}, which is not in CACHES (it has "
+        f"{', '.join(map(repr, caches))}): add a {alias!r} cache to CACHES, or set "
+        "RATELIMIT_USE_CACHE to one of those."
+    )
+
+
 def backend_class(alias: str) -> type[Backend]:
     """The class that counts on cache ``alias``: ``RATELIMIT_BACKEND``'s when set, else the
     one the cache's ``BACKEND`` selects. Raises ``ImproperlyConfigured``."""
     config = settings.CACHES.get(alias)
     if config is None:
-        raise InvalidCacheBackendError(
-            f"RATELIMIT_USE_CACHE is {alias!r}, which is not a key of CACHES."
-        )
+        raise InvalidCacheBackendError(missing_cache(alias, settings.CACHES))
     if conf.BACKEND:
         return configured_class(conf.BACKEND)
     path = config.get("BACKEND", "")

@@ -19,6 +19,7 @@ Pure logic: no I/O.
 
 from __future__ import annotations
 
+import difflib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -328,13 +329,7 @@ def _validate_key(key: object, trusted: bool) -> None:
     if not key:
         raise LimitError("key", "Ratelimit key must be specified.")
     if not trusted and not (isinstance(key, str) and _builtin_key(key)):
-        raise LimitError(
-            "key",
-            f"Key {key!r}: a rule kept in the database takes a built-in key "
-            f"({', '.join(sorted(keys.SIMPLE_KEYS))}, or "
-            f"{', '.join(f'{a}:<name>' for a in sorted(keys.ACCESSOR_KEYS))}); "
-            "callables and dotted paths are code: put such a rule in RATELIMIT_RULES.",
-        )
+        raise _not_builtin(key)
     if isinstance(key, str):
         try:
             keys.compile_key(key)
@@ -346,6 +341,29 @@ def _validate_key(key: object, trusted: bool) -> None:
             f"Key {key!r}: expected a key string ('ip', 'user', 'email', 'header:x-api-key', "
             "...), a callable or a dotted path.",
         )
+
+
+def _not_builtin(key: object) -> LimitError:
+    """A database rule's key that is no built-in kind: a typo (no dot), or code."""
+    builtin = (
+        f"{', '.join(sorted(keys.SIMPLE_KEYS))}, or "
+        f"{', '.join(f'{a}:<name>' for a in sorted(keys.ACCESSOR_KEYS))}"
+    )
+    if isinstance(key, str) and "." not in key:
+        return LimitError("key", f"Unknown key {key!r}: use one of {builtin}{_guess(key)}.")
+    return LimitError(
+        "key",
+        f"Key {key!r}: a rule kept in the database takes a built-in key ({builtin}); "
+        "callables and dotted paths are code: put such a rule in RATELIMIT_RULES.",
+    )
+
+
+def _guess(key: str) -> str:
+    """`` (did you mean 'ip'?)`` for a mistyped built-in key, or nothing."""
+    name = key.partition(":")[2]
+    known = [*keys.SIMPLE_KEYS, *(f"{a}:{name or '<name>'}" for a in keys.ACCESSOR_KEYS)]
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _builtin_key(key: str) -> bool:

@@ -56,8 +56,11 @@ class RuleError(Mistake):
     every mistake of the rule, each naming its field)."""
 
     def __init__(self, rule: str, field: str, problem: str) -> None:
+        # No field: the mistake is the setting itself, which the problem names.
         self.rule, self.field, self.problem = rule, field, problem
-        super().__init__(f"RATELIMIT_RULES rule {rule!r}, field {field!r}: {problem}")
+        super().__init__(
+            f"RATELIMIT_RULES rule {rule!r}, field {field!r}: {problem}" if field else problem
+        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -267,8 +270,14 @@ def parse_rules(raw: object) -> tuple[list[CompiledRule], list[RuleError]]:
     if raw is None:
         return [], []
     if isinstance(raw, str | bytes | Mapping) or not isinstance(raw, Iterable):
+        got = "a dict" if isinstance(raw, Mapping) else f"{type(raw).__name__} {raw!r}"
         return [], [
-            RuleError("RATELIMIT_RULES", "name", f"expected a list of dicts, got {raw!r}.")
+            RuleError(
+                "RATELIMIT_RULES",
+                "",
+                f"RATELIMIT_RULES must be a list of rule dicts (got {got}): write "
+                "RATELIMIT_RULES = [{...}, ...], one dict per rule.",
+            )
         ]
     found: list[CompiledRule] = []
     errors: list[RuleError] = []
