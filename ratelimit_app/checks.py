@@ -18,7 +18,18 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ratelimit_app.backends import DUMMY, MEMCACHED, REDIS, configured_class, missing_cache
+from ratelimit_app import clock
+from ratelimit_app.algorithms import rates, windows
+from ratelimit_app.backends import (
+    DUMMY,
+    MEMCACHED,
+    REDIS,
+    backend_class,
+    build,
+    configured_class,
+    missing_cache,
+)
+from ratelimit_app.backends.base import Backend, Op
 from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
 from ratelimit_app.config import sources
 
@@ -55,6 +66,8 @@ MESSAGES: dict[str, str] = {
     "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
     "reached (only a rate of 0 refuses).",
     "W006": "A removed RATELIMIT_* setting is set: it no longer has an effect and can be removed.",
+    "W007": "A counter server cannot be reached: every rate-limited request fails open or "
+    "closed (RATELIMIT_FAIL_OPEN).",
 }
 
 _NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
@@ -113,6 +126,62 @@ def check_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     if backend in _NOT_ATOMIC:
         return [_error("W002", f"({alias!r} is {backend}).", hint=f"Use {MEMCACHED} or {REDIS}.")]
     return []
+
+
+#: Subjects a server check looks at per server: with several memcached servers, each is
+#: then all but certain to hold one of them (a server holds the subjects that hash to it).
+_LOOKS_PER_SERVER = 16
+_START_A_SERVER = (
+    "Start the server it names (memcached: `memcached -d`; Redis: `redis-server "
+    "--daemonize yes`) and make sure every process can reach it; while developing, a "
+    "local-memory cache needs none: CACHES = {'default': {'BACKEND': "
+    "'django.core.cache.backends.locmem.LocMemCache'}}."
+)
+
+
+@checks.register(checks.Tags.caches, deploy=True)
+def check_servers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Ask the counter servers once (``check --deploy`` only: a plain check never
+    connects), with a look that counts nothing and the backends' short timeouts."""
+    alias = _setting("RATELIMIT_USE_CACHE")
+    try:
+        backend = build(backend_class(alias), alias)
+    except ImproperlyConfigured:
+        return []  # check_cache and check_settings say what is wrong
+    except Exception as exc:  # a BackendError: a server address that cannot be used
+        detail = f"Cache {alias!r} has a server address that cannot be used: {_cause(exc)}."
+    else:
+        try:
+            detail = _unreachable(backend, alias)
+        finally:
+            with contextlib.suppress(Exception):
+                backend.close()
+    return [_error("W007", detail, hint=_START_A_SERVER)] if detail else []
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """What a BackendError wraps (its own text repeats the cache alias)."""
+    return exc.__cause__ or exc
+
+
+def _unreachable(backend: Backend, alias: str) -> str:
+    """Which servers of ``backend`` failed a look that counts nothing ("" if none did)."""
+    servers = backend.servers
+    if not servers:
+        return ""  # it counts in the process or through a Django cache: nothing to reach
+    plan = windows.plan(rates.parse("1/m"), clock.now())
+    looks = [Op(f"{{rl-check-{i}}}", plan) for i in range(_LOOKS_PER_SERVER * len(servers))]
+    error: BaseException | None = None
+    try:
+        backend.run_many(looks)
+    except Exception as exc:
+        error = _cause(exc)
+    # A server that failed is marked down; a failure that marked none is every server's.
+    down = [s.name for s in servers if s.dead_until] or [s.name for s in servers if error]
+    if not down:
+        return ""
+    said = f": {error}" if error else " did not answer"
+    return f"Server {', '.join(down)} of cache {alias!r}{said}."
 
 
 def _int_in(value: object, low: int, high: int) -> bool:

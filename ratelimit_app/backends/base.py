@@ -180,6 +180,12 @@ class Backend(ABC):
         self.key_prefix = self.cache_prefix + self.rl_prefix
         self._encodings: dict[int, Encoded] = {}
 
+    @property
+    def servers(self) -> Sequence[Server]:
+        """The servers it talks to, for the messages that must say which one failed: none
+        for a backend that counts in the process or through a Django cache."""
+        return ()
+
     def encoded(self, plan: Plan) -> Encoded:
         """The byte form of ``plan``, cached by identity (plans are memoised objects)."""
         entry = self._encodings.get(id(plan))
@@ -282,9 +288,11 @@ class Backend(ABC):
     def _failed(self, exc: BaseException, server: Server | None) -> BackendError:
         """``exc`` logged, as the BackendError to raise; ``server`` (None: a failure of the
         data, not of a server) is marked down."""
+        where = ""
         if server is not None:
             server.mark_down()
-        logger.warning("ratelimit: backend %r failed: %s", self.alias, exc)
+            where = f" ({server.name})"
+        logger.warning("ratelimit: backend %r%s failed: %s", self.alias, where, exc)
         return BackendError(f"{self.alias}: {exc}")
 
     def _succeeded(self, server: Server) -> None:

@@ -219,6 +219,10 @@ class MemcachedBackend(Backend):
         #: Each recent subject's part of a check command (``check_command``'s memo).
         self._parts: dict[tuple[str, MemcachedEncoded], SubjectPart] = {}
 
+    @property
+    def servers(self) -> Sequence[Server]:
+        return self.nodes
+
     # -- nodes: placement and failover --------------------------------------------------------
 
     def _node(self, namespace: str) -> _Node:

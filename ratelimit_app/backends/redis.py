@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, TypeVar, cast
+from urllib.parse import urlsplit
 
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
@@ -335,6 +336,22 @@ def _by_slot(items: Sequence[Item], run: Callable[[list[Item]], list[Answer]]) -
     return answers
 
 
+def _address(url: str) -> str:
+    """Where a Redis URL points (``host:port``, or a socket's path), never its password:
+    how messages name the server."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path or "server"
+    host = parts.hostname
+    if not host:
+        return "server"
+    host = f"[{host}]" if ":" in host else host
+    try:
+        return f"{host}:{parts.port or 6379}"
+    except ValueError:  # no port number: the client refuses it on the first check
+        return host
+
+
 class _Closer:
     """Kept in a thread's storage beside its connection: when the thread ends, its storage
     goes and this closes the connection. A server that starts a thread per request (Django's
@@ -373,14 +390,18 @@ class RedisBackend(Backend):
         options.setdefault("SOCKET_TIMEOUT", backend_base.SOCKET_TIMEOUT)
         options.setdefault("SOCKET_CONNECT_TIMEOUT", backend_base.SOCKET_TIMEOUT)
         self.options = options
-        #: Marked down for base.DEAD_RETRY seconds when a check fails. Named "server"
-        #: in errors: the URL may hold a password.
-        self.server = Server("server")
+        #: Marked down for base.DEAD_RETRY seconds when a check fails. Named by its
+        #: address alone in errors: the URL may hold a password.
+        self.server = Server(_address(self.url))
         self._prefix = self.key_prefix.encode()
         #: Each thread's connection for :meth:`_call`, and all of them, for :meth:`close`.
         self._local = threading.local()
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._open_client()
+
+    @property
+    def servers(self) -> Sequence[Server]:
+        return (self.server,)
 
     def _open_client(self) -> None:
         """Build the client (redis-py connects on its first command): the one step of the

@@ -99,7 +99,13 @@ def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
 
 
 def report_failure(exc: BackendError) -> None:
-    """Log and signal a backend failure (the backend itself may not exist: bad settings)."""
+    """Log and signal a backend failure, naming the servers the backend talks to (the
+    backend itself may not exist: bad settings)."""
     alias = conf.USE_CACHE
-    logger.warning("ratelimit: counter backend %r failed: %s", alias, exc)
+    try:
+        servers = ", ".join(s.name for s in get_backend(alias).servers)
+    except Exception:  # bad settings, or a backend that cannot be built
+        servers = ""
+    where = f" ({servers})" if servers else ""
+    logger.warning("ratelimit: counter backend %r%s failed: %s", alias, where, exc)
     backend_failed.send(sender=BackendError, alias=alias, error=exc)

@@ -247,7 +247,8 @@ def test_the_cluster_backend_keeps_its_parents_constructor(redis_cache: str) -> 
     cluster = build(RedisClusterBackend, "rl")
     for backend in (plain, cluster):
         assert (backend.url, backend.options["SOCKET_TIMEOUT"]) == (redis_cache, 0.7)
-        assert backend.server.name == "server" and backend.server.alive(time.monotonic())
+        assert backend.server.name in redis_cache  # its address, as messages name it
+        assert backend.server.alive(time.monotonic())
         assert not backend._connections
     assert hasattr(plain, "client") and not hasattr(cluster, "client")
     assert not cluster.connected
