@@ -25,9 +25,11 @@ def readme_install_blocks() -> tuple[str, str]:
     """The Install section's settings block and view block."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     install = readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", install, re.DOTALL)
-    (settings,) = [block for block in blocks if "CACHES" in block]
+    # The blocks a reader copies in turn (a list item's block is an alternative, indented).
+    blocks = re.findall(r"^```python\n(.*?)^```", install, re.DOTALL | re.MULTILINE)
+    settings = "\n".join(block for block in blocks if "def " not in block)
     (view,) = [block for block in blocks if "def " in block]
+    assert "CACHES" in settings and "MIDDLEWARE" in settings, settings
     return settings, view
 
 
