@@ -1,20 +1,26 @@
 # django-bucketry developer tasks. `make demo` and `make test` are the two set-up commands.
 #
-# Everything runs from the virtualenv in .venv; `make venv` creates it and re-installs only
-# when pyproject.toml changes. It holds the oldest versions we claim (Python 3.11, whose
-# newest Django is the 5.2 LTS); `make test` also runs the suite in $(NEWEST_VENV), on
-# Python 3.13 with the newest Django the requirement allows (see NEWEST_* below). `make servers` installs memcached, Redis, PostgreSQL and
-# Chromium from Debian when they are missing (root only) and runs before the venv exists.
+# Everything runs from the virtualenv in .venv, installed in two steps each re-run only when
+# pyproject.toml changes: `make demo` installs what the demo runs (the extras and the `demo`
+# group), `make venv` (run by `make test`) adds the development tools (the `dev` group) to the
+# same .venv. It holds the oldest versions we claim (Python 3.11, whose newest Django is the
+# 5.2 LTS); `make test` also runs the suite in $(NEWEST_VENV), on Python 3.13 with the newest
+# Django the requirement allows (see NEWEST_* below). `make servers` installs memcached, Redis,
+# PostgreSQL and Chromium from Debian when they are missing (root only) and runs before the
+# venv exists.
 
 PYTHON3 ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 PY      := $(BIN)/python
 STAMP   := $(VENV)/.installed
-# The public extras; the tools (pytest, ruff, sphinx...) are pyproject's dependency group
-# `dev` (PEP 735), which pip installs from 25.1 on with --group.
+DEMO_STAMP := $(VENV)/.demo-installed
+# The public extras, which the demo runs (with the servers its variables name); the tools
+# (pytest, ruff, sphinx...) are pyproject's dependency group `dev` (PEP 735), which includes
+# the `demo` group; pip installs groups from 25.1 on with --group.
 EXTRAS  := memcached,redis,celery,drf
 GROUP   := dev
+DEMO_GROUP := demo
 
 # The newest-versions leg. uv makes the venv from a python$(NEWEST_PYTHON) that runs (on PATH
 # or among pyenv's versions), else from its own build of CPython, downloaded once: a fresh
@@ -31,13 +37,14 @@ NEWEST_PYTEST     := -m 'not slow' --ignore=tests/reliability --ignore=tests/adm
 export CI
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-newest servers lint test test-newest docs bench demo clean distclean fuzz
+.PHONY: help venv venv-demo venv-newest servers lint test test-newest docs bench demo clean distclean fuzz
 
 help:
 	@echo "make demo       run the demo site on http://127.0.0.1:8000/ (PORT=8001 make demo to change)"
 	@echo "make test       lint, pytest on SQLite, db_matrix tests on PostgreSQL, the suite on"
 	@echo "                Python $(NEWEST_PYTHON) + the newest Django (test-newest), docs build"
-	@echo "make venv       create/refresh .venv (pip install -e '.[$(EXTRAS)]' --group $(GROUP))"
+	@echo "make venv       .venv with the tools (pip install -e '.[$(EXTRAS)]' --group $(GROUP))"
+	@echo "make venv-demo  .venv with only what the demo runs (--group $(DEMO_GROUP) instead)"
 	@echo "make test-newest  the suite in $(NEWEST_VENV): Python $(NEWEST_PYTHON), newest Django"
 	@echo "make servers    install missing memcached/redis-server/postgresql/chromium/wrk/valgrind (root)"
 	@echo "make lint       ruff check, ruff format --check, mypy"
@@ -48,12 +55,24 @@ help:
 
 venv: $(STAMP)
 
-# Order-only on the interpreter: re-creating it must not by itself trigger a re-install,
-# only a newer pyproject.toml does.
-$(STAMP): pyproject.toml | $(PY)
-	@echo "==> installing django-bucketry[$(EXTRAS)] and the $(GROUP) group into $(VENV)"
+venv-demo: $(DEMO_STAMP)
+
+# pip install -e '.[$(EXTRAS)]' --group <group>, with a pip that knows --group.
+define install_group
+	@echo "==> installing django-bucketry[$(EXTRAS)] and the $(1) group into $(VENV)"
 	$(PY) -m pip install --quiet --upgrade 'pip>=25.1'
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' --group $(GROUP)
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]' --group $(1)
+endef
+
+# Order-only on the interpreter: re-creating it must not by itself trigger a re-install,
+# only a newer pyproject.toml does. The dev group includes the demo's, so its install
+# stamps both.
+$(STAMP): pyproject.toml | $(PY)
+	$(call install_group,$(GROUP))
+	@touch $@ $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(call install_group,$(DEMO_GROUP))
 	@touch $@
 
 venv-newest: $(NEWEST_STAMP)
@@ -151,8 +170,8 @@ fuzz: venv servers
 
 # Migrate, seed and create the superuser when needed, then run the web server and a Celery
 # worker with beat until Ctrl-C (demo_site/run.py; DATABASE_URL, MEMCACHED_SERVERS, REDIS_URL
-# switch to real servers, see docs/demo.rst).
-demo: venv
+# switch to real servers, see docs/demo.rst). It installs only what the demo runs.
+demo: venv-demo
 	@$(PY) -m demo_site.run --port "$${PORT:-8000}"
 
 clean:

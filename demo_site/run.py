@@ -1,6 +1,7 @@
 """``make demo``: set the demo up, run the web server and a Celery worker, stop on Ctrl-C.
 
-``python -m demo_site.run [--port 8000]`` (the Makefile's ``demo`` target, after ``make venv``):
+``python -m demo_site.run [--port 8000]`` (the Makefile's ``demo`` target, after
+``make venv-demo``):
 
 1. checks that the port is free and reads the settings (a bad ``DATABASE_URL``,
    ``MEMCACHED_SERVERS`` or ``REDIS_URL`` stops it here, naming the variable), and says which

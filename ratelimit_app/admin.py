@@ -21,13 +21,15 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.widgets import AdminTextareaWidget
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import Promise
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app import operations, store
@@ -43,6 +45,11 @@ DURATION_UNITS = (
     (60, _("%(n)d min")),
     (1, _("%(n)d s")),
 )
+
+
+#: The filters of the rules' list, and how many database rules it needs before it offers them.
+RULE_FILTERS = ("enabled", "algorithm", "count", "block", "fail_open")
+FILTER_FROM = 10
 
 
 def format_duration(seconds: float) -> str:
@@ -143,17 +150,36 @@ def readable(usage: dict[str, Any] | None) -> dict[str, Any] | None:
 @admin.register(Rule)
 class RuleAdmin(admin.ModelAdmin):
     list_display = ("name", "enabled", "where", "key", "rate", "count", "block", "chart")
-    list_filter = ("enabled", "algorithm", "count", "block", "fail_open")
+    list_filter = RULE_FILTERS
     search_fields = ("name", "path", "url_name", "key", "note")
+    # The rule first, the note for people last: what applies is what the form shows first.
     fieldsets = (
-        (None, {"fields": ("name", "enabled", "note")}),
+        (None, {"fields": ("name", "enabled")}),
         (_("Which requests"), {"fields": ("path", "url_name", "methods")}),
         (
             _("Limit"),
             {"fields": ("key", "rate", "algorithm", "burst", "count", "block", "fail_open")},
         ),
+        (_("Note"), {"fields": ("note",)}),
     )
+    # A few lines each (paths, URL names, the note): the form's fields fit on one screen.
+    formfield_overrides = {models.TextField: {"widget": AdminTextareaWidget(attrs={"rows": 3})}}
     change_list_template = "admin/ratelimit_app/rule/change_list.html"
+
+    def formfield_for_dbfield(
+        self, db_field: models.Field[Any, Any], request: HttpRequest, **kwargs: Any
+    ) -> forms.Field | None:
+        """The field, its help text escaped: the admin renders help text as HTML, and the
+        key's mentions ``'email:<field>'``, which a browser would swallow as a tag."""
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and field.help_text:
+            field.help_text = escape(field.help_text)
+        return field
+
+    def get_list_filter(self, request: HttpRequest) -> tuple[str, ...]:
+        """The filters, once the database holds enough rules to filter: beside a shorter
+        list they only squeeze its table and lengthen the page."""
+        return RULE_FILTERS if Rule.objects.count() >= FILTER_FROM else ()
 
     @admin.display(description=_("path / URL name"))
     def where(self, obj: Rule) -> str:
@@ -178,7 +204,11 @@ class RuleAdmin(admin.ModelAdmin):
         settings_rules = [
             {**rule.describe(), "chart": chart_url(rule.name)} for rule in declared.rules()
         ]
-        context = {"settings_rules": settings_rules, **(extra_context or {})}
+        context = {
+            "title": _("Rate-limit rules"),
+            "settings_rules": settings_rules,
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, extra_context=context)
 
     def usage_view(self, request: HttpRequest) -> HttpResponse:

@@ -7,6 +7,7 @@ two in step).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib.util
 import ipaddress
 import re
@@ -31,7 +32,7 @@ from ratelimit_app.backends import (
 )
 from ratelimit_app.backends.base import Backend, Op
 from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
-from ratelimit_app.config import sources
+from ratelimit_app.config import declared, sources
 
 if TYPE_CHECKING:
     from ratelimit_app.config.rules import CompiledRule
@@ -59,8 +60,9 @@ MESSAGES: dict[str, str] = {
     "REST_FRAMEWORK setting or a view's throttle is invalid.",
     "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
     "no rule applies.",
-    "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: rules keyed on the user "
-    "see every request as anonymous and fall back to the IP.",
+    "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: it sees every request "
+    "as anonymous, so 'user:<id>' entries of the allow and deny lists never match and rules "
+    "keyed on the user fall back to the IP.",
     "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
     "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
     "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
@@ -68,6 +70,9 @@ MESSAGES: dict[str, str] = {
     "W006": "A removed RATELIMIT_* setting is set: it no longer has an effect and can be removed.",
     "W007": "A counter server cannot be reached: every rate-limited request fails open or "
     "closed (RATELIMIT_FAIL_OPEN).",
+    "W008": "A RATELIMIT_* setting is not one of django-bucketry's: it has no effect.",
+    "W009": "A RATELIMIT_RULES rule names a url_name that no URL pattern has: it never applies.",
+    "W010": "A @ratelimit decorator has no rate: it limits nothing.",
 }
 
 _NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
@@ -244,6 +249,33 @@ def _removed() -> Iterable[checks.CheckMessage]:
             yield _error("W006", f"{name}: {now}.", hint=f"Remove {name} from your settings.")
 
 
+def _closest(name: str, known: Iterable[str], prefix: str = "") -> str | None:
+    """The known name closest to ``name``, if any is close. Compared without ``prefix``,
+    which every candidate shares and which would make any two look alike."""
+    stems = {k.removeprefix(prefix): k for k in known}
+    close = difflib.get_close_matches(name.removeprefix(prefix), stems, n=1)
+    return stems[close[0]] if close else None
+
+
+def _unknown() -> Iterable[checks.CheckMessage]:
+    """A ``RATELIMIT_*`` setting we do not read: most likely a typo, which would leave the
+    default in force without a word."""
+    known = DEFAULTS.keys() | REMOVED.keys()
+    for name in sorted(n for n in dir(settings) if n.startswith("RATELIMIT_")):
+        if name in known:
+            continue
+        close = _closest(name, DEFAULTS, "RATELIMIT_")
+        if close:
+            yield _error("W008", f"{name}: did you mean {close}?", hint=f"Rename it {close}.")
+        else:
+            yield _error(
+                "W008",
+                f"{name}.",
+                hint="Check its spelling against the settings page of the docs, or remove it "
+                "(another library's? add 'ratelimit_app.W008' to SILENCED_SYSTEM_CHECKS).",
+            )
+
+
 def _check_settings() -> Iterable[checks.CheckMessage]:
     for check in (
         _masks,
@@ -252,6 +284,7 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
         _prefix,
         _ip_meta_key,
         _removed,
+        _unknown,
     ):
         yield from check()
 
@@ -279,21 +312,32 @@ def _statuses() -> Iterable[checks.CheckMessage]:
         yield _error("E017", f"Got {closed!r}.")
 
 
+def _reading_the_user(found: list[CompiledRule]) -> list[str]:
+    """What would read ``request.user`` in the middleware, in sentences (none: nothing)."""
+    said = []
+    listed = [n for n in ("RATELIMIT_ALLOW", "RATELIMIT_DENY") if declared.access_list(n).users]
+    if listed:
+        said.append(f"'user:<id>' entries in {' and '.join(listed)}.")
+    user_keyed = [r.name for r in found if r.key in ("user", "user_or_ip")]
+    if user_keyed:
+        said.append(f"Rules keyed on the user: {', '.join(map(repr, user_keyed))}.")
+    elif _setting("RATELIMIT_DB_RULES"):
+        said.append("Rules added in the admin (RATELIMIT_DB_RULES) may be keyed on the user.")
+    return said
+
+
 def _middleware_order(raw: object, found: list[CompiledRule]) -> Iterable[checks.CheckMessage]:
     middleware = list(getattr(settings, "MIDDLEWARE", None) or ())
     if raw and MIDDLEWARE_PATH not in middleware:
         yield _error("W003", hint=f"Add {MIDDLEWARE_PATH!r} to MIDDLEWARE.")
-    user_keyed = [r.name for r in found if r.key in ("user", "user_or_ip")]
-    if (
-        user_keyed
-        and MIDDLEWARE_PATH in middleware
-        and AUTH_MIDDLEWARE in middleware
-        and middleware.index(MIDDLEWARE_PATH) < middleware.index(AUTH_MIDDLEWARE)
-    ):
+    if not (MIDDLEWARE_PATH in middleware and AUTH_MIDDLEWARE in middleware):
+        return
+    said = _reading_the_user(found)
+    if said and middleware.index(MIDDLEWARE_PATH) < middleware.index(AUTH_MIDDLEWARE):
         yield _error(
             "W004",
-            f"Rules keyed on the user: {', '.join(map(repr, user_keyed))}.",
-            hint="Move RatelimitMiddleware after AuthenticationMiddleware.",
+            " ".join(said),
+            hint="Move RatelimitMiddleware after AuthenticationMiddleware in MIDDLEWARE.",
         )
 
 
@@ -312,6 +356,64 @@ def _check_rules() -> Iterable[checks.CheckMessage]:
     yield from _middleware_order(raw, found)
 
 
+def _url_names(patterns: Iterable[Any], namespace: str = "") -> Iterable[str]:
+    """The names a request's URL can resolve to (``resolve(path).view_name``): each pattern's
+    name, or its view's dotted path when it has none, behind its namespaces."""
+    from django.urls import URLResolver
+
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            inner = f"{namespace}{pattern.namespace}:" if pattern.namespace else namespace
+            yield from _url_names(pattern.url_patterns, inner)
+        else:
+            yield namespace + (pattern.name or pattern.lookup_str)
+
+
+def _patterns() -> list[Any] | None:
+    """The root URLconf's patterns (None: it cannot be loaded, which Django's own URL checks
+    report). Importing it imports the views: their decorators and throttles register."""
+    from django.urls import get_resolver
+
+    with contextlib.suppress(Exception):
+        return list(get_resolver().url_patterns)
+    return None
+
+
+def _known_url_names() -> set[str] | None:
+    """Every name of the root URLconf (None: it cannot be loaded, as for :func:`_patterns`)."""
+    patterns = _patterns()
+    with contextlib.suppress(Exception):  # an include() that cannot be loaded
+        return None if patterns is None else set(_url_names(patterns))
+    return None
+
+
+def _unknown_url_name(rule: str, name: str, names: set[str]) -> checks.CheckMessage:
+    close = _closest(name, names)
+    return _error(
+        "W009",
+        f"Rule {rule!r}, url_name {name!r}" + (f": did you mean {close!r}?" if close else "."),
+        hint="Write the name= of a URL pattern, with its namespace ('accounts:login'), or "
+        "match the rule on a 'path' prefix instead.",
+    )
+
+
+@checks.register(checks.Tags.urls)
+def check_rule_urls(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A rule whose ``url_name`` no pattern has never applies: a typo, or a name that a
+    namespace qualifies (``'accounts:login'``)."""
+    from ratelimit_app.config.rules import parse_rules
+
+    found, _ = parse_rules(_setting("RATELIMIT_RULES"))  # check_rules reports the rest
+    names = _known_url_names() if any(r.url_names for r in found) else None
+    if names is None:
+        return []
+    return [
+        _unknown_url_name(rule.name, name, names)
+        for rule in found
+        for name in sorted(rule.url_names - names)
+    ]
+
+
 @checks.register()
 def check_rules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return list(_check_rules())
@@ -324,18 +426,23 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 @checks.register(checks.Tags.urls)
 def check_decorators(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from django.urls import get_resolver
-
     from ratelimit_app.decorators import registry
 
-    # Importing the URLconf imports the views, which registers their decorators. A broken
-    # URLconf is reported by Django's own URL checks.
-    with contextlib.suppress(Exception):
-        get_resolver().url_patterns  # noqa: B018
-    return [
+    _patterns()  # imports the views: their decorators register
+    errors = [
         _error("E010", f"{view}: {problem}")
-        for view, problems in registry.items()
-        for problem in problems
+        for view, registered in registry.items()
+        for problem in registered.problems
+    ]
+    return errors + [
+        _error(
+            "W010",
+            f"{view}.",
+            hint="Give it a rate: @ratelimit(key='ip', rate='5/m') (a callable rate may "
+            "return None where no limit applies), or remove the decorator.",
+        )
+        for view, registered in registry.items()
+        if registered.unlimited
     ]
 
 
@@ -353,13 +460,7 @@ def check_throttling(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
                 "them from REST_FRAMEWORK.",
             )
         ]
-    from django.urls import get_resolver
-
-    # The views use their throttles: importing the URLconf imports them. A broken URLconf
-    # is reported by Django's own URL checks.
-    patterns: Any = []
-    with contextlib.suppress(Exception):
-        patterns = get_resolver().url_patterns
+    patterns = _patterns() or []
     if named:
         # Named in the settings: they must load, and loading them registers their source.
         from ratelimit_app import throttling  # noqa: F401

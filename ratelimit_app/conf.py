@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
@@ -77,6 +78,17 @@ def affects_limiter(setting: str) -> bool:
     any ``RATELIMIT_*`` setting, the caches (the backends) and ``SECRET_KEY`` (the salt of
     hashed subjects). Every module that caches such things forgets them on these."""
     return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY")
+
+
+def require_installed(what: str) -> None:
+    """Raise ``ImproperlyConfigured`` naming the fix when ``ratelimit_app`` is not in
+    ``INSTALLED_APPS``: an app that is not installed runs no system check, so ``check``
+    would pass and the first request would fail on its models."""
+    if not apps.is_installed("ratelimit_app"):
+        raise ImproperlyConfigured(
+            f"{what} needs 'ratelimit_app' in INSTALLED_APPS: add it there (its models, "
+            "admin and system checks come with it), then run `python manage.py migrate`."
+        )
 
 
 #: Our DRF throttles' module (importing it imports Django REST framework).

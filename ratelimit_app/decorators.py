@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
@@ -26,9 +27,20 @@ __all__ = ["ratelimit"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Decorated views whose configuration is invalid, for the system checks. Keyed by view, so
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    """What the system checks report of one decorated view."""
+
+    #: Its configuration's mistakes (check E010).
+    problems: tuple[str, ...] = ()
+    #: No rate: it limits nothing (check W010).
+    unlimited: bool = False
+
+
+#: Decorated views with something to report, for the system checks. Keyed by view, so
 #: ``method_decorator`` (which decorates again on every request) adds nothing.
-registry: dict[str, list[str]] = {}
+registry: dict[str, Registered] = {}
 
 
 def _find_request(args: tuple[Any, ...]) -> HttpRequest:
@@ -64,8 +76,14 @@ def ratelimit(
     (:mod:`ratelimit_app.algorithms.gcra`):
     ``rate`` is its leak rate (one rate) and ``burst`` its capacity (default: the rate's
     count). A bad algorithm or burst is reported like a bad rate: system check E010, and
-    ``ImproperlyConfigured`` when the view is called.
+    ``ImproperlyConfigured`` when the view is called. No rate limits nothing, as in
+    django-ratelimit (check W010); a bare ``@ratelimit`` raises ``TypeError`` at import.
     """
+    if callable(group):  # a bare @ratelimit: the view came as the first argument
+        raise TypeError(
+            f"@ratelimit on {group_name(group)} has no parentheses: use "
+            "@ratelimit(key=..., rate=...), e.g. @ratelimit(key='ip', rate='5/m')."
+        )
 
     def decorator(fn: F) -> F:
         if isinstance(fn, type):
@@ -100,13 +118,15 @@ class _Guard:
         self.block = block
         self.limit: Limit | None = None
         self.problems: list[str] = []
-        if rate is not None:  # django-ratelimit's "no rate, no limit"
-            try:
-                self.limit = limits.build(group, key, rate, method, algorithm, burst)
-            except ImproperlyConfigured as exc:
-                # Every mistake at once, for check E010 (a LimitError carries them all).
-                self.problems = [str(error) for error in getattr(exc, "errors", (exc,))]
-                registry[view_name] = self.problems
+        if rate is None:  # django-ratelimit's "no rate, no limit", likely an oversight
+            registry[view_name] = Registered(unlimited=True)
+            return
+        try:
+            self.limit = limits.build(group, key, rate, method, algorithm, burst)
+        except ImproperlyConfigured as exc:
+            # Every mistake at once, for check E010 (a LimitError carries them all).
+            self.problems = [str(error) for error in getattr(exc, "errors", (exc,))]
+            registry[view_name] = Registered(problems=tuple(self.problems))
 
     def inline(self) -> bool:
         """True when an async view's check may run on the event loop: one bounded round

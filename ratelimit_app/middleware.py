@@ -43,7 +43,7 @@ from django.http import HttpRequest, HttpResponse
 
 from ratelimit_app import keys, responses, store
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import conf
+from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce
@@ -248,6 +248,7 @@ class RatelimitMiddleware:
     async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        require_installed("RatelimitMiddleware")
         self.get_response = get_response
         self.is_async = iscoroutinefunction(get_response)
         if self.is_async:

@@ -101,9 +101,12 @@ class RatePlan:
         object.__setattr__(self, "multi", multi)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Plan:
-    """Everything one check of one subject does, in one backend round trip."""
+    """Everything one check of one subject does, in one backend round trip.
+
+    Plans are memoised and shared: one is compared and hashed by identity, so a backend
+    keys what it derives from one (its encoding, a command) at the cost of a pointer."""
 
     writes: tuple[tuple[str, int], ...]  # (key suffix, TTL seconds)
     reads: tuple[str, ...]  # distinct key suffixes

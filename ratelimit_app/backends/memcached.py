@@ -44,16 +44,15 @@ from ratelimit_app.backends.base import (
 from ratelimit_app.backends.memcached_protocol import (
     END,
     MN,
+    CheckCommand,
     MemcachedEncoded,
     ReplyError,
-    SubjectPart,
     cas_of,
     check_command,
     found_value,
     meta_delete,
     meta_gets,
     meta_set,
-    parse_check,
     parse_meta,
     quiet_deletes,
     stored,
@@ -62,6 +61,9 @@ from ratelimit_app.exceptions import BackendError
 
 #: Read-decide-store rounds of a leaky-bucket check before it is refused.
 CAS_ATTEMPTS = 8
+#: Check commands a backend keeps (a client's requests within one fine bucket send the same
+#: one); the memo starts over when full.
+COMMAND_MEMO = 1024
 
 
 def _servers(location: Any) -> list[str]:
@@ -216,8 +218,8 @@ class MemcachedBackend(Backend):
         self.nodes = [_Node(s, client_options) for s in _servers(location)]
         if not self.nodes:
             raise BackendError(f"{alias}: no memcached server in LOCATION")
-        #: Each recent subject's part of a check command (``check_command``'s memo).
-        self._parts: dict[tuple[str, MemcachedEncoded], SubjectPart] = {}
+        #: The recent check commands, by their ops (a plan is hashed by identity).
+        self._commands: dict[tuple[Op, ...], CheckCommand] = {}
 
     @property
     def servers(self) -> Sequence[Server]:
@@ -313,12 +315,17 @@ class MemcachedBackend(Backend):
     def _run_node(self, node: _Node, ops: Sequence[Op]) -> list[list[int]]:
         """Every op of one node in one write and one reply
         (:func:`~.memcached_protocol.check_command`)."""
-        command, encs, bases, indexes = check_command(
-            self.key_prefix, ops, self.encoded, memo=self._parts
-        )
-        reply: bytes = self._on(node, _exchange, command, END)
+        key = tuple(ops)
+        command = self._commands.get(key)
+        if command is None:
+            command = check_command(self.key_prefix, ops, self.encoded)
+            if command.reusable:
+                if len(self._commands) >= COMMAND_MEMO:
+                    self._commands.clear()
+                self._commands[key] = command
+        reply: bytes = self._on(node, _exchange, command.command, END)
         try:
-            return parse_check(ops, encs, bases, reply, indexes)
+            return command.parse(reply)
         except ReplyError as exc:  # the data of these subjects, not the node: not marked down
             raise self._failed(exc, None) from exc
 

@@ -2,7 +2,7 @@
 bytes in and bytes out, so it is tested without a server (:mod:`.memcached` holds the
 nodes, their connections and the failover).
 
-**A check** (:func:`check_command`, :func:`parse_check`) is one write for all the subjects
+**A check** (:func:`check_command`, :meth:`CheckCommand.parse`) is one write for all the subjects
 of a request on one node: per subject, quiet decrements that take back a refused hit
 (``ma <key> MD q``: only a miss answers, ``NF``), then increments (``ma <key> N<ttl> J1 v``:
 created with the TTL on a miss, answering ``VA`` and the new value), and after all of them
@@ -86,12 +86,61 @@ class MemcachedEncoded(Encoded):
         return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.writes)
 
 
-#: One subject's part of a check command for one plan: its key base, the keys its ``get``
-#: asks for, its increments (None: made per check, an expiry read as a time), and each key
-#: read with its place in the plan's reads (:func:`key_index`).
-SubjectPart = tuple[bytes, bytes, bytes | None, dict[bytes, int]]
-#: Subject parts a memo passed to :func:`check_command` holds; it starts over when full.
-PART_MEMO = 4096
+class CheckCommand:
+    """The command of one check (every op's take-backs and increments, then one multi-get
+    of every op's buckets) and how to read its reply.
+
+    Made by :func:`check_command`. A client's requests within one fine bucket send the same
+    command, so a backend keeps it (:attr:`reusable`) and only parses each reply.
+    """
+
+    __slots__ = ("command", "increments", "keys", "known", "proofs", "reusable", "spans", "zeros")
+
+    def __init__(self) -> None:
+        #: The bytes to send (without the final line break).
+        self.command = b""
+        #: Every key the ``get`` asks for, in order; a frozenset of them; a 0 for each.
+        self.keys: list[bytes] = []
+        self.known: frozenset[bytes] = frozenset()
+        self.zeros: tuple[int, ...] = ()
+        #: ``VA`` replies expected: one per increment.
+        self.increments = 0
+        #: (position in :attr:`keys`, position among the increments) of each written bucket
+        #: that is also read: the read is raised to what the increment answered.
+        self.proofs: list[tuple[int, int]] = []
+        #: Each op's keys, as (start, end) in :attr:`keys`.
+        self.spans: list[tuple[int, int]] = []
+        #: False when an expiry is a Unix time (over 30 days): made again per check.
+        self.reusable = True
+
+    def parse(self, reply: bytes) -> list[list[int]]:
+        """Every op's values, in the order of its plan's reads. Raises :class:`ReplyError`.
+
+        The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
+        the new value for each increment, in the order sent, then ``VALUE <key> <flags>
+        <length>`` and the count of each bucket found, and ``END``. A bucket missing is 0; a
+        key asked twice (two ops of one subject) reads its last answer, the stricter; a key
+        not asked for is an error (a connection out of step with its commands), never some
+        bucket's count. Each written bucket's value is raised to what its increment
+        answered (:meth:`~.base.Encoded.merge`).
+        """
+        start = reply.find(b"VALUE ")
+        if start < 0:
+            start = len(reply) - 5  # END
+        written = _increment_replies(reply, start, self.increments)
+        keys, counts = _hits(reply, start)
+        if keys == self.keys:  # every bucket there (a busy subject): in the order asked
+            values = counts
+        else:
+            found = dict(zip(keys, counts, strict=True))
+            if not found.keys() <= self.known:
+                raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
+            values = list(map(found.get, self.keys, self.zeros))  # in C: no call per key
+        for i, j in self.proofs:
+            proof = int(written[j])
+            if values[i] < proof:
+                values[i] = proof
+        return [values[a:b] for a, b in self.spans]
 
 
 def check_command(
@@ -99,107 +148,29 @@ def check_command(
     ops: Sequence[Op],
     encoded: Callable[[Plan], Any],
     clock: Callable[[], float] = time.time,
-    memo: dict[tuple[str, MemcachedEncoded], SubjectPart] | None = None,
-) -> tuple[bytes, list[MemcachedEncoded], list[bytes], list[dict[bytes, int]]]:
-    """The command of a check of ``ops`` (one node's subjects): every op's take-backs and
-    increments, then one multi-get of every op's buckets. Also each op's plan encoding
-    (``encoded(plan)``, a :class:`MemcachedEncoded`), key base (``prefix`` and its
-    namespace) and :func:`key_index`, which :func:`parse_check` reads the reply with.
-
-    ``memo`` (the caller's, for one ``prefix``) keeps each subject's part of the command
-    for a plan: a client's requests within one fine bucket send the same keys, made once.
-    """
-    encs: list[MemcachedEncoded] = []
-    bases: list[bytes] = []
-    indexes: list[dict[bytes, int]] = []
-    reads: list[bytes] = []
+) -> CheckCommand:
+    """The :class:`CheckCommand` of ``ops`` (one node's subjects), with each op's plan
+    encoding ``encoded(plan)`` (a :class:`MemcachedEncoded`) and key base ``prefix`` and its
+    namespace."""
+    made = CheckCommand()
     writes: list[bytes] = []
-    for op in ops:  # one pass: this runs on every request
+    keys = made.keys
+    for op in ops:
         enc: MemcachedEncoded = encoded(op.plan)
-        part = None if memo is None else memo.get((op.namespace, enc))
-        if part is None:
-            part = _subject_part(prefix, op.namespace, enc, memo)
-        base, read, increments, index = part
-        encs.append(enc)
-        bases.append(base)
-        indexes.append(index)
-        reads.append(read)
+        base = (prefix + op.namespace).encode()
         if op.undo is not None:
             writes.append(encoded(op.undo).decrements(base))
         if op.increment and enc.writes:
-            writes.append(increments if increments is not None else enc.increments(base, clock))
-    return b"".join(writes) + b"get " + b" ".join(reads), encs, bases, indexes
-
-
-def _subject_part(
-    prefix: str,
-    namespace: str,
-    enc: MemcachedEncoded,
-    memo: dict[tuple[str, MemcachedEncoded], SubjectPart] | None,
-) -> SubjectPart:
-    """One subject's part of a check command for ``enc``'s plan, kept in ``memo`` (which
-    starts over when it holds :data:`PART_MEMO`)."""
-    base = (prefix + namespace).encode()
-    part = (
-        base,
-        base + (b" " + base).join(enc.reads),
-        enc.increments(base) if enc.write_tails is not None else None,
-        key_index(base, enc),
-    )
-    if memo is not None:
-        if len(memo) >= PART_MEMO:
-            memo.clear()
-        memo[namespace, enc] = part
-    return part
-
-
-def key_index(base: bytes, enc: MemcachedEncoded) -> dict[bytes, int]:
-    """Each key a check of ``enc``'s plan reads for the key base ``base``, and its place in
-    the plan's reads: a hit is found by its whole key, with no slicing."""
-    return {base + suffix: i for i, suffix in enumerate(enc.reads)}
-
-
-def parse_check(
-    ops: Sequence[Op],
-    encs: Sequence[MemcachedEncoded],
-    bases: Sequence[bytes],
-    reply: bytes,
-    indexes: Sequence[dict[bytes, int]] | None = None,
-) -> list[list[int]]:
-    """Every op's values, in the order of its plan's reads, from the reply to
-    :func:`check_command`'s command (``indexes``: its :func:`key_index` of each op, made
-    here when not given). Raises :class:`ReplyError`.
-
-    The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and the
-    new value for each increment, in the order sent, then ``VALUE <key> <flags> <length>``
-    and the count of each bucket found, and ``END``. Each written bucket's value is raised
-    to what its increment answered (:meth:`~.base.Encoded.merge`).
-    """
-    start = reply.find(b"VALUE ")
-    if start < 0:
-        start = len(reply) - 5  # END
-    counted: list[int] = []  # increments per op
-    size = 0  # buckets read, all ops
-    for op, enc in zip(ops, encs, strict=True):
-        counted.append(len(enc.writes) if op.increment else 0)
-        size += len(enc.reads)
-    written = _increment_replies(reply, start, sum(counted))
-    keys, counts = _hits(reply, start)
-    if len(counts) == size:
-        out = _values_in_order(encs, counts)
-    else:
-        if indexes is None:
-            indexes = [key_index(base, enc) for base, enc in zip(bases, encs, strict=True)]
-        if len(set(bases)) < len(bases):
-            out = _values_by_key(indexes, keys, counts)
-        else:
-            out = _values_in_turn(indexes, keys, counts, reply)
-    at = 0
-    for i, n in enumerate(counted):
-        if n:
-            encs[i].merge(out[i], written[at : at + n])
-            at += n
-    return out
+            writes.append(enc.increments(base, clock))
+            made.proofs += [(len(keys) + i, made.increments + j) for i, j in enc.proofs]
+            made.increments += len(enc.writes)
+            made.reusable = made.reusable and enc.write_tails is not None
+        made.spans.append((len(keys), len(keys) + len(enc.reads)))
+        keys += [base + suffix for suffix in enc.reads]
+    made.command = b"".join(writes) + b"get " + b" ".join(keys)
+    made.known = frozenset(keys)
+    made.zeros = (0,) * len(keys)
+    return made
 
 
 def _increment_replies(reply: bytes, start: int, expected: int) -> list[bytes]:
@@ -243,59 +214,6 @@ def _hits(reply: bytes, start: int) -> tuple[list[bytes], list[int]]:
         return tokens[1::4], list(map(int, data))
     except ValueError:
         raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
-
-
-def _values_in_order(encs: Sequence[MemcachedEncoded], counts: list[int]) -> list[list[int]]:
-    """Every bucket there (a busy subject): memcached answers a multi-get's hits in the
-    order asked, so the counts are the ops' reads end to end, no key to match."""
-    out = []
-    at = 0
-    for enc in encs:
-        size = len(enc.reads)
-        out.append(counts[at : at + size])
-        at += size
-    return out
-
-
-def _values_by_key(
-    indexes: Sequence[dict[bytes, int]], keys: list[bytes], counts: list[int]
-) -> list[list[int]]:
-    """Two ops of one namespace (rare) ask for some keys twice: each op looks at every hit,
-    and a bucket answered at either place is read by both (the stricter count)."""
-    out = []
-    for index in indexes:  # (a plan's reads are distinct: one key each)
-        values = [0] * len(index)
-        for key, count in zip(keys, counts, strict=True):
-            i = index.get(key, -1)
-            if i >= 0:
-                values[i] = count
-        out.append(values)
-    return out
-
-
-def _values_in_turn(
-    indexes: Sequence[dict[bytes, int]], keys: list[bytes], counts: list[int], reply: bytes
-) -> list[list[int]]:
-    """Some buckets missing (a young or quiet subject): each op's hits are the next ones
-    whose keys are its own buckets, in the order of its reads; only they are looked up, the
-    misses stay 0. A key no op asked for is an error (a connection out of step with its
-    commands), never some bucket's count."""
-    out = []
-    hit = 0
-    for index in indexes:  # (a plan's reads are distinct: one key each)
-        values = [0] * len(index)
-        last = -1
-        while hit < len(keys):
-            i = index.get(keys[hit], -1)
-            if i <= last:
-                break
-            values[i] = counts[hit]
-            last = i
-            hit += 1
-        out.append(values)
-    if hit != len(keys):
-        raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
-    return out
 
 
 def quiet_deletes(base: bytes, suffixes: Iterable[str]) -> bytes:

@@ -1,11 +1,11 @@
 """``make demo``'s script end to end, as a person runs it: start, use, Ctrl-C, start again.
 
 The script (``python -m demo_site.run``, what the Makefile's ``demo`` target runs after
-``make venv``) is started in a session of its own, with its state in a temporary directory
-and none of the variables that would point it at servers. Ctrl-C is what a terminal sends:
-SIGINT to the script's process group. Every process of the session (the script, the web
-server, the Celery worker and its beat) must then be gone. The waits are generous; nothing
-here times the demo.
+``make venv-demo``) is started in a session of its own, with its state in a temporary
+directory and none of the variables that would point it at servers. Ctrl-C is what a
+terminal sends: SIGINT to the script's process group. Every process of the session (the
+script, the web server, the Celery worker and its beat) must then be gone. The waits are
+generous; nothing here times the demo.
 """
 
 from __future__ import annotations

@@ -165,6 +165,31 @@ class TestDatabaseRules:
         assert "db-rule" in html and "from-settings" in html and "9/m" in html
         assert "/admin/ratelimit_app/rule/from-settings" not in html  # not editable
 
+    def test_the_rules_in_force_come_before_the_database_list(self) -> None:
+        client = staff(superuser=True)
+        html = client.get("/admin/ratelimit_app/rule/").content.decode()
+        assert html.index('id="settings-rules"') < html.index('id="no-database-rules"')
+        assert 'id="result_list"' not in html and "0 rules" not in html
+        db_rule()
+        html = client.get("/admin/ratelimit_app/rule/").content.decode()
+        assert html.index('id="settings-rules"') < html.index('id="result_list"')
+        assert 'id="no-database-rules"' not in html
+
+    def test_filters_only_for_a_list_long_enough_to_filter(self) -> None:
+        from ratelimit_app.admin import FILTER_FROM
+
+        client = staff(superuser=True)
+        for n in range(FILTER_FROM):
+            filters = client.get("/admin/ratelimit_app/rule/").context["cl"].has_filters
+            assert not filters, f"filters beside {n} rules"
+            db_rule(name=f"rule-{n}")
+        assert client.get("/admin/ratelimit_app/rule/").context["cl"].has_filters
+
+    def test_the_form_escapes_help_text_and_puts_the_note_last(self) -> None:
+        html = staff(superuser=True).get("/admin/ratelimit_app/rule/add/").content.decode()
+        assert "&#x27;email:&lt;field&gt;&#x27;" in html
+        assert html.index('id="id_fail_open"') < html.index('id="id_note"')
+
 
 class TestAccessEntries:
     def test_database_lists_merge_with_the_settings(self, client: Client) -> None:

@@ -38,7 +38,7 @@ from ratelimit_app import ALL
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.algorithms.rates import parse
-from ratelimit_app.backends import get_backend, memcached_protocol, reset_backends
+from ratelimit_app.backends import get_backend, memcached, memcached_protocol, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.core import get_usage, scope
 from ratelimit_app.engine import Check, Result, check_many
@@ -279,6 +279,11 @@ def encoded(plan: windows.Plan) -> P.MemcachedEncoded:
     return P.MemcachedEncoded(plan)
 
 
+def values_of(ops: list[Op], reply: bytes) -> list[list[int]]:
+    """The values of ``ops`` (key bases ``p:`` and their namespaces) from ``reply``."""
+    return P.check_command("p:", ops, encoded).parse(reply)
+
+
 def get_reply(found: dict[bytes, bytes]) -> bytes:
     """A ``get`` reply: each key found and its data line, as stored, then ``END``."""
     return (
@@ -297,12 +302,8 @@ def va(*values: int) -> bytes:
 def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
     plan = windows.plan(parse("5/m;100/h"), T0)
     ops = [Op("{a}", plan, True), Op("{b}", plan, False, undo=plan)]
-    command, encs, bases, indexes = P.check_command("p:", ops, encoded)
-    assert bases == [b"p:{a}", b"p:{b}"]
-    assert indexes == [P.key_index(base, enc) for base, enc in zip(bases, encs, strict=True)]
-    assert list(indexes[0]) == [b"p:{a}" + s.encode() for s in plan.reads]
-    assert [e.plan for e in encs] == [plan, plan]
-    *writes, read = command.split(b"\r\n")
+    made = P.check_command("p:", ops, encoded)
+    *writes, read = made.command.split(b"\r\n")
     increments = [b"ma p:{a}%s N%d J1 v" % (s.encode(), t) for s, t in plan.writes]
     decrements = [b"ma p:{b}%s MD q" % s.encode() for s, _ in plan.writes]
     assert writes == increments + decrements
@@ -310,40 +311,41 @@ def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
         b"p:{b}" + s.encode() for s in plan.reads
     ]
     assert read == b"get " + b" ".join(keys)
+    assert made.keys == keys and made.spans == [(0, len(plan.reads)), (len(plan.reads), len(keys))]
+    assert made.increments == len(plan.writes) and made.reusable
 
 
 def test_an_expiry_over_30_days_is_sent_as_a_unix_time() -> None:
     plan = windows.plan(parse("5/45d"), T0)
     assert all(ttl > P.MAX_RELATIVE_TTL for _, ttl in plan.writes)
-    command, *_ = P.check_command("p:", [Op("{a}", plan, True)], encoded, clock=lambda: T0)
-    sent = [int(line.split(b" N")[1].split()[0]) for line in command.split(b"\r\n")[:-1]]
+    made = P.check_command("p:", [Op("{a}", plan, True)], encoded, clock=lambda: T0)
+    assert not made.reusable  # made again per check, from its clock
+    sent = [int(line.split(b" N")[1].split()[0]) for line in made.command.split(b"\r\n")[:-1]]
     assert sent == [int(T0) + ttl for _, ttl in plan.writes]
     assert P.expiry(60, clock=lambda: T0) == 60
     assert P.expiry(P.MAX_RELATIVE_TTL, clock=lambda: T0) == P.MAX_RELATIVE_TTL
     assert P.expiry(P.MAX_RELATIVE_TTL + 1, clock=lambda: T0) == int(T0) + P.MAX_RELATIVE_TTL + 1
 
 
-def test_a_memo_of_subject_parts_sends_the_same_commands(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A subject's keys and increments for a plan are made once and kept in the memo; the
-    commands are byte for byte those made without it, and an expiry read as a time is
-    still made per check, from the clock of that check."""
+def test_a_backend_keeps_a_command_and_sends_the_same_bytes(
+    on_memcached: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check command is made once per ops (a client's requests within one fine bucket)
+    and kept: byte for byte the one made anew. One with an expiry read as a time is made
+    per check, from the clock of that check; the memo starts over when full."""
+    backend = get_backend()
     plan, far = windows.plan(parse("5/m;100/h"), T0), windows.plan(parse("5/45d"), T0)
-    plans = {id(plan): encoded(plan), id(far): encoded(far)}  # as the backend's: one each
-
-    def enc(p: windows.Plan) -> P.MemcachedEncoded:
-        return plans[id(p)]
-
-    memo: dict[Any, Any] = {}
-    for i in range(3):
-        clock = lambda i=i: T0 + 100 * i  # noqa: E731
-        ops = [Op("{a}", plan, True), Op("{b}", far, True), Op("{a}", plan, False, undo=plan)]
-        sent = P.check_command("p:", ops, enc, clock=clock, memo=memo)
-        assert sent == P.check_command("p:", ops, enc, clock=clock)
-        assert len(memo) == 2
-        assert b"N%d " % (int(T0) + 100 * i + far.writes[0][1]) in sent[0]
-    monkeypatch.setattr(P, "PART_MEMO", 2)
-    P.check_command("p:", [Op("{c}", plan, True)], enc, memo=memo)
-    assert list(memo) == [("{c}", plans[id(plan)])]  # full: started over
+    ops = [Op("{a}", plan, True), Op("{b}", plan, False)]
+    backend.run_many(ops)
+    kept = backend._commands[tuple(ops)]
+    assert kept.command == P.check_command(backend.key_prefix, ops, backend.encoded).command
+    backend.run_many(ops)
+    assert backend._commands[tuple(ops)] is kept
+    backend.run_many([Op("{c}", far, True)])
+    assert len(backend._commands) == 1  # made per check: not kept
+    monkeypatch.setattr(memcached, "COMMAND_MEMO", 1)
+    backend.run_many([Op("{d}", plan, True)])
+    assert list(backend._commands) == [(Op("{d}", plan, True),)]  # full: started over
 
 
 @pytest.mark.parametrize("every_bucket", [True, False], ids=["flat", "sparse"])
@@ -353,7 +355,7 @@ def test_a_padded_count_is_a_count(every_bucket: bool) -> None:
     stored = {BASE_A + s: b"1" for s in enc.reads} if every_bucket else {}
     stored[BASE_A + enc.reads[0]] = b"9 "
     stored[BASE_A + enc.reads[-1]] = b"99 "
-    (values,) = P.parse_check([Op("{a}", plan)], [enc], [BASE_A], get_reply(stored))
+    (values,) = values_of([Op("{a}", plan)], get_reply(stored))
     assert values[0] == 9 and values[-1] == 99
     assert sum(values) == 9 + 99 + (len(values) - 2 if every_bucket else 0)
 
@@ -366,7 +368,7 @@ def test_a_value_that_is_no_count_is_an_error(every_bucket: bool, data: bytes) -
     stored = {BASE_A + s: b"1" for s in enc.reads} if every_bucket else {}
     stored[BASE_A + enc.reads[1]] = data
     with pytest.raises(P.ReplyError, match="corrupt counter"):
-        P.parse_check([Op("{a}", plan)], [enc], [BASE_A], get_reply(stored))
+        values_of([Op("{a}", plan)], get_reply(stored))
 
 
 def test_a_missing_increment_reply_is_a_lost_write() -> None:
@@ -374,14 +376,14 @@ def test_a_missing_increment_reply_is_a_lost_write() -> None:
     enc = encoded(plan)
     op = Op("{a}", plan, True)
     answered = [1] * len(enc.writes)
-    assert P.parse_check([op], [enc], [BASE_A], va(*answered) + get_reply({}))
+    assert values_of([op], va(*answered) + get_reply({}))
     for reply in (
         va(*answered[1:]) + get_reply({}),  # one increment did not answer
         b"NS\r\n" + va(*answered[1:]) + get_reply({}),  # one did not store
         b"SERVER_ERROR out of memory\r\n" + get_reply({}),
     ):
         with pytest.raises(P.ReplyError, match="lost counter writes"):
-            P.parse_check([op], [enc], [BASE_A], reply)
+            values_of([op], reply)
 
 
 def test_an_increment_reply_raises_a_read_that_found_less() -> None:
@@ -391,9 +393,7 @@ def test_an_increment_reply_raises_a_read_that_found_less() -> None:
     enc = encoded(plan)
     (i, _), *_ = enc.proofs
     answered = [3] * len(enc.writes)
-    (values,) = P.parse_check(
-        [Op("{a}", plan, True)], [enc], [BASE_A], va(*answered) + get_reply({})
-    )
+    (values,) = values_of([Op("{a}", plan, True)], va(*answered) + get_reply({}))
     assert values[i] == 3 and sum(values) == 3 * len(enc.proofs)
 
 
@@ -410,7 +410,7 @@ def test_a_take_backs_miss_wherever_it_stands() -> None:
         va(2) + b"NF\r\n" + va(*[2] * (n - 1)),
     ):
         stored = {BASE_A + s: b"2" for s, _ in enc.writes if s in enc.index}
-        a, b = P.parse_check(ops, [enc, enc], [BASE_A, BASE_B], replies + get_reply(stored))
+        a, b = values_of(ops, replies + get_reply(stored))
         assert sum(a) == 2 * len(enc.proofs) and sum(b) == 0
 
 
@@ -422,9 +422,7 @@ def test_subjects_whose_bases_share_a_prefix_read_each_their_own() -> None:
         BASE_B + enc.reads[0]: b"7",
         BASE_B + enc.reads[-1]: b"5",
     }
-    a, b = P.parse_check(
-        [Op("{a}", plan), Op("{a}x", plan)], [enc, enc], [BASE_A, BASE_B], get_reply(stored)
-    )
+    a, b = values_of([Op("{a}", plan), Op("{a}x", plan)], get_reply(stored))
     assert (a[0], sum(a)) == (1, 1)
     assert (b[0], b[-1], sum(b)) == (7, 5, 12)
 
@@ -437,11 +435,11 @@ def test_one_subject_twice_in_a_round_trip_reads_its_counts_twice() -> None:
     plan = windows.plan(parse("5/m;100/h"), T0)
     enc = encoded(plan)
     first, last = BASE_A + enc.reads[0], BASE_A + enc.reads[-1]
-    ops, encs, bases = [Op("{a}", plan), Op("{a}", plan)], [enc, enc], [BASE_A, BASE_A]
+    ops = [Op("{a}", plan), Op("{a}", plan)]
     once = get_reply({first: b"4", last: b"6"})[: -len(P.END)]
-    a, b = P.parse_check(ops, encs, bases, once + once + P.END)
+    a, b = values_of(ops, once + once + P.END)
     assert a == b and (a[0], a[-1], sum(a)) == (4, 6, 10)
-    a, b = P.parse_check(ops, encs, bases, get_reply({first: b"4"}))  # asked first: a miss
+    a, b = values_of(ops, get_reply({first: b"4"}))  # asked first: a miss
     assert a == b and (a[0], sum(a)) == (4, 4)
 
 
@@ -457,7 +455,7 @@ def test_a_key_not_asked_for_is_an_error(key: bytes) -> None:
     enc = encoded(plan)
     reply = get_reply({BASE_A + enc.reads[0]: b"2", key: b"3"})
     with pytest.raises(P.ReplyError, match="unexpected key"):
-        P.parse_check([Op("{a}", plan)], [enc], [BASE_A], reply)
+        values_of([Op("{a}", plan)], reply)
 
 
 @settings(max_examples=200, deadline=None)
@@ -501,7 +499,7 @@ def test_every_reply_shape_reads_what_was_stored(
         expected.append(values)
     ops = [Op("{a}", plan, increments[0]), Op("{a}x", plan, increments[1])]
     reply = writes + get_reply(stored)
-    assert P.parse_check(ops, [enc, enc], [BASE_A, BASE_B], reply) == expected
+    assert values_of(ops, reply) == expected
 
 
 # -- meta commands: leaky buckets --
