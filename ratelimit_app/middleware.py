@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -84,14 +83,20 @@ def _tracking(marker: _Failure) -> Iterator[None]:
         _current_failure.reset(token)
 
 
-@dataclasses.dataclass(slots=True)
+#: The marker of a request with no provisional hit: whether it fails is never read.
+_UNREAD = _Failure()
+
+
 class _Pending:
     """What is left to do after the view: headers to add, and the provisional hits of
     failure-only rules to take back if the request does not fail."""
 
-    shown: list[Decision]
-    provisional: list[Decision] = dataclasses.field(default_factory=list)
-    marker: _Failure = dataclasses.field(default_factory=_Failure)
+    __slots__ = ("marker", "provisional", "shown")
+
+    def __init__(self, shown: list[Decision], provisional: list[Decision] | None = None) -> None:
+        self.shown = shown
+        self.provisional = provisional or []
+        self.marker = _Failure() if provisional else _UNREAD
 
     def failed(self, response: HttpResponse) -> bool:
         return self.marker.failed or response.status_code in conf.FAILURE_STATUSES
@@ -125,13 +130,15 @@ def _listed(
 
 def _decisions(
     request: HttpRequest, rules: Sequence[CompiledRule], current: store.Snapshot
-) -> list[tuple[CompiledRule, Decision]] | HttpResponse:
-    """The decision of each rule that applies (a callable rate may say none), or the 403 of
-    an email on the deny list. An email is a claim the request makes, not the client's
-    identity: an allowed one lifts the rules keyed on it, not the others."""
+) -> tuple[list[Decision], list[Decision]] | HttpResponse:
+    """The decision of each rule that applies (a callable rate may say none) and those of
+    the failure-only rules among them, or the 403 of an email on the deny list. An email is
+    a claim the request makes, not the client's identity: an allowed one lifts the rules
+    keyed on it, not the others."""
     emails = current.allow.emails or current.deny.emails
     subjects: Subjects = {}  # rules keyed alike (two on the IP) count one value
     found = []
+    failing = []
     for rule in rules:
         check = rule.limit.check(request, subjects=subjects)
         if check is None:
@@ -141,8 +148,11 @@ def _decisions(
                 return responses.denied(request)
             if check.subject[1] in current.allow.emails:
                 continue
-        found.append((rule, Decision(rule.limit, check, rule.name, rule.block, rule.fail_open)))
-    return found
+        d = Decision(rule.limit, check, rule.name, rule.block, rule.fail_open)
+        found.append(d)
+        if rule.failures_only:
+            failing.append(d)
+    return found, failing
 
 
 def before(
@@ -158,12 +168,13 @@ def before(
     found = _decisions(request, rules, current)
     if isinstance(found, HttpResponse):
         return found
-    if not found:
+    decisions, failing = found
+    if not decisions:
         return None
     # Every rule counts the request in the check's own round trip. A failure-only rule's hit
     # is provisional: taken back after the view unless the request failed. So concurrent
     # attempts never pass the limit, and only requests that did not fail pay a second trip.
-    verdict = enforce.decide(request, [d for _, d in found], sender=RatelimitMiddleware)
+    verdict = enforce.decide(request, decisions, sender=RatelimitMiddleware)
     if verdict.failed is not None:
         closed = verdict.closed()
         return _Pending([]) if closed is None else responses.unavailable(request, closed)
@@ -177,24 +188,33 @@ def before(
             # logged one by one: django.request logged the refusal that started it.
             response._has_been_logged = True  # type: ignore[attr-defined]
         return response
-    shown = verdict.shown() if conf.HEADERS else []
-    provisional = [d for rule, d in found if rule.failures_only and d.provisional()]
-    return _Pending(shown, provisional)
+    shown = verdict.shown if conf.HEADERS else []
+    if failing:
+        return _Pending(shown, [d for d in failing if d.provisional()])
+    return _Pending(shown)
 
 
 class UsageByRule(Mapping[str, dict[str, Any]]):
     """``request.ratelimit_usage``: each rule checked for the request, and its usage dict
     (as ``get_usage`` returns it), made when read. Read it like a dict."""
 
-    __slots__ = ("_decisions", "_earlier")
+    __slots__ = ("_by_name", "_decisions", "_earlier")
 
-    def __init__(self, decisions: dict[str, Decision], earlier: Mapping[str, Any]) -> None:
+    def __init__(self, decisions: Sequence[Decision], earlier: Mapping[str, Any]) -> None:
         self._decisions = decisions
+        self._by_name: dict[str, Decision] | None = None
         #: What an earlier pass of the middleware left on the request.
         self._earlier = earlier
 
+    @property
+    def _decided(self) -> dict[str, Decision]:
+        """The decided rules by name (made when first read: most views never read it)."""
+        if self._by_name is None:
+            self._by_name = {d.name: d for d in self._decisions if d.result is not None}  # type: ignore[misc]
+        return self._by_name
+
     def __getitem__(self, name: str) -> dict[str, Any]:
-        d = self._decisions.get(name)
+        d = self._decided.get(name)
         if d is None:
             found: dict[str, Any] = self._earlier[name]
             return found
@@ -203,11 +223,13 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
         return usage
 
     def __iter__(self) -> Iterator[str]:
-        yield from (n for n in self._earlier if n not in self._decisions)
-        yield from self._decisions
+        decided = self._decided
+        yield from (n for n in self._earlier if n not in decided)
+        yield from decided
 
     def __len__(self) -> int:
-        return len(self._decisions) + sum(1 for n in self._earlier if n not in self._decisions)
+        decided = self._decided
+        return len(decided) + sum(1 for n in self._earlier if n not in decided)
 
     def __repr__(self) -> str:
         return repr(dict(self))
@@ -216,15 +238,15 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
 def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     """``request.ratelimit_usage`` and ``request.limited``, for the view (docs/rules:
     "Rules that do not block")."""
-    decided: dict[Any, Decision] = {d.name: d for d in verdict.decisions if d.result is not None}
     earlier = getattr(request, "ratelimit_usage", None) or {}
-    request.ratelimit_usage = UsageByRule(decided, earlier)  # type: ignore[attr-defined]
+    request.ratelimit_usage = UsageByRule(verdict.decisions, earlier)  # type: ignore[attr-defined]
     request.limited = verdict.limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
 
 
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
     """Everything after the view: take back provisional hits, add the RateLimit headers."""
-    enforce.take_back(pending.to_take_back(response))
+    if pending.provisional:
+        enforce.take_back(pending.to_take_back(response))
     if pending.shown:
         responses.add_headers(response, responses.decision_headers(pending.shown))
     return response

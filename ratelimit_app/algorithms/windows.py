@@ -384,7 +384,14 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
             if counts and min(counts) < 0:
                 counts = _clamped(counts)
         n = sum(counts)
-        return [_usage(rp, counts, n, counted and n > rp.rate.count, counted, t)]
+        limit = rp.rate.count
+        if 0 < n < limit:  # the common case of :func:`_usage`, inline: nothing to wait for
+            k = len(counts) - 1
+            while not counts[k]:  # the window is empty once its newest events have left
+                k -= 1
+            reset = rp.ends[k] - t
+            return [Usage(rp.rate, n, limit - n, False, 0.0, reset if reset > 0.0 else 0.0)]
+        return [_usage(rp, counts, n, counted and n > limit, counted, t)]
     per_segment = [_segment_counts(rp, values) for rp in rate_plans]
     ns = list(map(sum, per_segment))
     refused = counted and any(n > rp.rate.count for n, rp in zip(ns, rate_plans, strict=True))

@@ -45,21 +45,27 @@ def check_many(
     caller with a clock of its own (DRF's ``timer``).
     """
     moment = Moment(clock.now() if at is None else at)
-    steps = [STEPS[c.algorithm](c, namespace(c.scope, *c.subject), moment) for c in checks]
-    backend = get_backend()
-    replies = backend.execute([s.op() for s in steps], moment.now_us)
-    results = [s.decide(reply) for s, reply in zip(steps, replies, strict=True)]
-    for r in results:
-        if r.limited:
-            break
-    else:  # the common case: nothing refused, one round trip
+    steps: list[Step] = []
+    ops = []
+    for c in checks:  # loops, not comprehensions (each a function call): on every request
+        step = STEPS[c.algorithm](c, namespace(c.scope, *c.subject), moment)
+        steps.append(step)
+        ops.append(step.op)
+    replies = get_backend().execute(ops, moment.now_us)
+    results = []
+    limited = False
+    for s, reply in zip(steps, replies, strict=True):
+        r = s.decide(reply)
+        results.append(r)
+        limited = limited or r.limited
+    if not limited:  # the common case: nothing refused, one round trip
         return results
     # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
     # as the window has room. Counting first and taking back after keeps the check one round
     # trip for admitted hits and never lenient under concurrency.
     for i in take_back(checks, results):
         steps[i].take_back()
-    return _second_trip(backend, steps, exact, moment)
+    return _second_trip(get_backend(), steps, exact, moment)
 
 
 def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Moment) -> list[Result]:

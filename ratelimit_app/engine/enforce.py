@@ -102,18 +102,6 @@ class Decision:
         result = self.result
         return result.binding().retry_after if result is not None and result.limited else 0.0
 
-    def decided(self, result: Result | None) -> None:
-        """Take ``result`` (None: not checked) as this limit's, and what follows from it."""
-        self.result = result
-        if result is None:
-            self.refused = self.shown = False
-            return
-        own = self.own
-        if own is None:
-            own = self.check.subject[0] in OWN_KINDS
-        self.refused = refused = result.limited
-        self.shown = own or refused
-
     def usage(self) -> dict[str, Any] | None:
         """django-ratelimit's usage dict of the result, made once (None: not checked)."""
         if self._usage is None and self.result is not None:
@@ -130,33 +118,32 @@ class Verdict:
     """What :func:`decide` found: each limit's decision, whether the backend failed, and
     whether the answer came from the refusal memory."""
 
-    __slots__ = ("decisions", "failed", "remembered")
+    __slots__ = ("decisions", "failed", "limited", "remembered", "shown")
 
     def __init__(
         self,
         decisions: Sequence[Decision],
         failed: BackendError | None = None,
         remembered: bool = False,
+        shown: list[Decision] | None = None,
+        limited: bool = False,
     ) -> None:
         self.decisions = decisions
         self.failed = failed
         self.remembered = remembered
+        #: The decisions whose counters the response's ``RateLimit`` headers show.
+        self.shown = [] if shown is None else shown
+        #: True when any limit is over (blocking or not).
+        self.limited = limited
 
     def __repr__(self) -> str:
         return f"Verdict({list(self.decisions)!r}, failed={self.failed!r})"
 
-    def shown(self) -> list[Decision]:
-        """The decisions whose counters the response's ``RateLimit`` headers show."""
-        return [d for d in self.decisions if d.shown]
-
-    @property
-    def limited(self) -> bool:
-        """True when any limit is over (blocking or not)."""
-        return True in [d.refused for d in self.decisions]
-
     def refusing(self) -> Decision | None:
         """The blocking limit that refuses the request (the one that frees up last), or
         None: the request is admitted."""
+        if not self.limited:
+            return None
         found = [d for d in self.decisions if d.blocks and d.refused]
         if not found:
             return None
@@ -183,7 +170,9 @@ def decide(
     from the refusal memory; send ``ratelimited`` for each counted refusal (``sender``: the
     adapter, as :mod:`ratelimit_app.signals` documents). ``at``: the time of the check, for
     a caller with a clock of its own (DRF's ``timer``)."""
-    checks = [d.check for d in decisions]
+    checks = []
+    for d in decisions:  # loops, not comprehensions (each a function call): every request
+        checks.append(d.check)
     results = _recall(decisions, checks, at)
     remembered = results is not None
     if results is None:
@@ -192,11 +181,26 @@ def decide(
         except BackendError as exc:
             report_failure(exc)
             return Verdict(decisions, failed=exc)
+    shown = []
+    limited = False
     for d, result in zip(decisions, results, strict=True):
-        d.decided(result)
-        if d.refused and d.check.increment:
-            _signal(request, d, sender)
-    return Verdict(decisions, remembered=remembered)
+        # A decision takes its result here, and what follows from it, once.
+        d.result = result
+        if result is None:  # not checked: another limit refused from memory
+            d.refused = d.shown = False
+            continue
+        own = d.own
+        if own is None:
+            own = d.check.subject[0] in OWN_KINDS
+        d.refused = refused = result.limited
+        d.shown = own = own or refused
+        if own:
+            shown.append(d)
+        if refused:
+            limited = True
+            if d.check.increment:
+                _signal(request, d, sender)
+    return Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
 
 
 def _recall(

@@ -24,9 +24,7 @@ class LeakyBucket(Step):
         self.meter = gcra.meter(check.rates, check.burst)
         #: Its admitted hit, as stored (what a take-back compares against).
         self.admitted: MeterReply | None = None
-
-    def op(self) -> MeterOp:
-        return MeterOp(self.namespace, self.meter, self.check.increment)
+        self.op = MeterOp(namespace, self.meter, check.increment)
 
     def decide(self, reply: MeterReply) -> Result:
         now_us = self.moment.now_us

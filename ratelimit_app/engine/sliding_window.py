@@ -23,14 +23,13 @@ class SlidingWindow(Step):
     def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
         # Made for every check of every request: no super() call.
         self.check, self.namespace, self.moment, self.undo = check, namespace, moment, False
-        self.plan = windows.plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
+        self.plan = plan = windows.plan(
+            check.rates, moment.t, moment.per_window, moment.hierarchical
+        )
         #: A refused check's fine buckets, read in the second round trip to time its wait.
         self.detail: windows.Plan | None = None
-
-    def op(self) -> Op:
-        # tuple.__new__: a NamedTuple's own __new__ is a Python function, and this is made
-        # for every check of every request.
-        return _tuple(Op, (self.namespace, self.plan, self.check.increment, None))
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function.
+        self.op = _tuple(Op, (namespace, plan, check.increment, None))
 
     def decide(self, reply: list[int]) -> Result:
         increment = self.check.increment

@@ -32,7 +32,7 @@ class Moment:
 class Step:
     """One check on its way through the round trips of one call."""
 
-    __slots__ = ("check", "moment", "namespace", "result", "undo")
+    __slots__ = ("check", "moment", "namespace", "op", "result", "undo")
 
     #: The algorithm name checks give (``Check.algorithm``).
     algorithm: ClassVar[str]
@@ -41,13 +41,12 @@ class Step:
         self.check = check
         self.namespace = namespace
         self.moment = moment
+        #: The operation of the first round trip (made with the step: an attribute, not a
+        #: method, read once per check of every request).
+        self.op: Any = None
         self.result: Result
         #: Its hit is taken back in the second round trip.
         self.undo = False
-
-    def op(self) -> Any:
-        """The operation of the first round trip."""
-        raise NotImplementedError
 
     def decide(self, reply: Any) -> Result:
         """The result, from the first round trip's reply."""

@@ -324,6 +324,6 @@ def test_describe_says_where_each_setting_comes_from() -> None:
 
 def test_the_makefile_runs_this_script() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    target = re.search(r"^demo: venv\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    target = re.search(r"^demo: venv-demo\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert target is not None
     assert target.group(1) == '\t@$(PY) -m demo_site.run --port "$${PORT:-8000}"\n'

@@ -124,13 +124,13 @@ def _exchanges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Calls of the backend's one round trip (the real one runs), counted."""
     backend = get_backend()
     calls: list[int] = []
-    real = backend.exchange
+    real = backend.execute
 
-    def exchange(*args: Any, **kwargs: Any) -> Any:
+    def execute(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(backend, "exchange", exchange)
+    monkeypatch.setattr(backend, "execute", execute)
     return calls
 
 

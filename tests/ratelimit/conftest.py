@@ -14,6 +14,7 @@ from django.core.cache import caches
 from django.test import RequestFactory, override_settings
 
 from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.backends.base import Op
 
 BACKENDS = ("locmem", "memcached", "redis")
 _unique = itertools.count()
@@ -110,20 +111,22 @@ def rules_site() -> Iterator[None]:
 
 
 class RoundTrips:
-    """Counts the round trips (``exchange`` calls) of the backend in force, and those that
-    write (count, or take back)."""
+    """Counts the round trips (``execute`` calls) of the backend in force, and those that
+    write sliding windows (count, or take back)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.count = self.writing = 0
         backend = get_backend()
-        exchange = backend.exchange
+        execute = backend.execute
 
-        def counting(ops: Any, meters: Any, now_us: int) -> Any:
+        def counting(ops: Any, now_us: int) -> Any:
             self.count += 1
-            self.writing += any(op.increment or op.undo is not None for op in ops)
-            return exchange(ops, meters, now_us)
+            self.writing += any(
+                isinstance(op, Op) and (op.increment or op.undo is not None) for op in ops
+            )
+            return execute(ops, now_us)
 
-        monkeypatch.setattr(backend, "exchange", counting)
+        monkeypatch.setattr(backend, "execute", counting)
 
 
 def rules(*items: dict[str, Any], **settings: Any) -> Any:

@@ -651,13 +651,14 @@ def test_rules_of_both_algorithms_in_one_exchange(
     with rules(bucket("api"), bucket("api-2", key="device"), window), frozen_clock(T0):
         backend: Any = get_backend()  # settings changed: built again
         calls: list[tuple[int, int]] = []
-        original = backend.exchange
+        original = backend.execute
 
-        def exchange(ops: Any, meters: Any, now_us: int) -> Any:
-            calls.append((len(ops), len(meters)))
-            return original(ops, meters, now_us)
+        def execute(ops: Any, now_us: int) -> Any:
+            meters = sum(isinstance(op, MeterOp) for op in ops)
+            calls.append((len(ops) - meters, meters))
+            return original(ops, now_us)
 
-        monkeypatch.setattr(backend, "exchange", exchange)
+        monkeypatch.setattr(backend, "execute", execute)
         assert client.get("/api/").status_code == 200
     assert calls == [(1, 2)]
 

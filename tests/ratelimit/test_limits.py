@@ -178,13 +178,13 @@ def test_only_requests_that_did_not_fail_pay_a_second_round_trip(
     try:
         with failures_rule(), frozen_clock(T0):
             backend = get_backend()  # built for these settings
-            exchange = backend.exchange
+            execute = backend.execute
 
-            def counting(ops: Any, meters: Any, now_us: int) -> Any:
+            def counting(ops: Any, now_us: int) -> Any:
                 calls.append(len(ops))
-                return exchange(ops, meters, now_us)
+                return execute(ops, now_us)
 
-            monkeypatch.setattr(backend, "exchange", counting)
+            monkeypatch.setattr(backend, "execute", counting)
             assert client.post("/rules/slow/401/").status_code == 401
             assert calls == [1]  # counted in the check: nothing after the view
             for _ in range(10):  # successes never use up the quota

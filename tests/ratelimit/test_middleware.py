@@ -38,18 +38,18 @@ def statuses(client: Client, path: str, n: int, **extra: Any) -> list[int]:
 
 
 class Spy:
-    """Counts the backend's round trips (``run_many`` calls) and the ops in each."""
+    """Counts the backend's round trips (``execute`` calls) and the ops in each."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[int] = []
         backend = get_backend()
-        original = backend.run_many
+        original = backend.execute
 
-        def run_many(ops: Any) -> Any:
+        def execute(ops: Any, now_us: int) -> Any:
             self.calls.append(len(ops))
-            return original(ops)
+            return original(ops, now_us)
 
-        monkeypatch.setattr(backend, "run_many", run_many)
+        monkeypatch.setattr(backend, "execute", execute)
 
 
 def test_a_limited_request_gets_429_with_the_headers(backend_kind: str, client: Client) -> None:

@@ -124,13 +124,13 @@ def test_a_look_is_bounded(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -
         refuse(client, addresses)
         clock.advance(CAP + 1)
         backend = get_backend()
-        exchange = backend.exchange
+        execute = backend.execute
 
-        def sizing(ops: Any, meters: Any, now_us: int) -> Any:
+        def sizing(ops: Any, now_us: int) -> Any:
             sizes.append(len(ops))
-            return exchange(ops, meters, now_us)
+            return execute(ops, now_us)
 
-        monkeypatch.setattr(backend, "exchange", sizing)
+        monkeypatch.setattr(backend, "execute", sizing)
         assert statuses(client, addresses) == [429] * len(addresses)
     assert sizes == [7, 7, 6]
     assert LOOK_BATCH == 256
