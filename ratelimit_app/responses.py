@@ -145,7 +145,12 @@ def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
             continue
         meter = r.meter
         capacity = None if meter is None else meter.meter.capacity
-        text, names = _limit_policy(d.name, d.check.rates, capacity)
+        rates = d.check.rates
+        found = _POLICIES.get((d.name, id(rates)))  # the common case: formatted already
+        if found is not None and found[0] is rates and found[1] == capacity:
+            text, names = found[2], found[3]
+        else:
+            text, names = _limit_policy(d.name, rates, capacity)
         policy.append(text)
         usages = r.usages
         if len(usages) == 1:
@@ -155,8 +160,8 @@ def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
             name = names[[x is u for x in usages].index(True)]
         if r.limited:
             remaining, wait = 0, max(1, math.ceil(u.retry_after))
-        else:
-            remaining, wait = u.remaining, max(0, math.ceil(u.reset))
+        else:  # (a usage's reset is never negative)
+            remaining, wait = u.remaining, math.ceil(u.reset)
         state.append(f"{name};r={remaining};t={wait}")
     if not policy:
         return {}
@@ -165,8 +170,11 @@ def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
 
 def add_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse:
     """Add the RateLimit ``headers`` to ``response`` unless it has its own."""
+    # Django's ``name in response`` finds a missing header by catching a KeyError, on every
+    # admitted request: its headers' own dict (by lower-case name) answers without one.
+    stored = getattr(response.headers, "_store", None)
     for name, value in headers.items():
-        if name not in response:
+        if (name.lower() not in stored) if type(stored) is dict else (name not in response):
             response[name] = value
     return response
 

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from ratelimit_app.algorithms.rates import Rate
 
@@ -89,9 +91,19 @@ class RatePlan:
     multi: tuple[tuple[int, tuple[Term, ...]], ...] = dataclasses.field(
         init=False, repr=False, compare=False
     )
+    #: The values of :attr:`first` picked from a check's values in one call, in C.
+    pick: Callable[[list[int]], Sequence[int]] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "first", tuple(seg.terms[0][0] for seg in self.segments))
+        first = tuple(seg.terms[0][0] for seg in self.segments)
+        object.__setattr__(self, "first", first)
+        # itemgetter of one index gives the value, not a tuple: a slice of one gives a list.
+        pick: Any = operator.itemgetter(*first) if len(first) > 1 else None
+        if pick is None:
+            pick = operator.itemgetter(slice(first[0], first[0] + 1) if first else slice(0))
+        object.__setattr__(self, "pick", pick)
         object.__setattr__(self, "ends", tuple(seg.end for seg in self.segments))
         multi = tuple(
             (k, seg.terms)
@@ -377,10 +389,11 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
     rate_plans = p.rates
     if len(rate_plans) == 1:  # the common case: one rate
         rp = rate_plans[0]
+        counts: Sequence[int]
         if rp.multi:
             counts = _segment_counts(rp, values)
         else:  # every segment is one bucket: no call per rate
-            counts = list(map(values.__getitem__, rp.first))
+            counts = rp.pick(values)
             if counts and min(counts) < 0:
                 counts = _clamped(counts)
         n = sum(counts)
@@ -405,7 +418,7 @@ def _segment_counts(rp: RatePlan, values: list[int]) -> list[int]:
     """Events in each segment of ``rp``, oldest first. A segment's true count is never
     negative; a reset or an evicted coarse bucket can make coarse - fine negative, and
     counting that would be lenient."""
-    counts = list(map(values.__getitem__, rp.first))  # in C: no Python call per value
+    counts = list(rp.pick(values))  # in C: no Python call per value
     for k, terms in rp.multi:
         total = 0
         for i, sign in terms:
@@ -416,13 +429,13 @@ def _segment_counts(rp: RatePlan, values: list[int]) -> list[int]:
     return counts
 
 
-def _clamped(counts: list[int]) -> list[int]:
+def _clamped(counts: Sequence[int]) -> list[int]:
     """``counts`` with a negative one as 0: a segment's true count is never negative."""
     return [c if c > 0 else 0 for c in counts]
 
 
 def _usage(
-    rp: RatePlan, counts: list[int], n: int, refused: bool, counted: bool, t: float
+    rp: RatePlan, counts: Sequence[int], n: int, refused: bool, counted: bool, t: float
 ) -> Usage:
     """One rate's usage: ``n`` events in its window, ``counts`` of them per segment;
     ``refused``: this hit (counted in them) is refused, so waits are timed without it."""

@@ -37,6 +37,8 @@ MN = b"MN\r\n"
 
 #: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
 _QUIET_MISS = b"NF"
+#: The last lines of a reply split at its line breaks.
+_END_LINES = [b"END", b""]
 #: The bytes a count's data line may hold: digits and the padding of a decrement.
 _COUNT_BYTES = b"0123456789 "
 #: The CAS id in the flags of a meta reply (asked for with ``c``).
@@ -94,15 +96,17 @@ class CheckCommand:
     command, so a backend keeps it (:attr:`reusable`) and only parses each reply.
     """
 
-    __slots__ = ("command", "increments", "keys", "known", "proofs", "reusable", "spans", "zeros")
+    __slots__ = ("command", "increments", "index", "keys", "proofs", "reusable", "spans", "zeros")
 
     def __init__(self) -> None:
         #: The bytes to send (without the final line break).
         self.command = b""
-        #: Every key the ``get`` asks for, in order; a frozenset of them; a 0 for each.
+        #: Every key the ``get`` asks for, in order, and a 0 for each.
         self.keys: list[bytes] = []
-        self.known: frozenset[bytes] = frozenset()
-        self.zeros: tuple[int, ...] = ()
+        self.zeros: list[int] = []
+        #: Each key's position in :attr:`keys` (None: a key asked twice, two ops of one
+        #: subject).
+        self.index: dict[bytes, int] | None = None
         #: ``VA`` replies expected: one per increment.
         self.increments = 0
         #: (position in :attr:`keys`, position among the increments) of each written bucket
@@ -124,23 +128,30 @@ class CheckCommand:
         bucket's count. Each written bucket's value is raised to what its increment
         answered (:meth:`~.base.Encoded.merge`).
         """
-        start = reply.find(b"VALUE ")
-        if start < 0:
-            start = len(reply) - 5  # END
-        written = _increment_replies(reply, start, self.increments)
-        keys, counts = _hits(reply, start)
+        written, keys, counts = _read(reply, self.increments)
+        index = self.index
         if keys == self.keys:  # every bucket there (a busy subject): in the order asked
             values = counts
+        elif index is not None:  # the hits of a young or quiet subject, by key
+            values = self.zeros[:]
+            try:
+                for key, count in zip(keys, counts, strict=True):
+                    values[index[key]] = count
+            except KeyError:
+                raise ReplyError(f"unexpected key in reply: {reply[:200]!r}") from None
         else:
             found = dict(zip(keys, counts, strict=True))
-            if not found.keys() <= self.known:
+            if not found.keys() <= set(self.keys):
                 raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
-            values = list(map(found.get, self.keys, self.zeros))  # in C: no call per key
+            values = list(map(found.get, self.keys, self.zeros))
         for i, j in self.proofs:
             proof = int(written[j])
             if values[i] < proof:
                 values[i] = proof
-        return [values[a:b] for a, b in self.spans]
+        out = []
+        for a, b in self.spans:  # a loop, not a comprehension: on every request
+            out.append(values[a:b])
+        return out
 
 
 def check_command(
@@ -168,52 +179,57 @@ def check_command(
         made.spans.append((len(keys), len(keys) + len(enc.reads)))
         keys += [base + suffix for suffix in enc.reads]
     made.command = b"".join(writes) + b"get " + b" ".join(keys)
-    made.known = frozenset(keys)
-    made.zeros = (0,) * len(keys)
+    made.zeros = [0] * len(keys)
+    index = {key: i for i, key in enumerate(keys)}
+    made.index = index if len(index) == len(keys) else None
     return made
 
 
-def _increment_replies(reply: bytes, start: int, expected: int) -> list[bytes]:
-    """The values the ``expected`` increments answered, from the part of ``reply`` before
-    ``start`` (the hits). A miss answers a take-back wherever it stands (``NF``: its bucket
-    was gone); anything short of one ``VA`` reply an increment is a lost write."""
-    lines = reply[:start].split(b"\r\n")
-    if _QUIET_MISS in lines:  # a value line is a number, never "NF"
-        lines = [line for line in lines if line != _QUIET_MISS]
-    heads, written = lines[0:-1:2], lines[1:-1:2]
+def _read(reply: bytes, expected: int) -> tuple[list[bytes], list[bytes], list[int]]:
+    """The values the ``expected`` increments answered, and the key and count of each hit
+    (``VALUE <key> <flags> <length>`` and its data line), from one split of ``reply``.
+
+    A miss answers a take-back wherever it stands before the hits (``NF``: its bucket was
+    gone); anything short of one ``VA`` reply an increment is a lost write. A data line
+    that is not a count (anything but digits and the padding a decrement leaves, ``9 ``:
+    int() would also take a sign or an underscore) or that holds a line break (which shifts
+    the lines) is a corrupt counter; all checked in C.
+    """
+    start = reply.find(b"VALUE ")
+    if start < 0:
+        start = len(reply) - 5  # END
+    lines = reply.split(b"\r\n")
+    before = reply.count(b"\r\n", 0, start)  # the lines of the increments' replies
     # No data line (a number) and no other reply (NF, NS, an error) holds "VA ": counting
     # them counts the heads that are VA replies.
-    if (
-        len(heads) != expected
-        or len(written) != expected
-        or reply.count(b"VA ", 0, start) != expected
-    ):
-        raise ReplyError(f"lost counter writes: {reply[:200]!r}")
-    return written
-
-
-def _hits(reply: bytes, start: int) -> tuple[list[bytes], list[int]]:
-    """The key and count of each ``VALUE <key> <flags> <length>`` hit of ``reply`` from
-    ``start`` (to its ``END``).
-
-    A data line that is not a count (anything but digits and the padding a decrement
-    leaves, ``9 ``: int() would also take a sign or an underscore) or that holds a line
-    break (which shifts the lines) is a corrupt counter; all checked in C.
-    """
-    parts = reply[start:-5].split(b"\r\n")
-    found, data = parts[0:-1:2], parts[1::2]
+    if before == 2 * expected and reply.count(b"VA ", 0, start) == expected:
+        written = lines[1:before:2]
+    else:
+        written = _written(lines[:before], reply, start, expected)
+    found, data = lines[before:-2:2], lines[before + 1 : -2 : 2]
     tokens = b" ".join(found).split(b" ") if found else []
     try:
         if (
-            len(parts) != 2 * len(found) + 1
+            lines[-1]
+            or lines[-2] != b"END"
+            or len(data) != len(found)
             or len(tokens) != 4 * len(found)
             or tokens[0::4].count(b"VALUE") != len(found)
             or b"".join(data).translate(None, _COUNT_BYTES)
         ):
             raise ValueError
-        return tokens[1::4], list(map(int, data))
+        return written, tokens[1::4], list(map(int, data))
     except ValueError:
         raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
+
+
+def _written(replies: list[bytes], reply: bytes, start: int, expected: int) -> list[bytes]:
+    """The values the increments answered, with the misses of take-backs (``NF``) among
+    their replies; a lost write raises."""
+    replies = [line for line in replies if line != _QUIET_MISS]
+    if len(replies) != 2 * expected or reply.count(b"VA ", 0, start) != expected:
+        raise ReplyError(f"lost counter writes: {reply[:200]!r}")
+    return replies[1::2]
 
 
 def quiet_deletes(base: bytes, suffixes: Iterable[str]) -> bytes:

@@ -171,7 +171,9 @@ def _address(request: HttpRequest) -> str:
         return text if len(text) <= MAX_ADDRESS_LENGTH else ""
     if not conf.TRUSTED_PROXIES or not trusted_proxy(text):
         return text
-    forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
+    if not forwarded:  # the proxy's own request (a health check), or none named a client
+        return text
     for hop in reversed(forwarded.split(",")[-32:]):
         hop = hop.strip()
         if hop and not trusted_proxy(hop):
