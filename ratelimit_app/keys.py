@@ -373,7 +373,7 @@ SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str | None]] = {
     "ip": client_ip,
     "user": _user,
     "user_or_ip": user_or_ip,
-    "email": lambda r: normalize_email(form_value(r, "email")),
+    "email": lambda r: _clean(form_value(r, "email"), True),  # normalize_email, one call less
     "device": lambda r: device(r.META.get("HTTP_USER_AGENT", "")[:1024]),
 }
 

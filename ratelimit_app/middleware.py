@@ -179,7 +179,7 @@ def before(
         closed = verdict.closed()
         return _Pending([]) if closed is None else responses.unavailable(request, closed)
     _mark(request, verdict)
-    refusing = verdict.refusing()
+    refusing = verdict.refusing() if verdict.limited else None
     if refusing is not None:
         exc = responses.exception(refusing)
         response = responses.too_many_requests(request, exc, decision=refusing)

@@ -41,11 +41,13 @@ class Memory(Generic[T]):
     def __init__(self, size: int = 10_000) -> None:
         self.size = size
         self._lock = threading.Lock()
-        #: key -> (refused at, refused from memory until, the wait ends at, what it was)
-        self._entries: OrderedDict[Hashable, tuple[float, float, float, T]] = OrderedDict()
+        #: key -> (refused at, refused from memory until, the wait ends at, what it was).
+        #: Read it only to know whether any refusal is held: ``if memory.entries`` is the
+        #: request path's test, without the call ``len()`` makes.
+        self.entries: OrderedDict[Hashable, tuple[float, float, float, T]] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def remember(
         self, key: Hashable, at: float, until: float, what: T, ends: float | None = None
@@ -57,7 +59,7 @@ class Memory(Generic[T]):
             return
         ends = until if ends is None else max(ends, until)
         with self._lock:
-            entries = self._entries
+            entries = self.entries
             entries[key] = (at, until, ends, what)
             entries.move_to_end(key)
             if len(entries) > self.size:
@@ -66,13 +68,13 @@ class Memory(Generic[T]):
     def _entry(self, key: Hashable, now: float) -> tuple[float, float, float, T] | None:
         """``key``'s refusal if its wait has not ended at ``now`` (call with the lock held;
         an ended refusal, or one from a clock that went back, is forgotten)."""
-        entry = self._entries.get(key)
+        entry = self.entries.get(key)
         if entry is None:
             return None
         if not entry[0] <= now < entry[2]:  # ended, or the clock went back: ask the backend
-            del self._entries[key]
+            del self.entries[key]
             return None
-        self._entries.move_to_end(key)
+        self.entries.move_to_end(key)
         return entry
 
     def holds(self, keys: Iterable[Hashable | None]) -> bool:
@@ -83,7 +85,7 @@ class Memory(Generic[T]):
         case, the request's own subjects not refused. A refusal remembered by another
         thread just after the look is missed, and the caller makes its counted check, as if
         the look had come first."""
-        entries = self._entries
+        entries = self.entries
         for key in keys:  # noqa: SIM110 (a loop: any() would make a generator every request)
             if key is not None and key in entries:
                 return True
@@ -92,7 +94,7 @@ class Memory(Generic[T]):
     def recall(self, key: Hashable, now: float) -> tuple[float, T] | None:
         """``(seconds since the refusal, what it was)`` while ``key`` is refused from memory
         at ``now``; None otherwise (see :meth:`due`)."""
-        if not self._entries:  # the common case: no flood, no lock
+        if not self.entries:  # the common case: no flood, no lock
             return None
         with self._lock:
             entry = self._entry(key, now)
@@ -103,7 +105,7 @@ class Memory(Generic[T]):
     def due(self, key: Hashable, now: float) -> tuple[float, float, T] | None:
         """``(seconds since the refusal, seconds until its wait ends, what it was)`` when
         the cap has run out at ``now`` but the wait has not: confirm, then remember again."""
-        if not self._entries:
+        if not self.entries:
             return None
         with self._lock:
             entry = self._entry(key, now)
@@ -126,7 +128,7 @@ class Memory(Generic[T]):
         with self._lock:
             found = [
                 (key, entry)
-                for key, entry in self._entries.items()
+                for key, entry in self.entries.items()
                 if entry[1] < horizon and entry[0] <= now < entry[2] and key not in skip
             ]
         found.sort(key=lambda item: item[1][1])
@@ -136,12 +138,12 @@ class Memory(Generic[T]):
         """Forget the refusals of ``keys`` (their counters were reset)."""
         with self._lock:
             for key in keys:
-                self._entries.pop(key, None)
+                self.entries.pop(key, None)
 
     def clear(self) -> None:
         """Forget every refusal (settings changed)."""
         with self._lock:
-            self._entries.clear()
+            self.entries.clear()
 
     def _after_fork(self) -> None:
         # Another thread may have held the lock when the process forked: a new one. The

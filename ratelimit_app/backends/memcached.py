@@ -283,15 +283,22 @@ class MemcachedBackend(Backend):
         the node down (and the pool drops the connection)."""
         # get_and_release(destroy_on_fail=True), without a generator-based context manager
         # on every request.
-        pool = node.client.client_pool
+        pool: _Idle = node.client.client_pool
+        idle = pool.idle
         try:
-            client = pool.get()
+            try:  # pool.get(), without its call
+                client = idle.pop()
+            except IndexError:
+                client = pool.create()
             try:
                 reply = exchange(client, *args)
             except Exception:
                 client.close()
                 raise
-            pool.release(client)
+            if len(idle) < pool.max_idle:  # pool.release(client), without its call
+                idle.append(client)
+            else:
+                client.close()
             return reply
         except Exception as exc:
             raise self._failed(exc, node) from exc

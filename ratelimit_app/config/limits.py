@@ -121,6 +121,8 @@ class Check(NamedTuple):
 
 
 _tuple = tuple.__new__
+#: Counted checks a limit keeps, one per recent subject (:meth:`Limit.check`).
+CHECK_MEMO = 1024
 
 #: The subjects of one request, found once per key (:meth:`Limit.check`).
 Subjects = dict[Any, tuple[str, str]]
@@ -158,6 +160,9 @@ class Limit:
     shares_value: bool = field(init=False, repr=False)
     #: and whether it can be checked on an event loop (no database, no user code).
     async_safe: bool = field(init=False, repr=False)
+    #: Its counted checks of recent subjects (static rates only): a client's requests
+    #: share one :class:`Check`, made once. Starts over when it holds :data:`CHECK_MEMO`.
+    _checks: dict[tuple[str, str], Check] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         static = None
@@ -172,6 +177,7 @@ class Limit:
         set_("static_scope", None if static is None else rates.scope(self.group, text, static))
         set_("kind", kind)
         set_("shares_value", keys.ignores_group(self.key))
+        set_("_checks", {})
         set_(
             "async_safe",
             static is not None
@@ -224,9 +230,20 @@ class Limit:
                 subject = subjects.get(key)
                 if subject is None:
                     subject = subjects[key] = keys.subject(key, self.group, request)
-        # tuple.__new__: a NamedTuple's own __new__ is a Python function, and a check is made
-        # for every limit of every request.
-        return _tuple(Check, (scope, subject, rate_list, increment, self.algorithm, self.burst))
+        if not increment or rate_list is not self.static_rates:
+            return _tuple(
+                Check, (scope, subject, rate_list, increment, self.algorithm, self.burst)
+            )
+        memo = self._checks
+        found = memo.get(subject)
+        if found is None:
+            if len(memo) >= CHECK_MEMO:
+                memo.clear()
+            # tuple.__new__: a NamedTuple's own __new__ is a Python function.
+            found = memo[subject] = _tuple(
+                Check, (scope, subject, rate_list, True, self.algorithm, self.burst)
+            )
+        return found
 
     def scope_for(self, rate_list: tuple[rates.Rate, ...]) -> str:
         """The scope of the counters for ``rate_list`` (the static scope when they are the

@@ -16,7 +16,6 @@ from ratelimit_app.engine.memory import remember
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, Moment, Step
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.signals import backend_failed
 
 logger = logging.getLogger("ratelimit_app")
@@ -48,7 +47,7 @@ def check_many(
     steps: list[Step] = []
     ops = []
     for c in checks:  # loops, not comprehensions (each a function call): on every request
-        step = STEPS[c.algorithm](c, namespace(c.scope, *c.subject), moment)
+        step = STEPS[c.algorithm](c, moment)
         steps.append(step)
         ops.append(step.op)
     replies = get_backend().execute(ops, moment.now_us)

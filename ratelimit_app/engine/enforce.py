@@ -173,7 +173,7 @@ def decide(
     checks = []
     for d in decisions:  # loops, not comprehensions (each a function call): every request
         checks.append(d.check)
-    results = _recall(decisions, checks, at)
+    results = _recall(decisions, checks, at) if REFUSALS.entries else None
     remembered = results is not None
     if results is None:
         try:
@@ -211,8 +211,6 @@ def _recall(
     Only a counted limit whose refusal answers the whole request is recalled: a blocking
     one, or the only one. A non-blocking limit refused from memory would leave the others
     unchecked and the request, let through, uncounted; a look asks the counters."""
-    if not REFUSALS:  # nothing refused lately: the common case
-        return None
     alone = len(decisions) == 1
     wanted = [
         c if c.increment and (alone or d.blocks) else None

@@ -8,6 +8,7 @@ from ratelimit_app.backends.base import MeterOp, MeterReply
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result, meter_result
 from ratelimit_app.engine.step import Moment, Step, register
+from ratelimit_app.identity.namespaces import namespace
 
 
 @register
@@ -19,12 +20,13 @@ class LeakyBucket(Step):
     __slots__ = ("admitted", "meter")
     algorithm = LEAKY_BUCKET
 
-    def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
-        self.check, self.namespace, self.moment, self.undo = check, namespace, moment, False
+    def __init__(self, check: Check, moment: Moment) -> None:
+        ns = namespace(check.scope, *check.subject)
+        self.check, self.namespace, self.moment, self.undo = check, ns, moment, False
         self.meter = gcra.meter(check.rates, check.burst)
         #: Its admitted hit, as stored (what a take-back compares against).
         self.admitted: MeterReply | None = None
-        self.op = MeterOp(namespace, self.meter, check.increment)
+        self.op = MeterOp(ns, self.meter, check.increment)
 
     def decide(self, reply: MeterReply) -> Result:
         now_us = self.moment.now_us

@@ -3,14 +3,35 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
 from ratelimit_app.algorithms import windows
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends.base import Op
+from ratelimit_app.conf import affects_limiter
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import Moment, Step, register
+from ratelimit_app.identity.namespaces import namespace
 
 _tuple = tuple.__new__
+
+#: What a check of one rate makes before its round trip (its subject's namespace, the plan
+#: of its fine bucket, the operation), by its scope, subject and whether it counts: a
+#: client's requests within one fine bucket find them made. Each entry keeps the rates and
+#: bucket it was made for, and the memo starts over when full (or when settings change).
+_READY: dict[tuple[str, tuple[str, str], bool], tuple[object, int, int, str, windows.Plan, Op]]
+_READY = {}
+READY_MEMO = 4096
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if affects_limiter(setting):  # a namespace may hash to something else now
+        _READY.clear()
 
 
 @register
@@ -20,16 +41,40 @@ class SlidingWindow(Step):
     __slots__ = ("detail", "plan")
     algorithm = SLIDING_WINDOW
 
-    def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
-        # Made for every check of every request: no super() call.
-        self.check, self.namespace, self.moment, self.undo = check, namespace, moment, False
+    def __init__(self, check: Check, moment: Moment) -> None:
+        # Made for every check of every request: no super() call, and the common case (one
+        # rate, a fine bucket seen already) a memo's look.
+        self.check, self.moment, self.undo = check, moment, False
+        #: A refused check's fine buckets, read in the second round trip to time its wait.
+        self.detail: windows.Plan | None = None
+        rates = check.rates
+        if len(rates) == 1 and not moment.hierarchical:
+            index = int(moment.t * moment.per_window // rates[0].seconds)
+            key = (check.scope, check.subject, check.increment)
+            ready = _READY.get(key)
+            if (
+                ready is not None
+                and ready[0] is rates
+                and ready[1] == index
+                and ready[2] == moment.per_window
+            ):
+                self.namespace, self.plan, self.op = ready[3], ready[4], ready[5]
+                return
+            self._make()
+            if len(_READY) >= READY_MEMO:
+                _READY.clear()
+            _READY[key] = (rates, index, moment.per_window, self.namespace, self.plan, self.op)
+        else:
+            self._make()
+
+    def _make(self) -> None:
+        check, moment = self.check, self.moment
+        self.namespace = ns = namespace(check.scope, *check.subject)
         self.plan = plan = windows.plan(
             check.rates, moment.t, moment.per_window, moment.hierarchical
         )
-        #: A refused check's fine buckets, read in the second round trip to time its wait.
-        self.detail: windows.Plan | None = None
         # tuple.__new__: a NamedTuple's own __new__ is a Python function.
-        self.op = _tuple(Op, (namespace, plan, check.increment, None))
+        self.op = _tuple(Op, (ns, plan, check.increment, None))
 
     def decide(self, reply: list[int]) -> Result:
         increment = self.check.increment

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
+from ratelimit_app.identity.namespaces import namespace
 
 
 class Moment:
@@ -24,7 +25,7 @@ class Moment:
 
     def __init__(self, t: float) -> None:
         self.t = t
-        self.now_us = gcra.micros(t)
+        self.now_us = round(t * gcra.MICROS)  # gcra.micros(t), without its call
         self.per_window = windows.BUCKETS_PER_WINDOW
         self.hierarchical = windows.HIERARCHICAL
 
@@ -37,9 +38,10 @@ class Step:
     #: The algorithm name checks give (``Check.algorithm``).
     algorithm: ClassVar[str]
 
-    def __init__(self, check: Check, namespace: str, moment: Moment) -> None:
+    def __init__(self, check: Check, moment: Moment) -> None:
         self.check = check
-        self.namespace = namespace
+        #: The subject's namespace (:func:`~ratelimit_app.identity.namespaces.namespace`).
+        self.namespace = namespace(check.scope, *check.subject)
         self.moment = moment
         #: The operation of the first round trip (made with the step: an attribute, not a
         #: method, read once per check of every request).
