@@ -92,18 +92,14 @@ class RatePlan:
         init=False, repr=False, compare=False
     )
     #: The values of :attr:`first` picked from a check's values in one call, in C.
-    pick: Callable[[list[int]], Sequence[int]] = dataclasses.field(
+    pick: Callable[[Sequence[int]], Sequence[int]] = dataclasses.field(
         init=False, repr=False, compare=False
     )
 
     def __post_init__(self) -> None:
         first = tuple(seg.terms[0][0] for seg in self.segments)
         object.__setattr__(self, "first", first)
-        # itemgetter of one index gives the value, not a tuple: a slice of one gives a list.
-        pick: Any = operator.itemgetter(*first) if len(first) > 1 else None
-        if pick is None:
-            pick = operator.itemgetter(slice(first[0], first[0] + 1) if first else slice(0))
-        object.__setattr__(self, "pick", pick)
+        object.__setattr__(self, "pick", picker(first))
         object.__setattr__(self, "ends", tuple(seg.end for seg in self.segments))
         multi = tuple(
             (k, seg.terms)
@@ -111,6 +107,17 @@ class RatePlan:
             if seg.terms[0][1] != 1 or len(seg.terms) != 1
         )
         object.__setattr__(self, "multi", multi)
+
+
+def picker(indexes: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
+    """A function that picks the values at ``indexes`` out of a sequence, in C (no Python
+    call per value): ``operator.itemgetter``, whose answer is a sequence for any number of
+    indexes (for one index, itemgetter gives the value itself: a slice of one gives a list)."""
+    if len(indexes) > 1:
+        return operator.itemgetter(*indexes)
+    i = indexes[0] if indexes else 0
+    found: Any = operator.itemgetter(slice(i, i + len(indexes)))
+    return found
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -6,10 +6,12 @@ nodes, their connections and the failover).
 of a request on one node: per subject, quiet decrements that take back a refused hit
 (``ma <key> MD q``: only a miss answers, ``NF``), then increments (``ma <key> N<ttl> J1 v``:
 created with the TTL on a miss, answering ``VA`` and the new value), and after all of them
-ONE ``get`` of every bucket the subjects read. memcached answers a connection's commands in
-order, so the read sees the increments, and one ``get`` is one reply to wait for. The ``VA``
-replies prove that each write landed: a read that finds nothing after a failed write is an
-error, never a zero.
+ONE ``get`` of every other bucket the subjects read. A bucket a subject writes is read from
+its increment's answer: its count with this hit and every hit counted before it (a later
+hit on that bucket sees this one in its own answer, so of two concurrent hits the later
+sees the earlier, as with a read). memcached answers a connection's commands in order, so
+the ``get`` sees the increments, and one ``get`` is one reply to wait for. The ``VA``
+replies prove that each write landed: a bucket is never read as zero after a failed write.
 
 **A leaky bucket** (:func:`meta_gets`, :func:`meta_set`, :func:`meta_delete`,
 :func:`parse_meta`) is compare-and-set with the meta commands: ``mg <key> v c`` reads a TAT
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ratelimit_app.algorithms.windows import Plan
+from ratelimit_app.algorithms.windows import Plan, picker
 from ratelimit_app.backends.base import Encoded, Op
 from ratelimit_app.exceptions import BackendError
 
@@ -96,7 +98,7 @@ class CheckCommand:
     command, so a backend keeps it (:attr:`reusable`) and only parses each reply.
     """
 
-    __slots__ = ("command", "increments", "index", "keys", "proofs", "reusable", "spans", "zeros")
+    __slots__ = ("command", "increments", "index", "keys", "picks", "reusable", "zeros")
 
     def __init__(self) -> None:
         #: The bytes to send (without the final line break).
@@ -109,11 +111,9 @@ class CheckCommand:
         self.index: dict[bytes, int] | None = None
         #: ``VA`` replies expected: one per increment.
         self.increments = 0
-        #: (position in :attr:`keys`, position among the increments) of each written bucket
-        #: that is also read: the read is raised to what the increment answered.
-        self.proofs: list[tuple[int, int]] = []
-        #: Each op's keys, as (start, end) in :attr:`keys`.
-        self.spans: list[tuple[int, int]] = []
+        #: Each op's values in the order of its plan's reads, picked (in C) from the
+        #: ``get``'s values followed by the increments' answers.
+        self.picks: list[Callable[[list[int]], Sequence[int]]] = []
         #: False when an expiry is a Unix time (over 30 days): made again per check.
         self.reusable = True
 
@@ -125,14 +125,15 @@ class CheckCommand:
         <length>`` and the count of each bucket found, and ``END``. A bucket missing is 0; a
         key asked twice (two ops of one subject) reads its last answer, the stricter; a key
         not asked for is an error (a connection out of step with its commands), never some
-        bucket's count. Each written bucket's value is raised to what its increment
-        answered (:meth:`~.base.Encoded.merge`).
+        bucket's count. A bucket an op writes is read from its increment's answer.
         """
         written, keys, counts = _read(reply, self.increments)
         index = self.index
         if keys == self.keys:  # every bucket there (a busy subject): in the order asked
             values = counts
-        elif index is not None:  # the hits of a young or quiet subject, by key
+        elif not keys:  # none there but those written (a young or quiet subject)
+            values = self.zeros[:]
+        elif index is not None:  # some there: placed by key
             values = self.zeros[:]
             try:
                 for key, count in zip(keys, counts, strict=True):
@@ -144,13 +145,11 @@ class CheckCommand:
             if not found.keys() <= set(self.keys):
                 raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
             values = list(map(found.get, self.keys, self.zeros))
-        for i, j in self.proofs:
-            proof = int(written[j])
-            if values[i] < proof:
-                values[i] = proof
+        if written:
+            values += written
         out = []
-        for a, b in self.spans:  # a loop, not a comprehension: on every request
-            out.append(values[a:b])
+        for pick in self.picks:  # a loop, not a comprehension: on every request
+            out.append(list(pick(values)))
         return out
 
 
@@ -166,26 +165,37 @@ def check_command(
     made = CheckCommand()
     writes: list[bytes] = []
     keys = made.keys
+    places: list[list[int]] = []  # each op's reads: a key's position, or -1 - an increment's
     for op in ops:
         enc: MemcachedEncoded = encoded(op.plan)
         base = (prefix + op.namespace).encode()
         if op.undo is not None:
             writes.append(encoded(op.undo).decrements(base))
+        answered: dict[int, int] = {}
         if op.increment and enc.writes:
             writes.append(enc.increments(base, clock))
-            made.proofs += [(len(keys) + i, made.increments + j) for i, j in enc.proofs]
+            answered = {i: made.increments + j for i, j in enc.proofs}
             made.increments += len(enc.writes)
             made.reusable = made.reusable and enc.write_tails is not None
-        made.spans.append((len(keys), len(keys) + len(enc.reads)))
-        keys += [base + suffix for suffix in enc.reads]
+        place = []
+        for i, suffix in enumerate(enc.reads):
+            if i in answered:
+                place.append(-1 - answered[i])
+            else:
+                place.append(len(keys))
+                keys.append(base + suffix)
+        places.append(place)
+    if not keys and places:  # every read written (a marker's counter): a get of one, unread
+        keys.append((prefix + ops[0].namespace).encode() + encoded(ops[0].plan).reads[0])
     made.command = b"".join(writes) + b"get " + b" ".join(keys)
     made.zeros = [0] * len(keys)
+    made.picks = [picker([p if p >= 0 else len(keys) - 1 - p for p in place]) for place in places]
     index = {key: i for i, key in enumerate(keys)}
     made.index = index if len(index) == len(keys) else None
     return made
 
 
-def _read(reply: bytes, expected: int) -> tuple[list[bytes], list[bytes], list[int]]:
+def _read(reply: bytes, expected: int) -> tuple[list[int], list[bytes], list[int]]:
     """The values the ``expected`` increments answered, and the key and count of each hit
     (``VALUE <key> <flags> <length>`` and its data line), from one split of ``reply``.
 
@@ -218,7 +228,7 @@ def _read(reply: bytes, expected: int) -> tuple[list[bytes], list[bytes], list[i
             or b"".join(data).translate(None, _COUNT_BYTES)
         ):
             raise ValueError
-        return written, tokens[1::4], list(map(int, data))
+        return list(map(int, written)), tokens[1::4], list(map(int, data))
     except ValueError:
         raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
 
