@@ -43,9 +43,10 @@ from demo_site.shortener.views import CREATE_LIMIT, bounds, short_url
 from metrics_app import query
 from metrics_app.admin import period_from, step_of
 from metrics_app.conf import conf as metrics_conf
-from ratelimit_app import responses
+from ratelimit_app import core, responses
 from ratelimit_app.conf import conf
-from ratelimit_app.core import get_usage
+from ratelimit_app.config import limits
+from ratelimit_app.core import limit_decision
 from ratelimit_app.throttling import ThrottleUnavailable
 
 logger = logging.getLogger(__name__)
@@ -101,16 +102,21 @@ class LinkList(DemoAPIView):
         raised here would be DRF's 403), with the ``RateLimit`` headers either way. When
         the counters are down and ``RATELIMIT_FAIL_OPEN`` is off, a 503, as the form's
         decorator answers: the client did nothing wrong."""
-        usage = get_usage(request._request, increment=True, **CREATE_LIMIT)
-        if usage is None:
+        limit = limits.build(**CREATE_LIMIT)
+        decision = limit_decision(request._request, limit, increment=True)
+        if decision is None:
             return
-        if conf.HEADERS:  # after the throttles' own: one list of policies
-            for name, value in responses.ratelimit_headers([(None, usage)]).items():
+        if conf.HEADERS and decision.shown and core.show(request, [decision]) is not None:
+            # No layer outside the view shows limits (no rule matched): the view writes its
+            # own, after its throttles' (one list of policies).
+            core.release(request)
+            for name, value in responses.decision_headers([decision]).items():
                 known = self.headers.get(name)
                 self.headers[name] = f"{known}, {value}" if known else value
-        if usage["should_limit"]:
-            if not usage["rate"]:  # the counters are down and the limit fails closed
-                raise ThrottleUnavailable(CREATE_LIMIT["group"])
+        if decision.result is None:  # the counters are down and the limit fails closed
+            raise ThrottleUnavailable(CREATE_LIMIT["group"])
+        usage = decision.usage()
+        if usage is not None and usage["should_limit"]:
             raise Throttled(wait=usage["retry_after"])
 
 

@@ -10,14 +10,15 @@ one way to read or clear a subject's counters for any limit, a DRF throttle's in
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase
 
-from ratelimit_app import ALL, UNSAFE, keys
+from ratelimit_app import ALL, UNSAFE, keys, responses
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.conf import conf
@@ -144,6 +145,43 @@ def is_ratelimited(
         request, group, fn, key, rate, method, increment, algorithm=algorithm, burst=burst
     )
     return bool(usage and usage["should_limit"])
+
+
+#: The attribute of the Django request that holds the decisions its ``RateLimit`` headers show.
+SHOWN = "_ratelimit_shown"
+
+
+def show(request: Any, decisions: Sequence[Decision]) -> list[Decision] | None:
+    """Put ``decisions`` among those the request's ``RateLimit`` headers show.
+
+    The rules, ``@ratelimit`` and the DRF throttles each call it (when ``RATELIMIT_HEADERS``
+    is on) once they have decided, outermost first. The first caller of a request gets the
+    list back and writes the headers after the view (:func:`add_shown`): by then it holds
+    the limits of every layer inside it too, so a response shows all of them once. Later
+    callers get None: an outer layer writes."""
+    request = getattr(request, "_request", request)  # a DRF Request wraps Django's
+    found: list[Decision] | None = getattr(request, "__dict__", {}).get(SHOWN)
+    if found is not None:
+        found.extend(decisions)
+        return None
+    found = list(decisions)
+    with contextlib.suppress(AttributeError):  # a request that takes no attribute
+        setattr(request, SHOWN, found)
+    return found
+
+
+def release(request: Any) -> None:
+    """Forget the request's shown decisions once their writer is done with them: a request
+    object that is passed to a view again (tests do) starts afresh."""
+    getattr(getattr(request, "_request", request), "__dict__", {}).pop(SHOWN, None)
+
+
+def add_shown(response: Any, shown: list[Decision] | None) -> Any:
+    """Add the ``RateLimit`` headers of ``shown`` (:func:`show`'s list) to ``response``,
+    unless the view set its own."""
+    if shown and isinstance(response, HttpResponseBase):
+        responses.add_headers(response, responses.decision_headers(shown))  # type: ignore[arg-type]
+    return response
 
 
 get_usage.ALL = ALL  # type: ignore[attr-defined]

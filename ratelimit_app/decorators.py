@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ratelimit_app import ALL, UNSAFE, keys, responses
 from ratelimit_app.algorithms import gcra, rates
@@ -21,7 +21,8 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, Method
-from ratelimit_app.core import group_name, limit_decision
+from ratelimit_app.core import add_shown, group_name, limit_decision, release, show
+from ratelimit_app.engine.enforce import Decision
 
 __all__ = ["ratelimit"]
 
@@ -66,6 +67,11 @@ def ratelimit(
     ``request.limited`` tells the view whether it is over the limit; with ``block=True`` a
     limited request raises ``RATELIMIT_EXCEPTION_CLASS`` (``Ratelimited``, a
     ``PermissionDenied``) before the view runs.
+
+    With ``RATELIMIT_HEADERS`` on, the view's response gets the ``RateLimit`` headers of
+    the limit when it counts the client itself (an ``ip``, ``user`` or ``user_or_ip`` key),
+    or is over; each limit of a request once, written by the outermost layer
+    (:func:`ratelimit_app.core.show`).
 
     When the counter backend is down, ``RATELIMIT_FAIL_OPEN`` decides: open, no limit
     applies; closed (the default), ``request.limited`` is true and, with ``block=True``, the
@@ -133,9 +139,11 @@ class _Guard:
         trip, cheaper than a thread."""
         return self.limit is not None and self.limit.async_safe and _inline_ok()
 
-    def before(self, request: HttpRequest) -> HttpResponse | None:
+    def before(self, request: HttpRequest) -> HttpResponse | list[Decision] | None:
         """Count the request; the answer instead of the view's, if any (a refusal raises
-        ``RATELIMIT_EXCEPTION_CLASS`` when the limit blocks)."""
+        ``RATELIMIT_EXCEPTION_CLASS`` when the limit blocks), else the decisions whose
+        ``RateLimit`` headers to add to the view's answer (:func:`~ratelimit_app.core.show`:
+        None when another layer adds them)."""
         if self.problems:
             raise ImproperlyConfigured(
                 f"@ratelimit on {self.view_name}: {' '.join(self.problems)}"
@@ -156,7 +164,7 @@ class _Guard:
         request.limited = limited or already  # type: ignore[attr-defined]
         if limited and self.block:
             raise responses.exception(decision)
-        return None
+        return _show(request, decision)
 
 
 def _wrap(fn: F, guard: _Guard) -> F:
@@ -170,16 +178,37 @@ def _wrap(fn: F, guard: _Guard) -> F:
                 answer = guard.before(request)
             else:
                 answer = await sync_to_async(guard.before)(request)
-            return answer if answer is not None else await fn(*args, **kwargs)
+            if isinstance(answer, HttpResponseBase):
+                return answer
+            try:
+                return add_shown(await fn(*args, **kwargs), answer)
+            finally:
+                if answer is not None:
+                    release(request)
 
         return async_wrapped  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        answer = guard.before(_find_request(args))
-        return answer if answer is not None else fn(*args, **kwargs)
+        request = _find_request(args)
+        answer = guard.before(request)
+        if isinstance(answer, HttpResponseBase):
+            return answer
+        try:
+            return add_shown(fn(*args, **kwargs), answer)
+        finally:
+            if answer is not None:  # it wrote the headers
+                release(request)
 
     return wrapped  # type: ignore[return-value]
+
+
+def _show(request: HttpRequest, decision: Decision) -> list[Decision] | None:
+    """The decisions whose headers the view's answer gets when this decorator writes them
+    (:func:`ratelimit_app.core.show`), among them ``decision`` when it is shown."""
+    if not conf.HEADERS:
+        return None
+    return show(request, [decision] if decision.shown else [])
 
 
 def _inline_ok() -> bool:

@@ -40,7 +40,7 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import keys, responses, store
+from ratelimit_app import core, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.limits import Subjects
@@ -188,10 +188,24 @@ def before(
             # logged one by one: django.request logged the refusal that started it.
             response._has_been_logged = True  # type: ignore[attr-defined]
         return response
-    shown = verdict.shown if conf.HEADERS else []
+    shown = _shown(request, verdict) if conf.HEADERS else []
     if failing:
         return _Pending(shown, [d for d in failing if d.provisional()])
     return _Pending(shown)
+
+
+def _shown(request: HttpRequest, verdict: enforce.Verdict) -> list[Decision]:
+    """The decisions the response's ``RateLimit`` headers show: the rules', and those the
+    layers inside (``@ratelimit``, the DRF throttles) add to the same list before the view
+    answers (:func:`ratelimit_app.core.show`, which this does without its call). Empty when an
+    outer layer writes them."""
+    held = request.__dict__
+    outer: list[Decision] | None = held.get(core.SHOWN)
+    if outer is not None:
+        outer.extend(verdict.shown)
+        return []
+    held[core.SHOWN] = shown = verdict.shown
+    return shown
 
 
 class UsageByRule(Mapping[str, dict[str, Any]]):
@@ -247,6 +261,9 @@ def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> Ht
     """Everything after the view: take back provisional hits, add the RateLimit headers."""
     if pending.provisional:
         enforce.take_back(pending.to_take_back(response))
+    held = request.__dict__
+    if held.get(core.SHOWN) is pending.shown:  # this pass writes: a request passed again
+        del held[core.SHOWN]  # starts afresh
     if pending.shown:
         responses.add_headers(response, responses.decision_headers(pending.shown))
     return response

@@ -18,6 +18,9 @@
 * A limit that cannot be checked because the counter backend is down and the limit fails
   closed is not the client's doing: :func:`unavailable` answers
   ``RATELIMIT_FAIL_CLOSED_STATUS`` (503), for rules and ``@ratelimit`` alike.
+* Every word a client reads (the page, the problem's ``title`` and ``detail``) is in the
+  active language (``LANGUAGE_CODE``, or ``LocaleMiddleware``'s pick from
+  ``Accept-Language``); French, German and Spanish ship in ``locale/``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
+from django.utils.translation import get_language, gettext, gettext_lazy, ngettext
 
 from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
@@ -49,6 +53,14 @@ logger = logging.getLogger("ratelimit_app")
 JSON_TYPES = ("application/json", "application/problem+json")
 PROBLEM_TYPE = "about:blank"
 _NOT_TOKEN = re.compile(r'[^\x20-\x7e]|["\\]')
+
+#: The titles of the statuses this app answers, translated (RFC 9457 lets a problem's title
+#: be localised); another status keeps its English phrase.
+_TITLES = {
+    403: gettext_lazy("Forbidden"),
+    429: gettext_lazy("Too Many Requests"),
+    503: gettext_lazy("Service Unavailable"),
+}
 
 #: (policy label, usage dict) pairs: a rule's name, or None for a decorator's limit.
 Policies = Iterable[tuple[str | None, dict[str, Any]]]
@@ -198,7 +210,7 @@ def problem(
     """A negotiated error response: a JSON problem or the rendered ``template``.
 
     ``extra`` goes into both; ``page`` into the template's context only."""
-    title = HTTPStatus(status).phrase
+    title = str(_TITLES[status]) if status in _TITLES else HTTPStatus(status).phrase
     body = {"type": PROBLEM_TYPE, "title": title, "status": status, "detail": detail, **extra}
     if wants_json(request):
         return HttpResponse(
@@ -209,7 +221,7 @@ def problem(
         if conf.CACHE_PAGES or _own(template):
             # During a flood every refusal renders the same few pages: rendering costs more
             # than the check, so the page of each distinct answer is kept.
-            html = _rendered(template, tuple(context.items()))
+            html = _rendered(template, get_language(), tuple(context.items()))
         else:  # a project's own template may use the request and its context processors
             html = loader.render_to_string(template, context, request)
     except Exception:  # a broken override must not turn a 429 into a 500
@@ -237,7 +249,8 @@ def _own(template: str) -> bool:
 
 
 @functools.lru_cache(maxsize=512)
-def _rendered(template: str, context: tuple[tuple[str, Any], ...]) -> str:
+def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any], ...]) -> str:
+    # ``language`` (the active one, which the page is rendered in) is part of the memo's key.
     return loader.render_to_string(template, dict(context))
 
 
@@ -319,15 +332,20 @@ def _refusal_page(
 ) -> HttpResponse:
     """The 429 problem (JSON or the page) saying what was exceeded, by whom, and when to
     come back."""
-    what = f"the limit {rate}" if rate else "a rate limit"
-    if rule:
-        what += f" of rule {rule!r}"
-    unit = "second" if retry_after == 1 else "seconds"
+    if rate and rule:
+        exceeds = gettext("This request exceeds the limit %(rate)s of rule %(rule)s.")
+    elif rate:
+        exceeds = gettext("This request exceeds the limit %(rate)s.")
+    elif rule:
+        exceeds = gettext("This request exceeds a rate limit of rule %(rule)s.")
+    else:
+        exceeds = gettext("This request exceeds a rate limit.")
+    exceeds %= {"rate": rate, "rule": repr(rule)}
     counted = counted_by(request, limit)
     return problem(
         request,
         429,
-        f"This request exceeds {what}. Try again in {retry_after} {unit}.",
+        f"{exceeds} {try_again(retry_after)}",
         template="ratelimit_app/429.html",
         page={"counted": counted} if counted else None,
         retry_after=retry_after,
@@ -361,9 +379,16 @@ def counted_by(request: HttpRequest, limit: Limit | None) -> str:
     return DEVICE if kind == "device" else ""
 
 
+def try_again(seconds: int) -> str:
+    """The "Try again in N seconds." that ends each refusal, in the active language."""
+    return ngettext(
+        "Try again in %(seconds)d second.", "Try again in %(seconds)d seconds.", seconds
+    ) % {"seconds": seconds}
+
+
 def denied(request: HttpRequest) -> HttpResponse:
     """The 403 for a client on the deny list."""
-    return problem(request, 403, "Requests from this client are not accepted.")
+    return problem(request, 403, gettext("Requests from this client are not accepted."))
 
 
 def unavailable(request: HttpRequest, decision: Decision | None = None) -> HttpResponse:
@@ -373,11 +398,14 @@ def unavailable(request: HttpRequest, decision: Decision | None = None) -> HttpR
     status = conf.FAIL_CLOSED_STATUS
     rule = decision.name if decision is not None else None
     retry_after = max(1, int(base.DEAD_RETRY))
-    which = f"The rate limit of rule {rule!r}" if rule else "The rate limit of this page"
+    if rule:
+        which = gettext("The rate limit of rule %(rule)s cannot be checked right now.")
+    else:
+        which = gettext("The rate limit of this page cannot be checked right now.")
     response = problem(
         request,
         status,
-        f"{which} cannot be checked right now. Try again in {retry_after} seconds.",
+        f"{which % {'rule': repr(rule)}} {try_again(retry_after)}",
         retry_after=retry_after,
         rule=rule,
     )

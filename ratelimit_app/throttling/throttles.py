@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.translation import gettext
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import throttling as drf_throttling
 from rest_framework.settings import api_settings
@@ -38,6 +39,7 @@ from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits, sources
 from ratelimit_app.config.limits import Check, Limit
+from ratelimit_app.core import release, show
 from ratelimit_app.engine import Result, enforce
 from ratelimit_app.engine.enforce import Decision, Verdict
 from ratelimit_app.identity import addresses
@@ -75,10 +77,8 @@ class ThrottleUnavailable(drf_exceptions.APIException):
         self.status_code = conf.FAIL_CLOSED_STATUS
         #: DRF's exception handler turns ``wait`` into ``Retry-After``.
         self.wait = max(1, math.ceil(base.DEAD_RETRY))
-        super().__init__(
-            f"The rate limit {name!r} cannot be checked right now. "
-            f"Try again in {self.wait} seconds."
-        )
+        unchecked = gettext("The rate limit %(name)s cannot be checked right now.")
+        super().__init__(f"{unchecked % {'name': repr(name)}} {responses.try_again(self.wait)}")
 
 
 class BaseThrottle(drf_throttling.BaseThrottle):
@@ -156,14 +156,14 @@ class _SettingsRates:
 
 class _Dispatch:
     """What the throttles of one request share: the decisions of the view's one check, each
-    waiting for its throttle, with the verdict it is part of; and the policies shown in the
-    headers."""
+    waiting for its throttle, with the verdict it is part of; and, when the throttles write
+    the ``RateLimit`` headers, the decisions they show (:func:`_show`)."""
 
-    __slots__ = ("policies", "waiting")
+    __slots__ = ("shown", "waiting")
 
     def __init__(self) -> None:
         self.waiting: dict[Check, list[tuple[Decision, Verdict]]] = {}
-        self.policies: list[tuple[str | None, dict[str, Any]]] = []
+        self.shown: list[Decision] | None = None
 
 
 class SimpleRateThrottle(BaseThrottle):
@@ -299,9 +299,9 @@ class SimpleRateThrottle(BaseThrottle):
         if outcome is None:  # not checked: another throttle of the view refused from memory
             return True
         self.result = outcome
-        self.usage = usage = decision.usage()
-        if decision.shown:
-            _add_policy(request, view, self.name, usage)  # type: ignore[arg-type]
+        self.usage = decision.usage()
+        if conf.HEADERS:
+            _show(request, view, decision)
         if outcome.limited:
             return bool(self.throttle_failure())
         return bool(self.throttle_success())
@@ -489,14 +489,25 @@ def _keyed_on_the_client(throttle: SimpleRateThrottle) -> bool:
     return type(throttle).get_cache_key in _CLIENT_KEYS
 
 
-def _add_policy(request: Any, view: Any, name: str, usage: dict[str, Any]) -> None:
-    """Add the throttle's policy to the ``RateLimit`` headers of the view's response (DRF
-    adds ``view.headers`` to every response it finalises, a 429 included)."""
-    if not conf.HEADERS:
-        return
+def _show(request: Any, view: Any, decision: Decision) -> None:
+    """Show the throttle's decision (when :attr:`Decision.shown
+    <ratelimit_app.engine.enforce.Decision.shown>`) in the ``RateLimit`` headers.
+
+    When no layer outside the view shows limits (:func:`ratelimit_app.core.show`: the
+    middleware's rules, a ``@ratelimit`` around the view), the throttles write the headers
+    through the view's ``headers``, which DRF adds to every response it finalises, a 429
+    included; else they leave their decisions to the outer layer, which writes them all."""
     headers = getattr(view, "headers", None)
     dispatch = _dispatch(request)
     if not isinstance(headers, dict) or dispatch is None:
         return
-    dispatch.policies.append((name, usage))
-    headers.update(responses.ratelimit_headers(dispatch.policies))
+    shown = [decision] if decision.shown else []
+    if dispatch.shown is not None:  # the view's first throttle took the writing
+        dispatch.shown.extend(shown)
+    else:
+        dispatch.shown = show(request, shown)
+        if dispatch.shown is None:  # an outer layer writes
+            return
+        release(request)  # the view's response is DRF's to finalise: nothing outer writes
+    if dispatch.shown:
+        headers.update(responses.decision_headers(dispatch.shown))

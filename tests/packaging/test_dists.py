@@ -28,9 +28,9 @@ def wheel_metadata(wheel: Path) -> email.message.Message:
 
 
 def test_the_wheel_carries_every_file_of_the_packages_and_the_license(dists: Dists) -> None:
-    """Migrations, templates and py.typed included: a package-data pattern that misses a
-    file (a new template folder, say) would leave it out of every install. MIT asks that
-    the notice ship with every copy."""
+    """Migrations, templates, translations and py.typed included: a package-data pattern
+    that misses a file (a new template folder, say) would leave it out of every install.
+    MIT asks that the notice ship with every copy."""
     with zipfile.ZipFile(dists.wheel) as zf:
         names = set(zf.namelist())
         (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
@@ -41,6 +41,8 @@ def test_the_wheel_carries_every_file_of_the_packages_and_the_license(dists: Dis
     assert "ratelimit_app/migrations/0001_initial.py" in shipped
     assert "metrics_app/migrations/0001_initial.py" in shipped
     assert "ratelimit_app/templates/ratelimit_app/429.html" in shipped
+    for language in ("fr", "de", "es"):  # the translations, compiled as Django reads them
+        assert f"ratelimit_app/locale/{language}/LC_MESSAGES/django.mo" in shipped
     assert license_text == (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert license_text.startswith("MIT License\n")
     assert "Copyright (c) 2026 the django-bucketry developers" in license_text
