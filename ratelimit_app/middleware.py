@@ -162,9 +162,11 @@ def before(
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
     if current is None:
         current = store.current()
-    listed = _listed(request, current, rules)
-    if listed is not None:
-        return None if listed is _ALLOWED else listed
+    allow, deny = current.allow, current.deny
+    if allow.networks or allow.users or deny.networks or deny.users:  # (no call without)
+        listed = _listed(request, current, rules)
+        if listed is not None:
+            return None if listed is _ALLOWED else listed
     found = _decisions(request, rules, current)
     if isinstance(found, HttpResponse):
         return found

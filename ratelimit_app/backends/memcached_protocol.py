@@ -132,7 +132,8 @@ class CheckCommand:
         if keys == self.keys:  # every bucket there (a busy subject): in the order asked
             values = counts
         elif not keys:  # none there but those written (a young or quiet subject)
-            values = self.zeros[:]
+            values = self.zeros + written
+            written = []
         elif index is not None:  # some there: placed by key
             values = self.zeros[:]
             try:
@@ -216,13 +217,15 @@ def _read(reply: bytes, expected: int) -> tuple[list[int], list[bytes], list[int
         written = lines[1:before:2]
     else:
         written = _written(lines[:before], reply, start, expected)
-    found, data = lines[before:-2:2], lines[before + 1 : -2 : 2]
-    tokens = b" ".join(found).split(b" ") if found else []
     try:
+        if lines[-1] or lines[-2] != b"END":
+            raise ValueError
+        if before == len(lines) - 2:  # no hit (a young or quiet subject)
+            return list(map(int, written)), [], []
+        found, data = lines[before:-2:2], lines[before + 1 : -2 : 2]
+        tokens = b" ".join(found).split(b" ")
         if (
-            lines[-1]
-            or lines[-2] != b"END"
-            or len(data) != len(found)
+            len(data) != len(found)
             or len(tokens) != 4 * len(found)
             or tokens[0::4].count(b"VALUE") != len(found)
             or b"".join(data).translate(None, _COUNT_BYTES)
