@@ -254,9 +254,10 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
 def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     """``request.ratelimit_usage`` and ``request.limited``, for the view (docs/rules:
     "Rules that do not block")."""
-    earlier = getattr(request, "ratelimit_usage", None) or {}
+    held = request.__dict__  # (what an earlier pass left, read without getattr's calls)
+    earlier = held.get("ratelimit_usage") or {}
     request.ratelimit_usage = UsageByRule(verdict.decisions, earlier)  # type: ignore[attr-defined]
-    request.limited = verdict.limited or getattr(request, "limited", False)  # type: ignore[attr-defined]
+    request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
 
 
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:

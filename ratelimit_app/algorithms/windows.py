@@ -36,7 +36,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from ratelimit_app.algorithms.rates import Rate
 
@@ -109,6 +109,9 @@ class RatePlan:
         object.__setattr__(self, "multi", multi)
 
 
+_tuple = tuple.__new__
+
+
 def picker(indexes: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
     """A function that picks the values at ``indexes`` out of a sequence, in C (no Python
     call per value): ``operator.itemgetter``, whose answer is a sequence for any number of
@@ -132,13 +135,12 @@ class Plan:
     rates: tuple[RatePlan, ...]
 
 
-@dataclass(slots=True)
-class Usage:
-    """The state of one rate after a check (made on every check: not frozen, whose
-    ``__init__`` costs several times more)."""
+class Usage(NamedTuple):
+    """The state of one rate after a check (made on every check: a named tuple, made with
+    ``tuple.__new__`` where it counts, cheaper than any class's ``__init__``)."""
 
     rate: Rate
-    count: int  # events in the window, this one included when it was counted
+    count: int  # type: ignore[assignment]  # events in the window (this hit, when counted)
     remaining: int  # how many more the window admits now
     limited: bool  # counted: count > limit; a look: count >= limit (no room for one more)
     retry_after: float  # seconds until one more event would be admitted (0 if now)
@@ -410,7 +412,8 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
             while not counts[k]:  # the window is empty once its newest events have left
                 k -= 1
             reset = rp.ends[k] - t
-            return [Usage(rp.rate, n, limit - n, False, 0.0, reset if reset > 0.0 else 0.0)]
+            reset = reset if reset > 0.0 else 0.0
+            return [_tuple(Usage, (rp.rate, n, limit - n, False, 0.0, reset))]
         return [_usage(rp, counts, n, counted and n > limit, counted, t)]
     per_segment = [_segment_counts(rp, values) for rp in rate_plans]
     ns = list(map(sum, per_segment))
@@ -484,6 +487,6 @@ def refine(usages: list[Usage], detail: Plan, values: list[int], t: float) -> li
     """
     exact = evaluate(detail, values, t)
     return [
-        dataclasses.replace(u, retry_after=e.retry_after, reset=e.reset) if e.limited else u
+        u._replace(retry_after=e.retry_after, reset=e.reset) if e.limited else u
         for u, e in zip(usages, exact, strict=True)
     ]

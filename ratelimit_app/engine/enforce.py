@@ -17,6 +17,7 @@ DRF's ``allow_request``, django-ratelimit's usage dict.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from django.http import HttpRequest
@@ -177,7 +178,7 @@ def decide(
     remembered = results is not None
     if results is None:
         try:
-            results = check_many(checks, take_back=_take_back(decisions), at=at)
+            results = check_many(checks, partial(_take_back, decisions), at=at)
         except BackendError as exc:
             report_failure(exc)
             return Verdict(decisions, failed=exc)
@@ -220,18 +221,16 @@ def _recall(
     return found if any(found) else None
 
 
-def _take_back(decisions: Sequence[Decision]) -> Any:
+def _take_back(
+    decisions: Sequence[Decision], checks: Sequence[Check], results: list[Result]
+) -> set[int]:
     """What a request takes back when refused: everything it counted when a blocking limit
     refuses it (a refused request counts nowhere), else only the refused hits (a
     non-blocking limit's own over-the-limit hit)."""
-
-    def which(checks: Sequence[Check], results: list[Result]) -> set[int]:
-        refused = [i for i, r in enumerate(results) if r.limited]
-        if any(decisions[i].blocks for i in refused):
-            return set(range(len(checks)))
-        return set(refused)
-
-    return which
+    refused = [i for i, r in enumerate(results) if r.limited]
+    if any(decisions[i].blocks for i in refused):
+        return set(range(len(checks)))
+    return set(refused)
 
 
 def _signal(request: Any, d: Decision, sender: Any) -> None:

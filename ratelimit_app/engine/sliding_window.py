@@ -20,11 +20,12 @@ from ratelimit_app.identity.namespaces import namespace
 _tuple = tuple.__new__
 
 #: What a check of one rate makes before its round trip (its subject's namespace, the plan
-#: of its fine bucket, the operation), by its scope, subject and whether it counts: a
-#: client's requests within one fine bucket find them made. Each entry keeps the rates and
-#: bucket it was made for, and the memo starts over when full (or when settings change).
-_READY: dict[tuple[str, tuple[str, str], bool], tuple[object, int, int, str, windows.Plan, Op]]
-_READY = {}
+#: of its fine bucket, the operation), by the check's identity: a limit keeps one counted
+#: check per subject (:meth:`~ratelimit_app.config.limits.Limit.check`), so a client's
+#: requests within one fine bucket find them made. Each entry holds its check (so the
+#: identity is never another's while the entry lives) and the bucket it was made for; the
+#: memo starts over when full (or when settings change).
+_READY: dict[int, tuple[Check, int, int, str, windows.Plan, Op]] = {}
 READY_MEMO = 4096
 
 
@@ -48,13 +49,12 @@ class SlidingWindow(Step):
         #: A refused check's fine buckets, read in the second round trip to time its wait.
         self.detail: windows.Plan | None = None
         rates = check.rates
-        if len(rates) == 1 and not moment.hierarchical:
+        if len(rates) == 1 and check.increment and not moment.hierarchical:  # (kept checks)
             index = int(moment.t * moment.per_window // rates[0].seconds)
-            key = (check.scope, check.subject, check.increment)
-            ready = _READY.get(key)
+            ready = _READY.get(id(check))
             if (
                 ready is not None
-                and ready[0] is rates
+                and ready[0] is check
                 and ready[1] == index
                 and ready[2] == moment.per_window
             ):
@@ -63,7 +63,14 @@ class SlidingWindow(Step):
             self._make()
             if len(_READY) >= READY_MEMO:
                 _READY.clear()
-            _READY[key] = (rates, index, moment.per_window, self.namespace, self.plan, self.op)
+            _READY[id(check)] = (
+                check,
+                index,
+                moment.per_window,
+                self.namespace,
+                self.plan,
+                self.op,
+            )
         else:
             self._make()
 

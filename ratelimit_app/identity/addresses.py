@@ -169,10 +169,10 @@ def _address(request: HttpRequest) -> str:
     text = raw.strip() if isinstance(raw, str) else ""
     if conf.IP_META_KEY:
         return text if len(text) <= MAX_ADDRESS_LENGTH else ""
-    if not conf.TRUSTED_PROXIES or not trusted_proxy(text):
+    if not conf.TRUSTED_PROXIES:
         return text
     forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
-    if not forwarded:  # the proxy's own request (a health check), or none named a client
+    if not forwarded or not trusted_proxy(text):  # (no header: nothing to read, whoever sent)
         return text
     for hop in reversed(forwarded.split(",")[-32:]):
         hop = hop.strip()
