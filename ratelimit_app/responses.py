@@ -205,12 +205,17 @@ def problem(
     detail: str,
     template: str = "ratelimit_app/problem.html",
     page: dict[str, Any] | None = None,
+    language: str | None = None,
     **extra: Any,
 ) -> HttpResponse:
     """A negotiated error response: a JSON problem or the rendered ``template``.
 
-    ``extra`` goes into both; ``page`` into the template's context only."""
-    title = str(_TITLES[status]) if status in _TITLES else HTTPStatus(status).phrase
+    ``extra`` goes into both; ``page`` into the template's context only. ``language``: the
+    active one, when the caller has read it already (reading it takes a context-local
+    look up, which a flood's every refusal would pay twice)."""
+    if language is None:
+        language = get_language()
+    title = _title(status, language)
     body = {"type": PROBLEM_TYPE, "title": title, "status": status, "detail": detail, **extra}
     if wants_json(request):
         return HttpResponse(
@@ -221,7 +226,7 @@ def problem(
         if conf.CACHE_PAGES or _own(template):
             # During a flood every refusal renders the same few pages: rendering costs more
             # than the check, so the page of each distinct answer is kept.
-            html = _rendered(template, get_language(), tuple(context.items()))
+            html = _rendered(template, language, tuple(context.items()))
         else:  # a project's own template may use the request and its context processors
             html = loader.render_to_string(template, context, request)
     except Exception:  # a broken override must not turn a 429 into a 500
@@ -248,6 +253,13 @@ def _own(template: str) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _title(status: int, language: str | None) -> str:
+    """The problem's title for ``status`` in ``language`` (the active one: part of the key).
+    Translated once per language: a flood answers thousands of refusals a second."""
+    return str(_TITLES[status]) if status in _TITLES else HTTPStatus(status).phrase
+
+
 @functools.lru_cache(maxsize=512)
 def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any], ...]) -> str:
     # ``language`` (the active one, which the page is rendered in) is part of the memo's key.
@@ -259,6 +271,9 @@ def _templates_changed(*, setting: str, **kwargs: Any) -> None:
     if setting in ("TEMPLATES", "INSTALLED_APPS"):
         _own.cache_clear()
         _rendered.cache_clear()
+    if setting in ("LANGUAGE_CODE", "LANGUAGES", "LOCALE_PATHS", "INSTALLED_APPS"):
+        _title.cache_clear()  # a language's messages may read differently now
+        _refusal_detail.cache_clear()
 
 
 def exception(decision: Decision) -> Exception:
@@ -332,6 +347,26 @@ def _refusal_page(
 ) -> HttpResponse:
     """The 429 problem (JSON or the page) saying what was exceeded, by whom, and when to
     come back."""
+    counted = counted_by(request, limit)
+    language = get_language()
+    return problem(
+        request,
+        429,
+        _refusal_detail(language, rate, rule, retry_after),
+        language=language,
+        template="ratelimit_app/429.html",
+        page={"counted": counted} if counted else None,
+        retry_after=retry_after,
+        rule=rule,
+        rate=rate,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _refusal_detail(language: str | None, rate: str | None, rule: str | None, wait: int) -> str:
+    """The 429's ``detail`` in ``language`` (the active one: part of the key), made once per
+    answer: a flood repeats a few of them thousands of times a second, and each translation
+    looks the active language up again."""
     if rate and rule:
         exceeds = gettext("This request exceeds the limit %(rate)s of rule %(rule)s.")
     elif rate:
@@ -341,17 +376,7 @@ def _refusal_page(
     else:
         exceeds = gettext("This request exceeds a rate limit.")
     exceeds %= {"rate": rate, "rule": repr(rule)}
-    counted = counted_by(request, limit)
-    return problem(
-        request,
-        429,
-        f"{exceeds} {try_again(retry_after)}",
-        template="ratelimit_app/429.html",
-        page={"counted": counted} if counted else None,
-        retry_after=retry_after,
-        rule=rule,
-        rate=rate,
-    )
+    return f"{exceeds} {try_again(wait)}"
 
 
 #: What the 429 page says a limit counted, by the kind of its key (``counted`` in the
