@@ -190,24 +190,12 @@ def before(
             # logged one by one: django.request logged the refusal that started it.
             response._has_been_logged = True  # type: ignore[attr-defined]
         return response
-    shown = _shown(request, verdict) if conf.HEADERS else []
+    # The rules' limits first; the layers inside (``@ratelimit``, DRF throttles) add theirs
+    # to the same list before the view answers, and this pass writes them all.
+    shown = (core.show(request, verdict.shown) or []) if conf.HEADERS else []
     if failing:
         return _Pending(shown, [d for d in failing if d.provisional()])
     return _Pending(shown)
-
-
-def _shown(request: HttpRequest, verdict: enforce.Verdict) -> list[Decision]:
-    """The decisions the response's ``RateLimit`` headers show: the rules', and those the
-    layers inside (``@ratelimit``, the DRF throttles) add to the same list before the view
-    answers (:func:`ratelimit_app.core.show`, which this does without its call). Empty when an
-    outer layer writes them."""
-    held = request.__dict__
-    outer: list[Decision] | None = held.get(core.SHOWN)
-    if outer is not None:
-        outer.extend(verdict.shown)
-        return []
-    held[core.SHOWN] = shown = verdict.shown
-    return shown
 
 
 class UsageByRule(Mapping[str, dict[str, Any]]):
