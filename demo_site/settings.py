@@ -176,6 +176,30 @@ RATELIMIT_RULES = [
         "key": "ip",
         "rate": "20/d",
     },
+    # ...and a stricter sign-up limit on trial, run dry: it refuses nothing, and the log
+    # ("dry run: signup-strict would refuse ...") and the admin's "would refuse" chart show
+    # whom it would stop before anyone switches it on (docs/operators.rst, "Dry run").
+    {
+        "name": "signup-strict",
+        "path": "/accounts/signup/",
+        "methods": ["POST"],
+        "key": "ip",
+        "rate": "3/h",
+        "shadow": True,
+    },
+    # A link's page draws its charts from the database: it costs ten of the hour's 300 page
+    # views per client address, and at most three of them are drawn at once for an address
+    # (docs/operators.rst, "Cost" and "Requests in flight"); the redirect is not limited here.
+    {
+        "name": "link-pages",
+        "path": "/links/",
+        "methods": ["GET", "HEAD"],
+        "key": "ip",
+        "rate": "300/h",
+        "cost": 10,
+        "concurrent": 3,
+        "lease": "30s",
+    },
     # One message a second per user.
     {
         "name": "send-message",

@@ -29,6 +29,12 @@ HOW_TO_TRY = {
     "password-reset-ip": "Ask for password resets for eleven different addresses within an "
     "hour: the eleventh is refused.",
     "signup": "Sign up 21 times in a day from one address (docs/demo.rst has a shell loop).",
+    "signup-strict": "A dry run: sign up four times within an hour; nothing is refused, the "
+    "terminal logs 'dry run: signup-strict would refuse', and the admin's rules page links "
+    "its 'would refuse' chart.",
+    "link-pages": "Each link page counts ten: open link pages 31 times within an hour and "
+    "the 31st is refused. At most three are drawn at once for you: a fourth at the same "
+    "moment is told to retry in a second.",
     "send-message": "Send two messages within a second: double-click Send.",
     "shorturl-scan": "Open 31 short links, link pages or API visits that do not exist "
     "within a minute (/s/nope1, /links/nope2/, /api/links/nope3/visits/, ...).",
@@ -66,6 +72,9 @@ def limits(request: HttpRequest) -> HttpResponse:
                 "key": KEY_TEXT.get(described["key"], described["key"]),
                 "rate": described["rate"],
                 "failures_only": rule.failures_only,
+                "cost": described.get("cost", 1),
+                "concurrent": described.get("concurrent"),
+                "shadow": rule.shadow,
                 "how": HOW_TO_TRY.get(rule.name, ""),
             }
         )

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
-__all__ = ["ALL", "UNSAFE", "__version__"]
+from typing import Any
+
+__all__ = ["ALL", "UNSAFE", "__version__", "charge"]
 
 __version__ = "0.1.0.dev0"
 
@@ -13,3 +15,11 @@ __version__ = "0.1.0.dev0"
 ALL = (None,)
 #: The methods that change state.
 UNSAFE = ["DELETE", "PATCH", "POST", "PUT"]
+
+
+def charge(request: Any, hits: int) -> int:
+    """Add ``hits`` more to every limit that admitted ``request``
+    (:func:`ratelimit_app.core.charge`)."""
+    from ratelimit_app.core import charge as charge_request
+
+    return charge_request(request, hits)

@@ -6,6 +6,8 @@
   about a second (:mod:`ratelimit_app.store`).
 * **Allow and deny lists**: IPs, CIDR networks, ``user:<id>`` and emails, with a note and an
   optional expiry; merged with ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY``.
+* **Overrides**: other rates (or none) for one subject of one limit
+  (:mod:`ratelimit_app.config.overrides`), listed beside each rule they concern.
 * **Usage lookup**: a rule and a subject (an IP, an email, a user id) give each rate's count,
   remaining and reset; the reset button (POST, CSRF, the ``reset_counters`` permission) clears
   them and is written to the admin log.
@@ -29,14 +31,14 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import Promise
-from django.utils.html import escape, format_html
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import operations, store
-from ratelimit_app.config import declared, sources
+from ratelimit_app import operations
+from ratelimit_app.config import declared
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
-from ratelimit_app.models import AccessEntry, Rule
+from ratelimit_app.models import AccessEntry, Override, Rule
 
 #: The units of :func:`format_duration`, largest first: seconds each, and how each is written.
 DURATION_UNITS = (
@@ -74,8 +76,9 @@ def format_duration(seconds: float) -> str:
     return " ".join(str(text) % {"n": n} for n, text in counts)
 
 
-def chart_url(rule: str) -> str | None:
-    """The admin page of the series counting ``rule``'s limited requests, if it exists."""
+def chart_url(rule: str, shadow: bool = False) -> str | None:
+    """The admin page of the series counting ``rule``'s limited requests (``shadow``: those
+    its dry run would refuse), if it exists."""
     from django.apps import apps
 
     if not apps.is_installed("metrics_app"):
@@ -84,7 +87,7 @@ def chart_url(rule: str) -> str | None:
     from metrics_app.models import Series
 
     series = Series.objects.using(metrics_conf.DATABASE)
-    pk = series.filter(name=series_name(rule)).values_list("pk", flat=True).first()
+    pk = series.filter(name=series_name(rule, shadow)).values_list("pk", flat=True).first()
     if pk is None:
         return None
     try:
@@ -93,10 +96,25 @@ def chart_url(rule: str) -> str | None:
         return None
 
 
-class UsageForm(forms.Form):
-    """A rule in force and a subject, as a person types it."""
+def charts(rule: str) -> str:
+    """Links to the charts of ``rule``'s refusals and of what its dry run would refuse
+    (each where its series exists), or "-"."""
+    links = [
+        format_html('<a href="{}">{}</a>', url, text)
+        for url, text in (
+            (chart_url(rule), _("chart")),
+            (chart_url(rule, shadow=True), _("would refuse")),
+        )
+        if url
+    ]
+    return format_html_join(" · ", "{}", ((link,) for link in links)) if links else "-"
 
-    rule = forms.ChoiceField(label=_("Rule"))
+
+class UsageForm(forms.Form):
+    """A limit in force (a rule, a decorated view's group, a DRF scope) and a subject, as a
+    person types them."""
+
+    rule = forms.ChoiceField(label=_("Limit"))
     subject = forms.CharField(
         label=_("Subject"),
         max_length=320,
@@ -105,18 +123,8 @@ class UsageForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        choices = [
-            (r.name, f"{r.name} — key {r.key if isinstance(r.key, str) else 'callable'}, {r.rate}")
-            for r in store.current().rules.rules
-        ]
-        # The DRF throttles' scopes, when the project uses our throttles (their module has
-        # registered them by then: this admin never imports DRF).
-        choices += [
-            (n, f"{n} — {source.kind}, {lim.rate}")
-            for source in sources.registered()
-            for n, lim in source.limits().items()
-        ]
-        self.fields["rule"].choices = choices  # type: ignore[attr-defined]
+        named = operations.named_limits()
+        self.fields["rule"].choices = [(n.name, n.describe()) for n in named]  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -147,9 +155,55 @@ def readable(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def overrides_of(limit: str) -> str:
+    """Links to the overrides of ``limit`` (each: its subject and rate), and one to add
+    another."""
+    changelist = reverse("admin:ratelimit_app_override_changelist")
+    rows = Override.objects.filter(limit=limit).order_by("subject")[:OVERRIDES_SHOWN]
+    links = format_html_join(
+        ", ",
+        '<a href="{}">{}: {}</a>',
+        (
+            (reverse("admin:ratelimit_app_override_change", args=[o.pk]), o.subject, o.rate)
+            for o in rows
+        ),
+    )
+    more = format_html('<a href="{}?limit={}">{}</a>', changelist, limit, _("all"))
+    add = reverse("admin:ratelimit_app_override_add")
+    new = format_html('<a href="{}?limit={}">{}</a>', add, limit, _("add"))
+    return format_html("{}{}{} · {}", links, " · " if links else "", more, new)
+
+
+class EscapedHelp(admin.ModelAdmin):
+    def formfield_for_dbfield(
+        self, db_field: models.Field[Any, Any], request: HttpRequest, **kwargs: Any
+    ) -> forms.Field | None:
+        """The field, its help text escaped: the admin renders help text as HTML, and the
+        help mentions ``'email:<field>'`` or ``'group:<name>'``, which a browser would
+        swallow as a tag."""
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and field.help_text:
+            field.help_text = escape(field.help_text)
+        return field
+
+
+#: The overrides a rule's row lists (the rest are a link away).
+OVERRIDES_SHOWN = 5
+
+
 @admin.register(Rule)
-class RuleAdmin(admin.ModelAdmin):
-    list_display = ("name", "enabled", "where", "key", "rate", "count", "block", "chart")
+class RuleAdmin(EscapedHelp):
+    list_display = (
+        "name",
+        "enabled",
+        "where",
+        "key",
+        "rate",
+        "count",
+        "block",
+        "overrides",
+        "chart",
+    )
     list_filter = RULE_FILTERS
     search_fields = ("name", "path", "url_name", "key", "note")
     # The rule first, the note for people last: what applies is what the form shows first.
@@ -158,23 +212,28 @@ class RuleAdmin(admin.ModelAdmin):
         (_("Which requests"), {"fields": ("path", "url_name", "methods")}),
         (
             _("Limit"),
-            {"fields": ("key", "rate", "algorithm", "burst", "count", "block", "fail_open")},
+            {
+                "fields": (
+                    "key",
+                    "rate",
+                    "algorithm",
+                    "burst",
+                    "cost",
+                    ("concurrent", "lease"),
+                    "count",
+                    "block",
+                    "shadow",
+                    "fail_open",
+                )
+            },
         ),
+        (_("Overrides"), {"fields": ("overrides",)}),
         (_("Note"), {"fields": ("note",)}),
     )
+    readonly_fields = ("overrides",)
     # A few lines each (paths, URL names, the note): the form's fields fit on one screen.
     formfield_overrides = {models.TextField: {"widget": AdminTextareaWidget(attrs={"rows": 3})}}
     change_list_template = "admin/ratelimit_app/rule/change_list.html"
-
-    def formfield_for_dbfield(
-        self, db_field: models.Field[Any, Any], request: HttpRequest, **kwargs: Any
-    ) -> forms.Field | None:
-        """The field, its help text escaped: the admin renders help text as HTML, and the
-        key's mentions ``'email:<field>'``, which a browser would swallow as a tag."""
-        field = super().formfield_for_dbfield(db_field, request, **kwargs)
-        if field is not None and field.help_text:
-            field.help_text = escape(field.help_text)
-        return field
 
     def get_list_filter(self, request: HttpRequest) -> tuple[str, ...]:
         """The filters, once the database holds enough rules to filter: beside a shorter
@@ -185,10 +244,13 @@ class RuleAdmin(admin.ModelAdmin):
     def where(self, obj: Rule) -> str:
         return ", ".join(obj.as_dict().get("path", []) + obj.as_dict().get("url_name", []))
 
+    @admin.display(description=_("overrides"))
+    def overrides(self, obj: Rule) -> str:
+        return overrides_of(obj.name) if obj.pk else "-"
+
     @admin.display(description=_("limited requests"))
     def chart(self, obj: Rule) -> str:
-        url = chart_url(obj.name)
-        return format_html('<a href="{}">{}</a>', url, _("chart")) if url else "-"
+        return charts(obj.name)
 
     def get_urls(self) -> list[URLPattern]:
         usage = path(
@@ -202,7 +264,12 @@ class RuleAdmin(admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         settings_rules = [
-            {**rule.describe(), "chart": chart_url(rule.name)} for rule in declared.rules()
+            {
+                **rule.describe(),
+                "charts": charts(rule.name),
+                "overrides": overrides_of(rule.name),
+            }
+            for rule in declared.rules()
         ]
         context = {
             "title": _("Rate-limit rules"),
@@ -283,6 +350,20 @@ class AccessEntryAdmin(admin.ModelAdmin):
         return super().changelist_view(request, extra_context=context)
 
     change_list_template = "admin/ratelimit_app/accessentry/change_list.html"
+
+
+@admin.register(Override)
+class OverrideAdmin(EscapedHelp):
+    """Overrides; the "add" link of a rule fills in its name (``?limit=``)."""
+
+    list_display = ("limit", "subject", "rate", "expires", "is_active")
+    list_filter = ("limit",)
+    search_fields = ("limit", "subject", "note")
+    fields = ("limit", "subject", "rate", "expires", "note")
+
+    @admin.display(boolean=True, description=_("active"))
+    def is_active(self, obj: Override) -> bool:
+        return obj.active
 
 
 def getattr_setting(name: str) -> list[str]:

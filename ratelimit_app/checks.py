@@ -73,6 +73,7 @@ MESSAGES: dict[str, str] = {
     "W008": "A RATELIMIT_* setting is not one of django-bucketry's: it has no effect.",
     "W009": "A RATELIMIT_RULES rule names a url_name that no URL pattern has: it never applies.",
     "W010": "A @ratelimit decorator has no rate: it limits nothing.",
+    "W011": "A limit's cost is over the whole limit: every request it covers is refused.",
 }
 
 _NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
@@ -351,9 +352,16 @@ def _check_rules() -> Iterable[checks.CheckMessage]:
             yield checks.Error(error.problem, id="ratelimit_app.E014")
             continue
         yield _error("E014", f"Rule {error.rule!r}, field {error.field!r}: {error.problem}")
+    for rule in found:
+        yield from _over_cost(rule.limit.cost_problem())
     yield from _access_lists()
     yield from _statuses()
     yield from _middleware_order(raw, found)
+
+
+def _over_cost(problem: str | None) -> Iterable[checks.CheckMessage]:
+    if problem is not None:
+        yield _error("W011", problem, hint="Lower the cost, or raise the rate.")
 
 
 def _url_names(patterns: Iterable[Any], namespace: str = "") -> Iterable[str]:
@@ -434,16 +442,24 @@ def check_decorators(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         for view, registered in registry.items()
         for problem in registered.problems
     ]
-    return errors + [
-        _error(
-            "W010",
-            f"{view}.",
-            hint="Give it a rate: @ratelimit(key='ip', rate='5/m') (a callable rate may "
-            "return None where no limit applies), or remove the decorator.",
-        )
-        for view, registered in registry.items()
-        if registered.unlimited
-    ]
+    return (
+        errors
+        + [
+            _error(
+                "W010",
+                f"{view}.",
+                hint="Give it a rate: @ratelimit(key='ip', rate='5/m') (a callable rate may "
+                "return None where no limit applies), or remove the decorator.",
+            )
+            for view, registered in registry.items()
+            if registered.unlimited
+        ]
+        + [
+            message
+            for registered in registry.values()
+            for message in _over_cost(registered.over_cost)
+        ]
+    )
 
 
 @checks.register(checks.Tags.urls)

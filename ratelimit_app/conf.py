@@ -52,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_FAIL_CLOSED_STATUS": 503,
     "RATELIMIT_DB_RULES": True,
     "RATELIMIT_CACHE_PAGES": False,
+    "RATELIMIT_SHADOW": False,
 }
 
 #: Settings that were tuning knobs, each now a constant: what the limiter does instead. A
@@ -193,6 +194,11 @@ class Settings:
     @functools.cached_property
     def CACHE_PAGES(self) -> bool:
         return bool(read("RATELIMIT_CACHE_PAGES"))
+
+    @functools.cached_property
+    def SHADOW(self) -> bool:
+        """A dry run of every limit: nothing is refused, what would be is reported."""
+        return bool(read("RATELIMIT_SHADOW"))
 
 
 conf = Settings()

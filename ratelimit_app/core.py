@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponseBase
 
 from ratelimit_app import ALL, UNSAFE, keys, responses
 from ratelimit_app.algorithms import rates
-from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
+from ratelimit_app.algorithms.gcra import IN_FLIGHT, SLIDING_WINDOW
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, Method, method_set
@@ -31,6 +31,7 @@ from ratelimit_app.operations import lookup, reset
 __all__ = [
     "ALL",
     "UNSAFE",
+    "charge",
     "get_header",
     "get_usage",
     "is_ratelimited",
@@ -70,6 +71,7 @@ def get_usage(
     fail_open: bool | None = None,
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
+    cost: limits.CostSpec = 1,
 ) -> dict[str, Any] | None:
     """Usage of a limit for this request, counting it when ``increment`` is true.
 
@@ -80,14 +82,18 @@ def get_usage(
 
     ``algorithm="leaky_bucket"`` meters a leaky bucket instead of sliding windows: ``rate``
     is the leak rate (one rate) and ``burst`` the capacity (default: the rate's count); the
-    dict then also has ``level`` and ``capacity`` (see :func:`usage_dict`).
+    dict then also has ``level`` and ``capacity`` (see :func:`usage_dict`). ``cost``: the
+    hits the request counts (as ``@ratelimit`` takes it).
+
+    Under ``RATELIMIT_SHADOW`` (a dry run), ``should_limit`` is False and ``shadow_limited``
+    True where the limit would refuse.
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
     if not conf.ENABLE or rate is None:
         return None
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
-    limit = limits.build(group, key, rate, method, algorithm, burst)
+    limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost)
     return limit_usage(request, limit, increment, fail_open)
 
 
@@ -100,11 +106,18 @@ def limit_usage(
         return None
     if decision.result is None:  # the counters failed, and the limit fails closed
         return failure_dict()
-    return decision.usage()
+    usage = decision.usage()
+    if decision.shadowed and usage is not None:  # a dry run refuses nothing
+        return {**usage, "should_limit": False, "shadow_limited": True}
+    return usage
 
 
 def limit_decision(
-    request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
+    request: HttpRequest,
+    limit: Limit,
+    increment: bool,
+    fail_open: bool | None = None,
+    shadow: bool = False,
 ) -> Decision | None:
     """The decided :class:`~ratelimit_app.engine.enforce.Decision` of ``limit`` for ``request``, or
     None when no limit applies (another method, no rate) or the counters failed and the
@@ -114,6 +127,23 @@ def limit_decision(
     ``RATELIMIT_FAIL_OPEN``) says; a look that counts nothing never enforces (as in
     django-ratelimit), unless ``fail_open=False`` is passed.
     """
+    verdict = limit_verdict(request, limit, increment, fail_open, shadow)
+    if verdict is None:
+        return None
+    first = verdict.decisions[0]
+    return first if first.limit is limit else None  # (an override lifted the limit)
+
+
+def limit_verdict(
+    request: HttpRequest,
+    limit: Limit,
+    increment: bool,
+    fail_open: bool | None = None,
+    shadow: bool = False,
+) -> enforce.Verdict | None:
+    """:func:`limit_decision`'s verdict: the limit's decision first, then its in-flight
+    limit's (``concurrent``) when the request counts; None when no limit applies, or the
+    counters failed and the limit fails open."""
     if not limit.applies_to(request):
         return None
     check = limit.check(request, increment)
@@ -121,11 +151,17 @@ def limit_decision(
         return None
     if fail_open is None:
         fail_open = conf.FAIL_OPEN or not increment
-    decision = Decision(limit, check, fail_open=fail_open)
-    verdict = enforce.decide(request, [decision])
-    if verdict.failed is not None and fail_open:
-        return None
-    return decision
+    own = False if check.algorithm == IN_FLIGHT else None  # a place is shown when refused
+    decisions = [Decision(limit, check, None, True, fail_open, None, own, shadow)]
+    inflight = limit.inflight
+    if inflight is not None and increment:
+        held = inflight.check(request, increment)
+        if held is not None:
+            decisions.append(Decision(inflight, held, None, True, fail_open, None, False, shadow))
+    verdict = enforce.decide(request, decisions)
+    if (verdict.failed is not None and fail_open) or not verdict.decisions:
+        return None  # (no decision left: an override lifts the limit for this subject)
+    return verdict
 
 
 def is_ratelimited(
@@ -138,12 +174,31 @@ def is_ratelimited(
     increment: bool = False,
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
+    cost: limits.CostSpec = 1,
 ) -> bool:
     """True when the request is over the limit (django-ratelimit's ``is_ratelimited``)."""
     usage = get_usage(
-        request, group, fn, key, rate, method, increment, algorithm=algorithm, burst=burst
+        request,
+        group,
+        fn,
+        key,
+        rate,
+        method,
+        increment,
+        algorithm=algorithm,
+        burst=burst,
+        cost=cost,
     )
     return bool(usage and usage["should_limit"])
+
+
+def charge(request: Any, hits: int) -> int:
+    """Add ``hits`` more to every limit that admitted ``request``, each in the request's own
+    subject (tokens used, rows exported: what a view learns once it has run), in one round
+    trip; returns the number of limits charged. A charge that takes a subject over its limit
+    refuses its next requests, never this one; a backend failure is logged and signalled,
+    not raised. Also importable as ``ratelimit_app.charge``."""
+    return enforce.charge(request, hits)
 
 
 #: The attribute of the Django request that holds the decisions its ``RateLimit`` headers show.

@@ -17,12 +17,20 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ratelimit_app import ALL, UNSAFE, keys, responses
 from ratelimit_app.algorithms import gcra, rates
+from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, Method
-from ratelimit_app.core import add_shown, group_name, limit_decision, release, show
-from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.core import (
+    add_shown,
+    group_name,
+    limit_decision,
+    limit_verdict,
+    release,
+    show,
+)
+from ratelimit_app.engine.enforce import Decision, holding, release_when_done, take_back
 
 __all__ = ["ratelimit"]
 
@@ -37,6 +45,8 @@ class Registered:
     problems: tuple[str, ...] = ()
     #: No rate: it limits nothing (check W010).
     unlimited: bool = False
+    #: A literal cost over the whole limit (check W011).
+    over_cost: str | None = None
 
 
 #: Decorated views with something to report, for the system checks. Keyed by view, so
@@ -61,6 +71,10 @@ def ratelimit(
     block: bool = True,
     algorithm: str = gcra.SLIDING_WINDOW,
     burst: int | None = None,
+    cost: limits.CostSpec = 1,
+    shadow: bool = False,
+    concurrent: int | None = None,
+    lease: str | int | None = None,
 ) -> Callable[[F], F]:
     """Limit a view: django-ratelimit's arguments and meaning, sliding windows underneath.
 
@@ -84,6 +98,14 @@ def ratelimit(
     count). A bad algorithm or burst is reported like a bad rate: system check E010, and
     ``ImproperlyConfigured`` when the view is called. No rate limits nothing, as in
     django-ratelimit (check W010); a bare ``@ratelimit`` raises ``TypeError`` at import.
+
+    ``cost``: the hits each request counts (an integer, or a callable
+    ``(group, request) -> int``; 0: the limit does not apply); the view may add more with
+    :func:`ratelimit_app.charge`. ``shadow=True``: a dry run: nothing is refused, and what
+    would be is counted as a refusal would be, logged and signalled (``docs/operators``).
+    ``concurrent=n``: at most ``n`` requests of a subject inside the view at once (alone, or
+    with a rate), each holding its place until its response is done, or for ``lease`` at
+    most (``"30s"``, ``"2m"``; default a minute) when its worker dies.
     """
     if callable(group):  # a bare @ratelimit: the view came as the first argument
         raise TypeError(
@@ -96,10 +118,13 @@ def ratelimit(
             # Each view class gets its own default group, even when it inherits dispatch.
             name = f"{fn.__module__}.{fn.__qualname__}"
             guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
+            guard.configure(cost, shadow, concurrent, lease)
             fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
         name = group_name(fn)
-        return _wrap(fn, _Guard(name, group or name, key, rate, method, block, algorithm, burst))
+        guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
+        guard.configure(cost, shadow, concurrent, lease)
+        return _wrap(fn, guard)
 
     return decorator
 
@@ -107,7 +132,7 @@ def ratelimit(
 class _Guard:
     """One decorated view's limit, and what its requests get before the view runs."""
 
-    __slots__ = ("block", "limit", "problems", "view_name")
+    __slots__ = ("_parts", "block", "holds", "limit", "problems", "shadow", "view_name")
 
     def __init__(
         self,
@@ -122,17 +147,44 @@ class _Guard:
     ) -> None:
         self.view_name = view_name
         self.block = block
+        self.shadow = self.holds = False
         self.limit: Limit | None = None
         self.problems: list[str] = []
-        if rate is None:  # django-ratelimit's "no rate, no limit", likely an oversight
-            registry[view_name] = Registered(unlimited=True)
+        self._parts = (group, key, rate, method, algorithm, burst)
+
+    def configure(
+        self,
+        cost: limits.CostSpec,
+        shadow: bool,
+        concurrent: int | None = None,
+        lease: str | int | None = None,
+    ) -> None:
+        """Build the limit (with its ``cost`` and in-flight limit); ``shadow``: a dry run."""
+        self.shadow = bool(shadow)
+        group, key, rate, method, algorithm, burst = self._parts
+        if rate is None and concurrent is None:  # django-ratelimit's "no rate, no limit"
+            registry[self.view_name] = Registered(unlimited=True)
             return
         try:
-            self.limit = limits.build(group, key, rate, method, algorithm, burst)
+            self.limit = limits.build(
+                group,
+                key,
+                rate,
+                method,
+                algorithm,
+                burst,
+                cost=cost,
+                concurrent=concurrent,
+                lease=lease,
+            )
+            self.holds = self.limit.inflight is not None or self.limit.algorithm == IN_FLIGHT
+            over = self.limit.cost_problem()
+            if over is not None:
+                registry[self.view_name] = Registered(over_cost=f"{self.view_name}: {over}")
         except ImproperlyConfigured as exc:
             # Every mistake at once, for check E010 (a LimitError carries them all).
             self.problems = [str(error) for error in getattr(exc, "errors", (exc,))]
-            registry[view_name] = Registered(problems=tuple(self.problems))
+            registry[self.view_name] = Registered(problems=tuple(self.problems))
 
     def inline(self) -> bool:
         """True when an async view's check may run on the event loop: one bounded round
@@ -151,7 +203,7 @@ class _Guard:
         already = getattr(request, "limited", False)
         decision = None
         if self.limit is not None and conf.ENABLE:
-            decision = limit_decision(request, self.limit, increment=True)
+            decision = limit_decision(request, self.limit, True, None, self.shadow)
         if decision is None:  # no limit applies, or the counters failed open
             request.limited = already  # type: ignore[attr-defined]
             return None
@@ -160,15 +212,43 @@ class _Guard:
             # a fail-closed rule's is; the client did nothing wrong.
             request.limited = True  # type: ignore[attr-defined]
             return responses.unavailable(request) if self.block else None
-        limited = decision.result.limited
+        limited = decision.refused
         request.limited = limited or already  # type: ignore[attr-defined]
         if limited and self.block:
             raise responses.exception(decision)
         return _show(request, decision)
 
+    def before_holding(
+        self, request: HttpRequest
+    ) -> HttpResponse | tuple[list[Decision] | None, list[Decision]]:
+        """:meth:`before` for a limit of requests in flight: the places taken (to give back
+        when the response is done) beside the decisions to show."""
+        if self.problems:
+            raise ImproperlyConfigured(
+                f"@ratelimit on {self.view_name}: {' '.join(self.problems)}"
+            )
+        already = getattr(request, "limited", False)
+        verdict = None
+        if self.limit is not None and conf.ENABLE:
+            verdict = limit_verdict(request, self.limit, True, None, self.shadow)
+        if verdict is None:
+            request.limited = already  # type: ignore[attr-defined]
+            return None, []
+        if verdict.failed is not None:
+            request.limited = True  # type: ignore[attr-defined]
+            return responses.unavailable(request) if self.block else (None, [])
+        request.limited = verdict.limited or already  # type: ignore[attr-defined]
+        refusing = verdict.refusing()
+        if refusing is not None and self.block:
+            raise responses.exception(refusing)
+        shown = show(request, verdict.shown) if conf.HEADERS else None
+        return shown, holding(verdict.decisions)
+
 
 def _wrap(fn: F, guard: _Guard) -> F:
     """``fn`` (sync or async) with ``guard`` before it."""
+    if guard.holds:
+        return _wrap_holding(fn, guard)
     if iscoroutinefunction(fn):
 
         @functools.wraps(fn)
@@ -186,6 +266,7 @@ def _wrap(fn: F, guard: _Guard) -> F:
                 if answer is not None:
                     release(request)
 
+        async_wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
         return async_wrapped  # type: ignore[return-value]
 
     @functools.wraps(fn)
@@ -200,7 +281,65 @@ def _wrap(fn: F, guard: _Guard) -> F:
             if answer is not None:  # it wrote the headers
                 release(request)
 
+    wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
     return wrapped  # type: ignore[return-value]
+
+
+def _wrap_holding(fn: F, guard: _Guard) -> F:
+    """``fn`` with ``guard``, a limit of requests in flight, before it: each admitted
+    request's place is given back when its response is done (after an exception too)."""
+    if iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
+            request = _find_request(args)
+            answer = await sync_to_async(guard.before_holding)(request)
+            if isinstance(answer, HttpResponseBase):
+                return answer
+            shown, held = answer
+            try:
+                response = await fn(*args, **kwargs)
+            except BaseException:
+                await sync_to_async(take_back)(held)
+                raise
+            finally:
+                if shown is not None:
+                    release(request)
+            if getattr(response, "streaming", False):
+                release_when_done(response, held)
+            else:
+                await sync_to_async(take_back)(held)
+            return add_shown(response, shown)
+
+        async_wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
+        return async_wrapped  # type: ignore[return-value]
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        request = _find_request(args)
+        answer = guard.before_holding(request)
+        if isinstance(answer, HttpResponseBase):
+            return answer
+        shown, held = answer
+        try:
+            response = fn(*args, **kwargs)
+        except BaseException:
+            take_back(held)
+            raise
+        finally:
+            if shown is not None:
+                release(request)
+        release_when_done(response, held)
+        return add_shown(response, shown)
+
+    wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
+    return wrapped  # type: ignore[return-value]
+
+
+def _limits(fn: Callable[..., Any], guard: _Guard) -> tuple[_Guard, ...]:
+    """The guards of every ``@ratelimit`` on ``fn``, this one last, left on its wrapper:
+    the admin and the commands find a view's limits there (:mod:`ratelimit_app.config.views`)."""
+    return (*getattr(fn, "ratelimit_limits", ()), guard)
 
 
 def _show(request: HttpRequest, decision: Decision) -> list[Decision] | None:

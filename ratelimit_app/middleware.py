@@ -91,12 +91,19 @@ class _Pending:
     """What is left to do after the view: headers to add, and the provisional hits of
     failure-only rules to take back if the request does not fail."""
 
-    __slots__ = ("marker", "provisional", "shown")
+    __slots__ = ("held", "marker", "provisional", "shown")
 
-    def __init__(self, shown: list[Decision], provisional: list[Decision] | None = None) -> None:
+    def __init__(
+        self,
+        shown: list[Decision],
+        provisional: list[Decision] | None = None,
+        held: list[Decision] | None = None,
+    ) -> None:
         self.shown = shown
         self.provisional = provisional or []
         self.marker = _Failure() if provisional else _UNREAD
+        #: In-flight places to give back when the response is done.
+        self.held = held or []
 
     def failed(self, response: HttpResponse) -> bool:
         return self.marker.failed or response.status_code in conf.FAILURE_STATUSES
@@ -148,11 +155,40 @@ def _decisions(
                 return responses.denied(request)
             if check.subject[1] in current.allow.emails:
                 continue
-        d = Decision(rule.limit, check, rule.name, rule.block, rule.fail_open)
+        d = Decision(rule.limit, check, rule.name, rule.block, rule.fail_open, None, None)
+        if rule.shadow:
+            d.shadow = True
         found.append(d)
         if rule.failures_only:
+            d.failures_only = True
             failing.append(d)
+        if rule.holds:
+            _in_flight(request, rule, d, found, subjects)
     return found, failing
+
+
+def _in_flight(
+    request: HttpRequest,
+    rule: CompiledRule,
+    decision: Decision,
+    found: list[Decision],
+    subjects: Subjects,
+) -> None:
+    """A rule's in-flight decision (its place is shown in the headers only when refused):
+    ``decision`` itself for a rule that is an in-flight limit alone, else added to
+    ``found``."""
+    inflight = rule.limit.inflight
+    if inflight is None:
+        decision.own = False
+        return
+    check = inflight.check(request, subjects=subjects)
+    if check is not None:
+        own = False
+        found.append(
+            Decision(
+                inflight, check, rule.name, rule.block, rule.fail_open, None, own, rule.shadow
+            )
+        )
 
 
 def before(
@@ -183,19 +219,25 @@ def before(
     _mark(request, verdict)
     refusing = verdict.refusing() if verdict.limited else None
     if refusing is not None:
-        exc = responses.exception(refusing)
-        response = responses.too_many_requests(request, exc, decision=refusing)
-        if verdict.remembered:
-            # A flood's repeats are counted (the signal, the rule's metrics series), not
-            # logged one by one: django.request logged the refusal that started it.
-            response._has_been_logged = True  # type: ignore[attr-defined]
-        return response
+        return _refused(request, verdict, refusing)
     # The rules' limits first; the layers inside (``@ratelimit``, DRF throttles) add theirs
     # to the same list before the view answers, and this pass writes them all.
     shown = (core.show(request, verdict.shown) or []) if conf.HEADERS else []
+    held = enforce.holding(decisions) if current.rules.holds else None
     if failing:
-        return _Pending(shown, [d for d in failing if d.provisional()])
-    return _Pending(shown)
+        return _Pending(shown, [d for d in failing if d.provisional()], held)
+    return _Pending(shown, None, held)
+
+
+def _refused(request: HttpRequest, verdict: enforce.Verdict, refusing: Decision) -> HttpResponse:
+    """The 429 of a refused request."""
+    exc = responses.exception(refusing)
+    response = responses.too_many_requests(request, exc, decision=refusing)
+    if verdict.remembered:
+        # A flood's repeats are counted (the signal, the rule's metrics series), not logged
+        # one by one: django.request logged the refusal that started it.
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
 
 
 class UsageByRule(Mapping[str, dict[str, Any]]):
@@ -248,9 +290,22 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
 
 
+def _release(pending: _Pending, response: HttpResponse) -> None:
+    """Give back the in-flight places of the request when its response is done, with the
+    failure-only hits to take back in the same round trip when it is done already."""
+    failing = pending.to_take_back(response) if pending.provisional else []
+    if getattr(response, "streaming", False):
+        enforce.take_back(failing)
+        enforce.release_when_done(response, pending.held)
+    else:
+        enforce.take_back([*failing, *pending.held])
+
+
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
     """Everything after the view: take back provisional hits, add the RateLimit headers."""
-    if pending.provisional:
+    if pending.held:  # (the common case reads one attribute)
+        _release(pending, response)
+    elif pending.provisional:
         enforce.take_back(pending.to_take_back(response))
     held = request.__dict__
     if held.get(core.SHOWN) is pending.shown:  # this pass writes: a request passed again

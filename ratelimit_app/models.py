@@ -11,15 +11,17 @@ A row is data, not code: its key is a built-in kind and its rate a literal
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured, ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app.algorithms import gcra
-from ratelimit_app.config import access, declared, rules
+from ratelimit_app.config import access, declared, overrides, rules, sources
 
 
 def _lines(text: str) -> list[str]:
@@ -72,7 +74,24 @@ class Rule(models.Model):
     rate = models.CharField(
         _("rate"),
         max_length=200,
-        help_text=_("'5/m', or several: '5/m;10/d'."),
+        blank=True,
+        help_text=_("'5/m', or several: '5/m;10/d'; empty: only requests in flight are limited."),
+    )
+    concurrent = models.PositiveIntegerField(
+        _("in flight"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=_("At most this many requests of one subject at once; empty: no such limit."),
+    )
+    lease = models.CharField(
+        _("lease"),
+        max_length=20,
+        blank=True,
+        help_text=_(
+            "How long a request in flight holds its place at most, if its worker dies: '30s', "
+            "'2m'; empty: a minute."
+        ),
     )
     count = models.CharField(
         _("count"), max_length=10, choices=COUNT_CHOICES, default=rules.COUNT_ALL
@@ -100,6 +119,17 @@ class Rule(models.Model):
         blank=True,
         help_text=_("A leaky bucket's capacity; empty: the rate's count."),
     )
+    cost = models.PositiveIntegerField(
+        _("cost"),
+        default=1,
+        validators=[MinValueValidator(1)],
+        help_text=_("Hits each matching request counts (e.g. 5 for an expensive export)."),
+    )
+    shadow = models.BooleanField(
+        _("dry run"),
+        default=False,
+        help_text=_("Count and report what it would refuse, but refuse nothing."),
+    )
     note = models.TextField(_("note"), blank=True)
     created = models.DateTimeField(_("created"), auto_now_add=True)
     updated = models.DateTimeField(_("updated"), auto_now=True)
@@ -115,7 +145,13 @@ class Rule(models.Model):
 
     def as_dict(self) -> dict[str, Any]:
         """The rule as a ``RATELIMIT_RULES`` entry."""
-        out: dict[str, Any] = {"name": self.name, "key": self.key.strip(), "rate": self.rate}
+        out: dict[str, Any] = {"name": self.name, "key": self.key.strip()}
+        if self.rate.strip() or self.concurrent is None:
+            out["rate"] = self.rate
+        if self.concurrent is not None:
+            out["concurrent"] = self.concurrent
+        if self.lease.strip():
+            out["lease"] = self.lease.strip()
         if _lines(self.path):
             out["path"] = _lines(self.path)
         if _lines(self.url_name):
@@ -127,6 +163,10 @@ class Rule(models.Model):
             out["algorithm"] = self.algorithm
         if self.burst is not None:
             out["burst"] = self.burst
+        if self.cost != 1:
+            out["cost"] = self.cost
+        if self.shadow:
+            out["shadow"] = True
         return out
 
     def clean(self) -> None:
@@ -146,7 +186,25 @@ class Rule(models.Model):
             raise ValidationError(found) from exc
 
 
-class AccessEntry(models.Model):
+def _errors(exc: overrides.OverrideError) -> ValidationError:
+    """Every mistake of an override, each under its field."""
+    found: dict[str, list[str]] = {}
+    for error in exc.errors:
+        found.setdefault(error.field, []).append(str(error))
+    return ValidationError(found)
+
+
+class Expiring:
+    """A row with an optional ``expires``."""
+
+    expires: Any
+
+    @property
+    def active(self) -> bool:
+        return self.expires is None or self.expires > timezone.now()
+
+
+class AccessEntry(Expiring, models.Model):
     """An IP, CIDR network, ``user:<id>`` or email on the allow or the deny list."""
 
     ALLOW = "allow"
@@ -176,13 +234,111 @@ class AccessEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.get_list_display()} {self.value}"
 
-    @property
-    def active(self) -> bool:
-        return self.expires is None or self.expires > timezone.now()
-
     def clean(self) -> None:
         self.value = (self.value or "").strip()
         try:
             access.parse_entry(self.value)
         except ImproperlyConfigured as exc:
             raise ValidationError({"value": str(exc)}) from exc
+
+
+class Override(Expiring, models.Model):
+    """Other rates for one subject of one limit (:mod:`ratelimit_app.config.overrides`)."""
+
+    limit = models.CharField(
+        _("limit"),
+        max_length=overrides.MAX_LIMIT_LENGTH,
+        help_text=_("A rule's name, a decorator's group, or 'drf:<scope>'."),
+    )
+    subject = models.CharField(
+        _("subject"),
+        max_length=320,
+        help_text=_(
+            "What the limit's key reads: a username or an email; an IP address or a CIDR "
+            "network such as 203.0.113.0/24; or 'group:<name>' for the members of a group "
+            "(limits keyed on the user)."
+        ),
+    )
+    rate = models.CharField(
+        _("rate"),
+        max_length=overrides.MAX_RATE_LENGTH,
+        help_text=_("The rate the subject gets instead: '10000/h', '5/m;100/d', or 'unlimited'."),
+    )
+    expires = models.DateTimeField(
+        _("expires"), null=True, blank=True, help_text=_("Empty: never.")
+    )
+    note = models.TextField(_("note"), blank=True)
+    created = models.DateTimeField(_("created"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("override")
+        verbose_name_plural = _("overrides")
+        ordering = ["limit", "subject"]
+        constraints = [
+            models.UniqueConstraint(fields=["limit", "subject"], name="ratelimit_override_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.limit} {self.subject}: {self.rate}"
+
+    def parsed(self) -> overrides.Override:
+        """The override, validated (or :class:`~ratelimit_app.config.overrides.OverrideError`)."""
+        return overrides.parse(self.limit, self.subject, self.rate)
+
+    def clean(self) -> None:
+        """Validate each field, and that ``limit`` can name a limit: a rule of the settings
+        or the database, a DRF scope in force, or else a decorator's group."""
+        self.limit, self.subject, self.rate = (
+            (v or "").strip() for v in (self.limit, self.subject, self.rate)
+        )
+        try:
+            found = self.parsed()
+        except overrides.OverrideError as exc:
+            raise _errors(exc) from exc
+        rule = _rule(found.limit)
+        problem = _unknown(found.limit) if rule is None else _unfit(rule, found.rates)
+        if problem:
+            raise ValidationError(problem)
+
+
+def _rule(name: str) -> tuple[str, int | None] | None:
+    """The algorithm and burst of the rule named ``name`` (settings or database), if any."""
+    for rule in declared.rules():
+        if rule.name == name:
+            return rule.algorithm, rule.burst
+    row = Rule.objects.filter(name=name).values_list("algorithm", "burst").first()
+    return None if row is None else (row[0], row[1])
+
+
+def _unknown(name: str) -> dict[str, str] | None:
+    """Why ``name`` names no limit (None: it names a DRF scope in force, or may be a
+    decorator's group)."""
+    if name.startswith(f"{sources.DRF}:"):
+        if sources.limit(name) is not None:
+            return None
+        known = sorted(n for s in sources.registered() for n in s.limits())
+        listed = ", ".join(known) if known else str(_("none in force"))
+        return {"limit": _("No DRF throttle scope of this name (in force: %s).") % listed}
+    names = declared.rule_names() | set(Rule.objects.values_list("name", flat=True))
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    if close and "." not in name:  # a decorator's default group is a dotted path
+        return {
+            "limit": _(
+                "No rule of this name (did you mean %(name)r?); a decorator's group "
+                "is accepted only when it is not that close to a rule's name."
+            )
+            % {"name": close[0]}
+        }
+    return None
+
+
+def _unfit(rule: tuple[str, int | None], found: overrides.Rates) -> dict[str, str] | None:
+    """Why rates ``found`` cannot replace those of a rule of ``rule`` (algorithm, burst)."""
+    algorithm, burst = rule
+    if algorithm != gcra.LEAKY_BUCKET or found == overrides.UNLIMITED:
+        return None
+    try:
+        gcra.meter(found, burst)
+    except ImproperlyConfigured as exc:
+        return {"rate": str(exc)}
+    return None

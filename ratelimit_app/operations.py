@@ -1,14 +1,18 @@
 """Operations on one subject's counters, for the admin, the management commands and the
 public :func:`reset` / :func:`lookup` (also importable from :mod:`ratelimit_app.core`).
 
-A person types a subject (an IP, an email, a user id) and names a rule, a decorator's group
-(with its key and rate), a DRF throttle's scope (``"drf:<scope>"``) or a throttle class;
-:func:`target` finds where that subject's counts are filed, :func:`lookup` reads them
-counting nothing, and :func:`reset` clears them.
+A person types a subject (an IP, an email, a user id) and names a limit as they know it: a
+rule, a DRF throttle's scope (``"drf:<scope>"``) or a throttle class, a decorator's group, or
+a view that carries ``@ratelimit`` by its URL name, URL path or dotted path
+(:func:`find_limits`; a name that stands for nothing says what it could have meant). A group
+no routed view carries is named with its decorator's key and rate. :func:`target` finds
+where that subject's counts are filed, :func:`lookup` reads them counting nothing, and
+:func:`reset` clears them.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,14 +22,25 @@ from ratelimit_app import ALL, clock, keys, store
 from ratelimit_app.algorithms import gcra, rates, windows
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import get_backend
-from ratelimit_app.config import limits, sources
+from ratelimit_app.config import limits, sources, views
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
 
-__all__ = ["LimitName", "Target", "find_limit", "lookup", "reset", "target"]
+__all__ = [
+    "LimitName",
+    "Named",
+    "Target",
+    "UnknownLimit",
+    "find_limit",
+    "find_limits",
+    "lookup",
+    "named_limits",
+    "reset",
+    "target",
+]
 
 #: What names a limit: a rule (its name or the compiled rule), a decorator's group, a DRF
 #: scope (``"drf:<scope>"``), a throttle class of :mod:`ratelimit_app.throttling`, or the limit.
@@ -73,6 +88,154 @@ class Target:
         ]
 
 
+class UnknownLimit(ValueError):
+    """A name that is no rule, DRF scope, ``@ratelimit`` group or decorated view: its message
+    lists what the name could have meant."""
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A limit as people name it: a rule, a DRF throttle's scope, or a decorator's group."""
+
+    #: "rule", "throttle" or "group".
+    kind: str
+    #: The rule's name, ``drf:<scope>``, or the decorator's group.
+    name: str
+    limit: Limit
+    #: The view a decorator's limit was found on (its URL name or route), else "".
+    view: str = ""
+    #: What a person calls a throttle's source (``"DRF throttle"``), else "".
+    source: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
+
+    def describe(self) -> str:
+        """``name — key ip, 5/m`` (``DRF throttle, 5/m`` for a throttle's scope, and the view a
+        decorator is on), for lists and choices."""
+        lim = self.limit
+        rate = lim.rate if isinstance(lim.rate, str) else "callable"
+        if self.kind == "throttle":
+            return f"{self.name} — {self.source or 'throttle'}, {rate}"
+        key = lim.key if isinstance(lim.key, str) else "callable"
+        where = f"@ratelimit on {self.view}, " if self.view else ""
+        return f"{self.name} — {where}key {key}, {rate}"
+
+
+#: How many names of each kind an unknown name's message lists.
+LISTED = 20
+#: How much of an unknown name is compared with the known ones (a pasted page costs nothing).
+MATCHED = 200
+
+
+def _decorated(name: str) -> tuple[Named, ...]:
+    """The ``@ratelimit`` limits ``name`` stands for (:func:`ratelimit_app.config.views.find`);
+    ``ValueError`` when they all lack a limit, or the URLconf cannot be loaded."""
+    try:
+        found = views.find(name)
+    except Exception as exc:  # the project's URLconf: any error of its import
+        raise ValueError(f"{name!r}: the URLconf could not be loaded to find it: {exc}") from exc
+    usable = tuple(
+        Named("group", d.group, d.limit, "" if name == d.group else name)
+        for d in found
+        if d.limit is not None
+    )
+    if found and not usable:
+        raise ValueError(" ".join(str(d.problem) for d in found))
+    return usable
+
+
+def find_limits(name: LimitName) -> tuple[Named, ...]:
+    """Every limit ``name`` stands for: a rule (a
+    :class:`~ratelimit_app.config.rules.CompiledRule`, or the name of a rule in force), a DRF
+    throttle (``"drf:<scope>"`` or its class), a decorator's group, or a view that carries
+    ``@ratelimit`` (by its URL name, URL path or dotted path: each of its decorators).
+
+    Raises :class:`UnknownLimit` when there is none, ``ValueError`` when the name is a
+    decorator's that makes no limit."""
+    if isinstance(name, Limit):
+        return (Named("group", name.group, name),)
+    if isinstance(name, CompiledRule):
+        return (Named("rule", name.name, name.limit),)
+    # The DRF throttles' limits come from the sources registry, filled by their package
+    # when the project imports it: this module never imports DRF.
+    if not isinstance(name, str):
+        resolved = sources.resolve(name)
+        if resolved is None:
+            raise ValueError(f"{name!r} is no rule, group or throttle of ours.")
+        return (Named("throttle", resolved.group, resolved),)
+    text = name.strip()
+    rule = store.current().rules.by_name.get(text)
+    if rule is not None:
+        return (Named("rule", text, rule.limit),)
+    # Reading the URLconf imports the views, and with them our throttles, which register
+    # their source: a scope unknown before may be known after.
+    found = _throttle(text) or (_decorated(text) if text else ()) or _throttle(text)
+    if not found:
+        raise UnknownLimit(unknown(text))
+    return found
+
+
+def _throttle(name: str) -> tuple[Named, ...]:
+    found = sources.limit(name)
+    return () if found is None else (Named("throttle", name, found),)
+
+
+def named_limits() -> list[Named]:
+    """Every limit that can be named: the rules in force, the DRF throttles' scopes, and the
+    groups of the decorated views of the URLconf (those it can load), each once."""
+    routed = _routed()  # first: it imports the views, and our throttles with them
+    found = [Named("rule", r.name, r.limit) for r in store.current().rules.rules]
+    found += [
+        Named("throttle", n, lim, source=source.kind)
+        for source in sources.registered()
+        for n, lim in source.limits().items()
+    ]
+    seen = {n.name for n in found}
+    for view in routed:
+        for d in view.limits:
+            if d.limit is not None and d.group not in seen:
+                seen.add(d.group)
+                found.append(Named("group", d.group, d.limit, view.label))
+    return found
+
+
+def _routed() -> list[views.View]:
+    """The decorated views, none when the URLconf cannot be loaded (a lookup by a view's
+    name then says why)."""
+    try:
+        return views.routed()
+    except Exception:  # the project's URLconf: any error of its import
+        return []
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED])
+    return shown + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
+
+
+def unknown(name: str) -> str:
+    """What to say of a name that stands for no limit: what it could have meant."""
+    routed = _routed()  # first: it imports the views, and our throttles with them
+    rules = sorted(store.current().rules.by_name)
+    throttles = sorted(n for s in sources.registered() for n in s.limits())
+    shown = name if len(name) <= 80 else name[:80] + "…"
+    text = f"No rule named {shown!r}. " + (
+        f"Configured rules: {_listed(rules)}." if rules else "RATELIMIT_RULES has no rules."
+    )
+    text += " Nor is it a DRF throttle's scope, a @ratelimit group, or a decorated view's URL "
+    text += "name, path or dotted path."
+    if throttles:
+        text += f" DRF throttles: {_listed(throttles)}."
+    if routed:
+        text += f" Views with @ratelimit: {_listed([v.label for v in routed])}."
+    candidates = [*rules, *throttles]
+    for view in routed:
+        candidates += [view.label, view.path, *(d.group for d in view.limits)]
+    close = difflib.get_close_matches(name[:MATCHED], candidates, n=1)
+    return text + (f" Did you mean {close[0]!r}?" if close else "")
+
+
 def find_limit(
     rule_or_group: LimitName,
     key: keys.KeySpec | None = None,
@@ -81,30 +244,20 @@ def find_limit(
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
 ) -> Limit:
-    """The limit a rule (a :class:`~ratelimit_app.config.rules.CompiledRule`, or the name of
-    a rule in force), a decorator's group (with the decorator's ``key``, ``rate``, ``method``,
-    ``algorithm`` and ``burst``) or a DRF throttle (``"drf:<scope>"`` or its class) counts
-    with. Raises ``ValueError`` when there is none."""
-    if isinstance(rule_or_group, Limit):
-        return rule_or_group
-    if isinstance(rule_or_group, CompiledRule):
-        return rule_or_group.limit
-    # The DRF throttles' limits come from the sources registry, filled by their package
-    # when the project imports it: this module never imports DRF.
-    if not isinstance(rule_or_group, str):
-        resolved = sources.resolve(rule_or_group)
-        if resolved is None:
-            raise ValueError(f"{rule_or_group!r} is no rule, group or throttle of ours.")
-        return resolved
+    """The one limit a name stands for (see :func:`find_limits`), or, with the decorator's
+    ``key`` and ``rate`` (and ``method``, ``algorithm`` and ``burst``), the limit of a
+    ``@ratelimit`` group. Raises ``ValueError`` when there is none, or several."""
     if key is None:
-        found = store.current().rules.by_name.get(rule_or_group)
-        named = found.limit if found is not None else sources.limit(rule_or_group)
-        if named is None:
+        found = find_limits(rule_or_group)
+        if len(found) > 1:
+            each = "; ".join(n.describe() for n in found)
             raise ValueError(
-                f"No rule named {rule_or_group!r} in RATELIMIT_RULES; for a @ratelimit group "
-                f"pass its key and rate."
+                f"{rule_or_group!r} names {len(found)} limits ({each}): name one by its group, "
+                "or give its key and rate."
             )
-        return named
+        return found[0].limit
+    if not isinstance(rule_or_group, str):
+        return find_limit(rule_or_group)
     if rate is None:
         raise ValueError(f"{rule_or_group!r}: a group needs the key and rate of its decorator.")
     try:

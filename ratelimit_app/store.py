@@ -2,7 +2,8 @@
 
 ``RATELIMIT_RULES`` / ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY`` and the admin's
 :class:`~ratelimit_app.models.Rule` and :class:`~ratelimit_app.models.AccessEntry` rows apply
-together. Each process keeps a :class:`Snapshot` of them and, at most once every
+together, with the :class:`~ratelimit_app.models.Override` rows (compiled into the
+snapshot's ``overrides``). Each process keeps a :class:`Snapshot` of them and, at most once every
 :data:`CONFIG_REFRESH` seconds (1 s), reads one **version counter** from the counter
 backend; it queries the database only when that version changed (a save or delete in the
 admin increments it: :func:`bump`) or when an entry it holds has expired. So a change takes
@@ -12,6 +13,10 @@ Requests handled on an event loop never wait for the database: when a reload is 
 it runs in a thread and the request uses the snapshot it has (at start, the settings alone).
 A database that cannot be read (tables not migrated, a test without database access) is
 logged once, and the settings apply alone until it can be.
+
+:data:`overriding` says whether the snapshot in force holds overrides: the one attribute
+:func:`ratelimit_app.engine.enforce.decide` tests before it looks at them. The middleware
+refreshes the snapshot on every request; once it holds overrides, ``decide`` does too.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.signals import setting_changed
@@ -32,7 +38,9 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
+from ratelimit_app.config.overrides import OverrideError, Table, compile_table
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
+from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.identity.namespaces import namespace
 
 logger = logging.getLogger("ratelimit_app")
@@ -60,6 +68,8 @@ class Snapshot:
     db_rules: tuple[CompiledRule, ...] = ()
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
     deadline: float = -math.inf
+    #: The overrides of the database, compiled (:mod:`ratelimit_app.config.overrides`).
+    overrides: Table = field(default_factory=Table)
 
     def looked(self, at: float | None = None) -> Snapshot:
         """Mark a look at the version counter: good for :data:`CONFIG_REFRESH` seconds, or
@@ -76,6 +86,15 @@ class Snapshot:
 _snapshot: Snapshot | None = None
 _loading = threading.Lock()
 _warned = False
+#: True while the snapshot in force holds overrides (see the module docstring).
+overriding = False
+
+
+def _publish(snap: Snapshot | None) -> None:
+    """Put ``snap`` in force (None: none, load on the next request)."""
+    global _snapshot, overriding
+    _snapshot = snap
+    overriding = snap is not None and bool(snap.overrides)
 
 
 def current() -> Snapshot:
@@ -88,8 +107,7 @@ def current() -> Snapshot:
 
 def forget() -> None:
     """Drop the snapshot (settings changed): the next request loads afresh."""
-    global _snapshot
-    _snapshot = None
+    _publish(None)
 
 
 @receiver(setting_changed)
@@ -137,11 +155,10 @@ def settings_only() -> Snapshot:
 
 
 def _refresh(snap: Snapshot | None) -> Snapshot:
-    global _snapshot
     if not conf.DB_RULES:
         snap = settings_only()
         snap.deadline = math.inf  # settings changes clear it (forget)
-        _snapshot = snap
+        _publish(snap)
         return snap
     version = _read_version()
     if (
@@ -155,7 +172,7 @@ def _refresh(snap: Snapshot | None) -> Snapshot:
         _load_in_background(version)
         if snap is None:
             snap = settings_only()
-            _snapshot = snap
+            _publish(snap)
         return snap.looked()
     return _load(version)
 
@@ -188,24 +205,25 @@ def _load_in_background(version: str | None) -> None:
 
 def _load(version: str | None) -> Snapshot:
     """Settings and database, merged; the database's problems never stop the settings."""
-    global _snapshot, _warned
+    global _warned
     from django.utils import timezone
 
-    from ratelimit_app.models import AccessEntry
+    from ratelimit_app.models import AccessEntry, Override
     from ratelimit_app.models import Rule as RuleRow
 
     checked = time.monotonic()
     now = timezone.now()
     try:
         rows = list(RuleRow.objects.filter(enabled=True))
-        entries = [e for e in AccessEntry.objects.all() if e.expires is None or e.expires > now]
+        entries = _unexpired(AccessEntry.objects.all(), now)
+        held = _unexpired(Override.objects.all(), now)
     except Exception as exc:  # not migrated, no database access: the settings apply
         if not _warned:
             logger.warning("ratelimit: database rules and lists not read: %s", exc)
             _warned = True
         snap = settings_only()
         snap.version = version
-        _snapshot = snap.looked(checked)
+        _publish(snap.looked(checked))
         return snap
     settings_rules = declared.rules()
     taken = {rule.name for rule in settings_rules}
@@ -228,7 +246,8 @@ def _load(version: str | None) -> Snapshot:
         declared.access_list("RATELIMIT_DENY"),
         [e.value for e in entries if e.list == AccessEntry.DENY],
     )
-    expiries = [e.expires.timestamp() for e in entries if e.expires is not None]
+    ends = [e.expires for e in entries] + [o.expires for o in held]
+    expiries = [end.timestamp() for end in ends if end is not None]
     snap = Snapshot(
         RuleSet((*settings_rules, *db_rules)),
         allow,
@@ -236,6 +255,24 @@ def _load(version: str | None) -> Snapshot:
         version,
         expires=min(expiries, default=math.inf),
         db_rules=tuple(db_rules),
+        overrides=_overrides(held),
     )
-    _snapshot = snap.looked(checked)
+    _publish(snap.looked(checked))
     return snap
+
+
+def _unexpired(rows: Iterable[Any], now: Any) -> list[Any]:
+    """The rows (allow/deny entries, overrides) that have not expired at ``now``."""
+    return [row for row in rows if row.expires is None or row.expires > now]
+
+
+def _overrides(rows: list[Any]) -> Table:
+    """The overrides of ``rows`` (:class:`~ratelimit_app.models.Override`), compiled; an
+    invalid one is logged and left out."""
+    found = []
+    for row in rows:
+        try:
+            found.append(row.parsed())
+        except OverrideError as exc:  # saved before a validation changed
+            logger.error("ratelimit: override %s: %s (left out)", row.pk, exc)
+    return compile_table(found, mask_ip)

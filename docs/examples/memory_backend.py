@@ -42,14 +42,14 @@ class MemoryBackend(Backend):
                         key = self.key(op.namespace, suffix)
                         if self.value(key, now) > 0:
                             value, expires = self.counters[key]
-                            self.counters[key] = (value - 1, expires)
+                            self.counters[key] = (max(0, value - op.amount), expires)
                 if op.increment:  # count this hit; a new counter lives ttl seconds
                     for suffix, ttl in op.plan.writes:
                         key = self.key(op.namespace, suffix)
                         value, expires = self.counters.get(key, (0, 0.0))
                         if expires <= now:
                             value, expires = 0, now + ttl
-                        self.counters[key] = (value + 1, expires)
+                        self.counters[key] = (value + op.amount, expires)
                 replies.append([self.value(self.key(op.namespace, s), now) for s in op.plan.reads])
         return replies
 

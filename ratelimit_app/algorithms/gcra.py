@@ -15,6 +15,9 @@ time** ``TAT``, the moment the bucket will be empty. With the emission interval
   ``max(TAT, t) + T - t <= tau`` with the tolerance ``tau = B * T``;
 * an admitted request sets ``TAT = max(TAT, t) + T`` (the level rises by one, from zero
   when the bucket had emptied); a refused one changes nothing;
+* a request of **cost** ``c`` is ``c`` emissions: it fits when ``L(t) + c <= B`` and raises
+  the level by ``c`` (``c * T`` where the lines above and below say ``T``); a cost over the
+  capacity never fits, and its wait is a whole ``W``;
 * whole requests that fit now: ``floor(B - L) = B - ceil(L)``, never below zero;
 * the time until one more fits (``retry_after``): ``max(0, TAT + T - tau - t)``;
 * the time until the bucket is empty: ``max(0, TAT - t)``.
@@ -46,6 +49,9 @@ from ratelimit_app.algorithms.rates import MAX_COUNT, MAX_SECONDS, Rate
 SLIDING_WINDOW = "sliding_window"
 LEAKY_BUCKET = "leaky_bucket"
 ALGORITHMS = (SLIDING_WINDOW, LEAKY_BUCKET)
+#: The checks of an in-flight limit (``concurrent``): sliding windows of
+#: :class:`~ratelimit_app.algorithms.rates.Slots`, never named by a user.
+IN_FLIGHT = "in_flight"
 #: Microseconds per second: the meter's clock resolution.
 MICROS = 1_000_000
 #: The key suffix of a subject's TAT (bucket suffixes start with a digit or "h").
@@ -125,12 +131,13 @@ def meter(rates: tuple[Rate, ...], burst: int | None = None) -> Meter:
     return Meter(rate, capacity)
 
 
-def fits(m: Meter, tat: int | None, now_us: int) -> bool:
-    """True when one more request fits in the bucket at ``now_us``."""
+def fits(m: Meter, tat: int | None, now_us: int, cost: int = 1) -> bool:
+    """True when one more request of ``cost`` (that many emissions) fits in the bucket at
+    ``now_us``."""
     if m.rate.count == 0:
         return False
     t = m.ticks(now_us)
-    return _base(tat, t) + m.interval - t <= m.tau
+    return _base(tat, t) + cost * m.interval - t <= m.tau
 
 
 def _base(tat: int | None, t: int) -> int:
@@ -138,9 +145,17 @@ def _base(tat: int | None, t: int) -> int:
     return t if tat is None or tat < t else tat
 
 
-def advance(m: Meter, tat: int | None, now_us: int) -> int:
-    """The TAT after admitting one request at ``now_us``."""
-    return _base(tat, m.ticks(now_us)) + m.interval
+def advance(m: Meter, tat: int | None, now_us: int, cost: int = 1) -> int:
+    """The TAT after admitting one request of ``cost`` at ``now_us``."""
+    return _base(tat, m.ticks(now_us)) + cost * m.interval
+
+
+def charged(m: Meter, tat: int | None, now_us: int, cost: int) -> int:
+    """The TAT after a charge of ``cost`` at ``now_us``, whether it fits or not: the bucket
+    fills past its capacity, at most to a drain of ``rates.MAX_SECONDS`` (366 days) from
+    now, so that every backend can keep it (a TTL, Lua's exact integers)."""
+    t = m.ticks(now_us)
+    return min(advance(m, tat, now_us, cost), t + MAX_SECONDS * MICROS * m.rate.count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,15 +184,17 @@ class State:
         return math.ceil(self.level)
 
 
-def evaluate(m: Meter, tat: int | None, now_us: int, increment: bool) -> State:
+def evaluate(m: Meter, tat: int | None, now_us: int, increment: bool, cost: int = 1) -> State:
     """The model's decision: the bucket after a check at ``now_us`` of a subject whose stored
-    TAT was ``tat``; ``increment``: the request is counted, and admitted when it fits."""
-    written = advance(m, tat, now_us) if increment and fits(m, tat, now_us) else None
-    return outcome(m, tat, written, now_us, increment)
+    TAT was ``tat``; ``increment``: the request is counted, and admitted when it fits;
+    ``cost``: the emissions it takes."""
+    fit = increment and fits(m, tat, now_us, cost)
+    written = advance(m, tat, now_us, cost) if fit else None
+    return outcome(m, tat, written, now_us, increment, cost)
 
 
 def outcome(
-    m: Meter, read: int | None, written: int | None, now_us: int, increment: bool
+    m: Meter, read: int | None, written: int | None, now_us: int, increment: bool, cost: int = 1
 ) -> State:
     """The bucket after a check that read the TAT ``read`` and stored ``written`` (None:
     stored nothing), as the backend reports it.
@@ -187,21 +204,29 @@ def outcome(
     memcached check that kept losing the compare-and-set race is refused: the safe side).
     """
     if not increment:
-        return state(m, read, now_us, admitted=False, limited=not fits(m, read, now_us))
+        limited = not fits(m, read, now_us, cost)
+        return state(m, read, now_us, admitted=False, limited=limited, cost=cost)
     if written is None:
-        return state(m, read, now_us, admitted=False, limited=True)
-    return state(m, written, now_us, admitted=True, limited=False)
+        return state(m, read, now_us, admitted=False, limited=True, cost=cost)
+    return state(m, written, now_us, admitted=True, limited=False, cost=cost)
 
 
-def state(m: Meter, tat: int | None, now_us: int, admitted: bool, limited: bool) -> State:
-    """The reported state of a bucket whose TAT is ``tat`` at ``now_us``."""
+def state(
+    m: Meter, tat: int | None, now_us: int, admitted: bool, limited: bool, cost: int = 1
+) -> State:
+    """The reported state of a bucket whose TAT is ``tat`` at ``now_us``; its wait is the
+    time until a request of ``cost`` fits (a whole ``W`` when it never can: a cost over the
+    capacity, as for a count of 0)."""
     rate = m.rate
     if rate.count == 0:
         return State(m, False, True, None, 0.0, 0, float(rate.seconds), 0.0)
     t = m.ticks(now_us)
     ahead = _base(tat, t) - t  # ticks until empty
     unit = rate.count * MICROS  # ticks per second
-    wait = max(0, ahead + m.interval - m.tau)
+    if cost > m.capacity:
+        wait = rate.seconds * unit
+    else:
+        wait = max(0, ahead + cost * m.interval - m.tau)
     return State(
         meter=m,
         admitted=admitted,
@@ -214,9 +239,10 @@ def state(m: Meter, tat: int | None, now_us: int, admitted: bool, limited: bool)
     )
 
 
-def take_back(m: Meter, tat: int) -> int:
-    """The TAT with one admitted request taken back (a request refused by another limit)."""
-    return tat - m.interval
+def take_back(m: Meter, tat: int, cost: int = 1) -> int:
+    """The TAT with one admitted request of ``cost`` taken back (a request refused by
+    another limit)."""
+    return tat - cost * m.interval
 
 
 def encode(m: Meter, tat: int) -> bytes:

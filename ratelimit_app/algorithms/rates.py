@@ -36,8 +36,6 @@ MAX_COUNT = 10**9
 
 _RATE_RE = re.compile(r"(?P<count>\d+)/(?P<multi>\d*)(?P<unit>[a-z]*)", re.ASCII)
 
-RateSpec = str | tuple[int, int] | Callable[..., Any] | None
-
 
 @dataclass(frozen=True, slots=True)
 class Rate:
@@ -59,6 +57,48 @@ class Rate:
 
     def __str__(self) -> str:
         return self.text
+
+
+#: What a limit's rate may be: text, ``(count, seconds)``, a rate, or what returns one.
+RateSpec = str | tuple[int, int] | Rate | Callable[..., Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Slots(Rate):
+    """At most ``count`` requests of a subject at once (in flight), each holding its place
+    for at most ``seconds`` (its lease): counted as a rate whose hits are taken back when
+    the response is done, so a place a worker that died never gave back leaves the window
+    on its own. Its text (``"5 in flight"``) keeps its counters apart from any rate's."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", f"{self.count} in flight")
+        object.__setattr__(self, "_hash", hash((self.count, self.seconds, "in flight")))
+
+
+#: The longest lease of an in-flight place: an hour.
+MAX_LEASE = 3600
+_DURATION_RE = re.compile(r"(?P<multi>\d{1,9})(?P<unit>[a-z]*)", re.ASCII)
+
+
+def duration(value: object, what: str, longest: int = MAX_SECONDS) -> int:
+    """Seconds of a duration as people write one (``"5s"``, ``"2m"``, ``"1h"``, ``"1d"``,
+    or whole seconds); ``ImproperlyConfigured`` naming ``what`` when it is not one from 1
+    second to ``longest``."""
+    seconds = None
+    if type(value) is int:
+        seconds = value
+    elif isinstance(value, str):
+        match = _DURATION_RE.fullmatch(value.strip(" "))
+        if match is not None and match["unit"] in ("", *UNITS):
+            seconds = int(match["multi"]) * UNITS[match["unit"] or "s"]
+    if seconds is None or not 0 < seconds <= longest:
+        span = _text(1, longest).partition("/")[2]
+        span = span if span[0].isdigit() else "1" + span
+        raise ImproperlyConfigured(
+            f"{what} {value!r}: expected a duration from 1s to {span}, such as '5s', '2m' or "
+            "'1h', or a whole number of seconds."
+        )
+    return seconds
 
 
 @lru_cache(maxsize=1024)

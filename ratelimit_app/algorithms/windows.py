@@ -388,12 +388,15 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
 # -- evaluation -----------------------------------------------------------------------------
 
 
-def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> list[Usage]:
+def evaluate(
+    p: Plan, values: list[int], t: float, counted: bool = False, cost: int = 1
+) -> list[Usage]:
     """Usage of every rate of ``p`` from ``values`` (aligned with ``p.reads``) at time ``t``.
 
-    ``counted``: ``values`` include this hit, which is refused when a count is over its limit
-    and then taken back, so the times to wait are computed without it. Otherwise (a look that
-    counts nothing) a rate is limited when it has no room left for one more hit.
+    ``counted``: ``values`` include this hit (``cost`` events), which is refused when a count
+    is over its limit and then taken back, so the times to wait are computed without it.
+    Otherwise (a look that counts nothing) a rate is limited when it has no room left for
+    ``cost`` more events.
     """
     rate_plans = p.rates
     if len(rate_plans) == 1:  # the common case: one rate
@@ -407,19 +410,20 @@ def evaluate(p: Plan, values: list[int], t: float, counted: bool = False) -> lis
                 counts = _clamped(counts)
         n = sum(counts)
         limit = rp.rate.count
-        if 0 < n < limit:  # the common case of :func:`_usage`, inline: nothing to wait for
+        if 0 < n < limit and (counted or n + cost <= limit):
+            # The common case of :func:`_usage`, inline: nothing to wait for.
             k = len(counts) - 1
             while not counts[k]:  # the window is empty once its newest events have left
                 k -= 1
             reset = rp.ends[k] - t
             reset = reset if reset > 0.0 else 0.0
             return [_tuple(Usage, (rp.rate, n, limit - n, False, 0.0, reset))]
-        return [_usage(rp, counts, n, counted and n > limit, counted, t)]
+        return [_usage(rp, counts, n, counted and n > limit, counted, t, cost)]
     per_segment = [_segment_counts(rp, values) for rp in rate_plans]
     ns = list(map(sum, per_segment))
     refused = counted and any(n > rp.rate.count for n, rp in zip(ns, rate_plans, strict=True))
     return [
-        _usage(rp, counts, n, refused, counted, t)
+        _usage(rp, counts, n, refused, counted, t, cost)
         for rp, n, counts in zip(rate_plans, ns, per_segment, strict=True)
     ]
 
@@ -445,14 +449,22 @@ def _clamped(counts: Sequence[int]) -> list[int]:
 
 
 def _usage(
-    rp: RatePlan, counts: Sequence[int], n: int, refused: bool, counted: bool, t: float
+    rp: RatePlan,
+    counts: Sequence[int],
+    n: int,
+    refused: bool,
+    counted: bool,
+    t: float,
+    cost: int = 1,
 ) -> Usage:
     """One rate's usage: ``n`` events in its window, ``counts`` of them per segment;
-    ``refused``: this hit (counted in them) is refused, so waits are timed without it."""
+    ``refused``: this hit (``cost`` events counted in them) is refused, so waits are timed
+    without it: until the window has room for ``cost`` more."""
     limit = rp.rate.count
+    room = limit - cost  # the most events the window may hold for this hit to fit
     retry_after = reset = 0.0
-    left = n - 1 if refused else n
-    if 0 < left < limit:
+    left = n - cost if refused else n
+    if 0 < left <= room:
         # The common case, kept cheap: nothing to wait for, and the window is empty once
         # its newest events have left it.
         k = len(counts) - 1
@@ -460,32 +472,34 @@ def _usage(
             k -= 1
         if k >= 0:
             reset = max(0.0, rp.ends[k] - t)
-    elif left > 0 or (n and limit == 0):
+    elif left > 0 or (n and room < 0):
         for leaves_at, c in zip(rp.ends, counts, strict=True):
             if c <= 0:
                 continue
-            if left >= limit and left - c < limit:
+            if left > room and left - c <= room:
                 retry_after = max(0.0, leaves_at - t)
             left -= c
             if left <= 0:
                 reset = max(0.0, leaves_at - t)
                 break
-        if limit == 0:
+        if room < 0:  # never fits (a count of 0, a cost over it): when the window empties
             retry_after = reset
-    elif limit == 0:  # never admits: wait a whole window, and then again
+    elif room < 0:  # never admits: wait a whole window, and then again
         retry_after = float(rp.rate.seconds)
-    # Counted: limited when over the limit; a look: when there is no room for one more.
-    limited = n > limit if counted else n >= limit
+    # Counted: limited when over the limit; a look: when there is no room for this hit.
+    limited = n > limit if counted else n > room
     return Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset)
 
 
-def refine(usages: list[Usage], detail: Plan, values: list[int], t: float) -> list[Usage]:
+def refine(
+    usages: list[Usage], detail: Plan, values: list[int], t: float, cost: int = 1
+) -> list[Usage]:
     """``usages`` of a refused check, with waits timed from a ``fine_only`` plan's values.
 
-    Read after the refused hit was taken back, so a rate is limited there when it has no
-    room left; the counts stay as the check saw them.
+    Read after the refused hit (``cost`` events) was taken back, so a rate is limited there
+    when it has no room left for it; the counts stay as the check saw them.
     """
-    exact = evaluate(detail, values, t)
+    exact = evaluate(detail, values, t, cost=cost)
     return [
         u._replace(retry_after=e.retry_after, reset=e.reset) if e.limited else u
         for u, e in zip(usages, exact, strict=True)

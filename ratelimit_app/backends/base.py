@@ -42,12 +42,14 @@ DEAD_RETRY = 5.0
 
 class Op(NamedTuple):
     """One subject's part of a round trip: count (``increment``), take back (``undo``: the
-    increments of that plan, a refused hit) and read ``plan``'s buckets."""
+    increments of that plan, a refused hit) and read ``plan``'s buckets. An increment and a
+    take-back add and subtract ``amount`` (a request's cost) in each write bucket."""
 
     namespace: str
     plan: Plan
     increment: bool = False
     undo: Plan | None = None
+    amount: int = 1
 
 
 class MeterReply(NamedTuple):
@@ -62,14 +64,18 @@ class MeterReply(NamedTuple):
 
 class MeterOp(NamedTuple):
     """One subject's leaky bucket in a round trip: admit (``increment``) when one more
-    fits, or only look. With ``take_back`` (the reply of this request's admitting op), take
-    that request back instead, if nothing has changed the TAT since (else it stays counted:
-    taking back a request another one's TAT depends on could be lenient)."""
+    request of ``cost`` emissions fits, or only look. With ``take_back`` (the reply of this
+    request's admitting op), take that request back instead, if nothing has changed the TAT
+    since (else it stays counted: taking back a request another one's TAT depends on could
+    be lenient). With ``force`` (a charge after the view: :func:`ratelimit_app.engine.charge`),
+    add ``cost`` whether it fits or not."""
 
     namespace: str
     meter: gcra.Meter
     increment: bool = False
     take_back: MeterReply | None = None
+    cost: int = 1
+    force: bool = False
 
 
 #: The default meter's read-decide-write is atomic within a process, not across processes.
@@ -228,7 +234,7 @@ class Backend(ABC):
                     written = self._meter_decision(op, read, now_us)
                     if op.take_back is not None:
                         if read is not None and read == op.take_back.written:
-                            restored = gcra.take_back(op.meter, read)
+                            restored = gcra.take_back(op.meter, read, op.cost)
                             ttl = gcra.ttl_seconds(op.meter, restored, now_us)
                             cache.set(key, gcra.encode(op.meter, restored).decode(), ttl)
                     elif written is not None:
@@ -242,8 +248,12 @@ class Backend(ABC):
     @staticmethod
     def _meter_decision(op: MeterOp, read: int | None, now_us: int) -> int | None:
         """The TAT ``op`` stores when it read ``read`` (None: it stores nothing)."""
-        if op.take_back is None and op.increment and gcra.fits(op.meter, read, now_us):
-            return gcra.advance(op.meter, read, now_us)
+        if op.take_back is not None or not op.increment:
+            return None
+        if op.force:
+            return gcra.charged(op.meter, read, now_us, op.cost)
+        if gcra.fits(op.meter, read, now_us, op.cost):
+            return gcra.advance(op.meter, read, now_us, op.cost)
         return None
 
     def execute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:

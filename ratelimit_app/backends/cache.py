@@ -18,9 +18,11 @@ class CacheBackend(Backend):
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         return [self._run(*op) for op in ops]
 
-    def _run(self, namespace: str, plan: Plan, increment: bool, undo: Plan | None) -> list[int]:
+    def _run(
+        self, namespace: str, plan: Plan, increment: bool, undo: Plan | None, amount: int = 1
+    ) -> list[int]:
         if undo is not None:
-            self._undo(namespace, undo)
+            self._undo(namespace, undo, amount)
         cache = caches[self.alias]  # Django's cache objects are per thread.
         base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION
         try:
@@ -29,7 +31,7 @@ class CacheBackend(Backend):
                 for suffix, ttl in plan.writes:
                     key = base + suffix
                     cache.add(key, 0, ttl)
-                    written.append(cache.incr(key))
+                    written.append(cache.incr(key, amount))
             found = cache.get_many([base + s for s in plan.reads])
             values = [int(found.get(base + s) or 0) for s in plan.reads]
         except ValueError as exc:  # incr of a key that vanished: the write was lost
@@ -40,12 +42,17 @@ class CacheBackend(Backend):
             self.encoded(plan).merge(values, written)
         return values
 
-    def _undo(self, namespace: str, plan: Plan) -> None:
+    def _undo(self, namespace: str, plan: Plan, amount: int = 1) -> None:
+        """Take back ``amount`` from each write bucket, stopping at 0 as memcached's
+        decrement does: a bucket reset since its hit and counted again must not go below
+        0 (lenient). The hits counted meanwhile stay: the fix-up adds, never sets."""
         cache = caches[self.alias]
         base = self.rl_prefix + namespace
         for suffix, _ in plan.writes:
             with contextlib.suppress(Exception):
-                cache.decr(base + suffix)
+                left = cache.decr(base + suffix, amount)
+                if left < 0:
+                    cache.incr(base + suffix, -left)
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         base = self.rl_prefix + namespace  # make_key adds KEY_PREFIX, VERSION

@@ -27,9 +27,10 @@ class DummyBackend(Backend):
         for op in ops:
             values = [0] * len(op.plan.reads)
             if op.increment:
-                # What an increment of an empty counter answers, as the proof of this hit.
+                # What an increment of an empty counter answers, as the proof of this hit
+                # (of its cost: a cost over the limit is refused here too).
                 encoded = self.encoded(op.plan)
-                encoded.merge(values, [1] * len(encoded.writes))
+                encoded.merge(values, [op.amount] * len(encoded.writes))
             found.append(values)
         return found
 

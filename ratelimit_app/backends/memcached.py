@@ -455,7 +455,7 @@ class MemcachedBackend(Backend):
             assert taken is not None
             assert taken.written is not None
             assert taken.token is not None
-            restored = gcra.take_back(op.meter, taken.written)
+            restored = gcra.take_back(op.meter, taken.written, op.cost)
             if restored > op.meter.ticks(now_us):
                 command.append(self._store(op, restored, now_us, taken.token))
             else:  # the bucket would be empty: forget it

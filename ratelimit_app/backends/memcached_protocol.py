@@ -12,6 +12,8 @@ hit on that bucket sees this one in its own answer, so of two concurrent hits th
 sees the earlier, as with a read). memcached answers a connection's commands in order, so
 the ``get`` sees the increments, and one ``get`` is one reply to wait for. The ``VA``
 replies prove that each write landed: a bucket is never read as zero after a failed write.
+A request of cost ``a`` adds and takes back ``a`` in one command a bucket all the same
+(``ma <key> N<ttl> J<a> D<a> v``, ``ma <key> MD D<a> q``).
 
 **A leaky bucket** (:func:`meta_gets`, :func:`meta_set`, :func:`meta_delete`,
 :func:`parse_meta`) is compare-and-set with the meta commands: ``mg <key> v c`` reads a TAT
@@ -33,6 +35,8 @@ from ratelimit_app.exceptions import BackendError
 
 #: memcached reads a TTL over 30 days as a Unix timestamp.
 MAX_RELATIVE_TTL = 30 * 86400
+#: Amounts (request costs) whose increments a plan's encoding keeps; it starts over when full.
+AMOUNT_MEMO = 16
 #: The end of a ``get`` reply, and of a pipeline ended by ``mn``.
 END = b"END\r\n"
 MN = b"MN\r\n"
@@ -61,33 +65,52 @@ def expiry(ttl: int, clock: Callable[[], float] = time.time) -> int:
     return ttl + int(clock()) if ttl > MAX_RELATIVE_TTL else ttl
 
 
+def _tail(suffix: bytes, ttl: int, amount: int) -> bytes:
+    """An ``ma`` increment after its key: raise the bucket by ``amount``, or create it at
+    ``amount`` with the TTL ``ttl`` on a miss (``J``: the value it is created with)."""
+    if amount == 1:
+        return b"%s N%d J1 v\r\n" % (suffix, ttl)
+    return b"%s N%d J%d D%d v\r\n" % (suffix, ttl, amount, amount)
+
+
 class MemcachedEncoded(Encoded):
     """A plan's byte form, plus the tails of its ``ma`` increments (``<suffix> N<ttl> J1
-    v``) when every TTL is relative (30 days or less), so a check only puts its key in
-    front of each."""
+    v``) of each amount sent so far, when every TTL is relative (30 days or less), so a
+    check only puts its key in front of each."""
 
     __slots__ = ("write_tails",)
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
-        self.write_tails: list[bytes] | None = [
-            b"%s N%d J1 v\r\n" % (suffix, ttl) for suffix, ttl in self.writes
-        ]
+        #: The tails by amount (a request's cost); None: an expiry memcached reads as a
+        #: time, made per check.
+        self.write_tails: dict[int, list[bytes]] | None = {
+            1: [_tail(suffix, ttl, 1) for suffix, ttl in self.writes]
+        }
         if any(ttl > MAX_RELATIVE_TTL for _, ttl in self.writes):
-            self.write_tails = None  # an expiry memcached reads as a time: made per check
+            self.write_tails = None
 
-    def increments(self, base: bytes, clock: Callable[[], float] = time.time) -> bytes:
-        """The ``ma`` increments of every write bucket for the key base ``base``."""
-        tails = self.write_tails
+    def increments(
+        self, base: bytes, clock: Callable[[], float] = time.time, amount: int = 1
+    ) -> bytes:
+        """The ``ma`` increments by ``amount`` of every write bucket for the key base
+        ``base``."""
+        memo = self.write_tails
+        tails = None if memo is None else memo.get(amount)
         if tails is None:
-            tails = [b"%s N%d J1 v\r\n" % (s, expiry(t, clock)) for s, t in self.writes]
+            tails = [_tail(s, expiry(t, clock), amount) for s, t in self.writes]
+            if memo is not None:
+                if len(memo) >= AMOUNT_MEMO:  # a cost from a callable may take any value
+                    memo.clear()
+                memo[amount] = tails
         head = b"ma " + base
         return head + head.join(tails)
 
-    def decrements(self, base: bytes) -> bytes:
-        """Quiet ``ma`` decrements of every write bucket (taking back a hit this plan
-        counted): only a miss answers, ``NF``."""
-        return b"".join(b"ma %s%s MD q\r\n" % (base, s) for s, _ in self.writes)
+    def decrements(self, base: bytes, amount: int = 1) -> bytes:
+        """Quiet ``ma`` decrements by ``amount`` of every write bucket (taking back a hit
+        this plan counted; memcached stops at 0): only a miss answers, ``NF``."""
+        mode = b"MD q" if amount == 1 else b"MD D%d q" % amount
+        return b"".join(b"ma %s%s %s\r\n" % (base, s, mode) for s, _ in self.writes)
 
 
 class CheckCommand:
@@ -171,10 +194,10 @@ def check_command(
         enc: MemcachedEncoded = encoded(op.plan)
         base = (prefix + op.namespace).encode()
         if op.undo is not None:
-            writes.append(encoded(op.undo).decrements(base))
+            writes.append(encoded(op.undo).decrements(base, op.amount))
         answered: dict[int, int] = {}
         if op.increment and enc.writes:
-            writes.append(enc.increments(base, clock))
+            writes.append(enc.increments(base, clock, op.amount))
             answered = {i: made.increments + j for i, j in enc.proofs}
             made.increments += len(enc.writes)
             made.reusable = made.reusable and enc.write_tails is not None

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms import gcra, rates, windows
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import base as backend_base
 from ratelimit_app.backends.base import (
@@ -60,10 +60,16 @@ TRIM_SCRIPT = _lua("trim")
 #: Every leaky bucket of a request, atomically (lua/meter.lua); a stored TAT lives until
 #: its bucket is empty plus :data:`ratelimit_app.algorithms.gcra.TTL_MARGIN` seconds and a
 #: millisecond.
-METER_SCRIPT = _lua("meter").replace(
-    "local margin = MARGIN_MS", f"local margin = {gcra.TTL_MARGIN * 1000 + 1}"
+#: Microseconds ahead of now a charge may put a TAT at most (:func:`gcra.charged`).
+FORCED_MOST = rates.MAX_SECONDS * gcra.MICROS
+METER_SCRIPT = (
+    _lua("meter")
+    .replace("local margin = MARGIN_MS", f"local margin = {gcra.TTL_MARGIN * 1000 + 1}")
+    .replace("local most = MOST_US", f"local most = {FORCED_MOST}")
 )
 
+#: Amounts (request costs) whose commands a plan's encoding keeps; it starts over when full.
+AMOUNT_MEMO = 16
 #: A transaction's first and last commands.
 MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 EXEC = b"*1\r\n$4\r\nEXEC\r\n"
@@ -77,8 +83,8 @@ Command = list[Part]
 #: after a look's and a counted check's (0 and 1: ``Op.increment`` indexes them).
 TAKE_BACK = 2
 #: One op of a transaction: its plan's encoding, its take-back plan's (None: none), its key
-#: base and whether it counts.
-Job = tuple["RedisEncoded", "RedisEncoded | None", bytes, bool]
+#: base, whether it counts and the amount it adds or takes back.
+Job = tuple["RedisEncoded", "RedisEncoded | None", bytes, bool, int]
 #: A subject's hashes to trim after a transaction: its key base and lua/trim.lua's ARGV[1].
 Trim = tuple[bytes, bytes]
 Item = TypeVar("Item", Op, MeterOp)
@@ -189,9 +195,10 @@ def _watched(
 
 
 def _count_commands(
-    writes: Sequence[tuple[bytes, int]],
+    writes: Sequence[tuple[bytes, int]], amount: int = 1
 ) -> tuple[list[Command], list[tuple[int, int, int, bytes]]]:
-    """The commands that count a plan's writes, and what tells that a hash needs a trim.
+    """The commands that count a plan's writes by ``amount`` (a request's cost), and what
+    tells that a hash needs a trim.
 
     An increment a write (its reply proves the write), an EXPIRE of each written hash and
     key, then an HLEN of each hash :func:`_watched` names. Every write into one hash carries
@@ -202,13 +209,14 @@ def _count_commands(
     commands: list[Command] = []
     expiring: dict[bytes, int] = {}
     fields: list[tuple[int, bytes, bytes]] = []  # (write, hash, field) of the hash writes
+    by = b"%d" % amount
     for n, (suffix, ttl) in enumerate(writes):
         split = _split(suffix)
         if split is None:
-            commands.append([b"INCR", (KEY, suffix)])
+            commands.append([b"INCRBY", (KEY, suffix), by])
             name = suffix
         else:
-            commands.append([b"HINCRBY", (KEY, split[0]), split[1], b"1"])
+            commands.append([b"HINCRBY", (KEY, split[0]), split[1], by])
             name = split[0]
             fields.append((n, *split))
         expiring[name] = max(ttl, expiring.get(name, 0))
@@ -266,8 +274,9 @@ def _read_commands(reads: Sequence[bytes]) -> tuple[list[Command], list[int]]:
     return commands, slots
 
 
-def _take_back_command(writes: Sequence[tuple[bytes, int]]) -> Command:
-    """lua/take_back.lua run on a plan's writes: a refused hit of that plan taken back."""
+def _take_back_command(writes: Sequence[tuple[bytes, int]], amount: int = 1) -> Command:
+    """lua/take_back.lua run on a plan's writes: a refused hit of that plan (``amount``: its
+    cost) taken back."""
     fields, keys = [], []
     for suffix, _ in writes:
         split = _split(suffix)
@@ -277,7 +286,7 @@ def _take_back_command(writes: Sequence[tuple[bytes, int]]) -> Command:
             fields.append(b"%s %s" % split)
     # EVAL, not EVALSHA: a transaction cannot run a script the server lacks again alone.
     script = TAKE_BACK_SCRIPT.encode()
-    return [b"EVAL", script, b"1", (KEY, b""), b" ".join(fields), b" ".join(keys)]
+    return [b"EVAL", script, b"1", (KEY, b""), b" ".join(fields), b" ".join(keys), b"%d" % amount]
 
 
 class RedisEncoded(Encoded):
@@ -286,27 +295,45 @@ class RedisEncoded(Encoded):
     A uniform window's buckets are the fields of one hash (``base:W/G``; a fine bucket's
     field is its index, a coarse bucket's ``x`` and its index), so a check makes one HMGET a
     window; hierarchical buckets are keys of their own. Computed once per plan (plans are
-    memoised and shared by every subject): a check only adds its subject's key base.
+    memoised and shared by every subject): a check only adds its subject's key base. A
+    request's cost is the amount its increments and take-back add and subtract: the
+    commands of each amount are made on first use, and as many of them whatever the amount.
     """
 
-    __slots__ = ("_templates", "commands", "reads_from", "slots", "tops")
+    __slots__ = ("_amounts", "_templates", "commands", "reads_from", "slots", "tops")
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
         counted, self.tops = _count_commands(self.writes)
         reading, self.slots = _read_commands(self.reads)
-        #: The commands of a look, of a counted check, of the take-back of a counted check.
+        #: The commands of a look, of a counted check, of the take-back of a counted check,
+        #: for an amount of 1 (:meth:`commands_for`: of any amount).
         self.commands = (reading, counted + reading, [_take_back_command(self.writes)])
         #: Where the reads' replies start, in a look's and in a counted check's.
         self.reads_from = (0, len(counted))
-        self._templates: dict[tuple[int, int], list[bytes]] = {}
+        self._amounts: dict[int, tuple[list[Command], ...]] = {1: self.commands}
+        self._templates: dict[tuple[int, int, int], list[bytes]] = {}
 
-    def template(self, kind: int, base_len: int) -> list[bytes]:
-        """The commands of ``kind`` (an ``Op.increment``, or :data:`TAKE_BACK`) as a
-        :func:`_template` for a key base of ``base_len`` bytes."""
-        found = self._templates.get((kind, base_len))
+    def commands_for(self, amount: int) -> tuple[list[Command], ...]:
+        """:attr:`commands` whose increments and take-back add and subtract ``amount``."""
+        found = self._amounts.get(amount)
         if found is None:
-            found = self._templates[kind, base_len] = _template(self.commands[kind], base_len)
+            if len(self._amounts) >= AMOUNT_MEMO:  # a cost from a callable: any value
+                self._amounts = {1: self.commands}
+                self._templates.clear()
+            counted, _ = _count_commands(self.writes, amount)
+            reading = self.commands[0]
+            take_back = [_take_back_command(self.writes, amount)]
+            found = self._amounts[amount] = (reading, counted + reading, take_back)
+        return found
+
+    def template(self, kind: int, base_len: int, amount: int = 1) -> list[bytes]:
+        """The commands of ``kind`` (an ``Op.increment``, or :data:`TAKE_BACK`) by
+        ``amount`` as a :func:`_template` for a key base of ``base_len`` bytes."""
+        found = self._templates.get((kind, base_len, amount))
+        if found is None:
+            commands = self.commands_for(amount)[kind]
+            found = self._templates[kind, base_len, amount] = _template(commands, base_len)
         return found
 
 
@@ -488,7 +515,8 @@ class RedisBackend(Backend):
         """``op`` as a :data:`Job` of a transaction."""
         encoded: Callable[[Plan], Any] = self.encoded  # (a RedisEncoded; no cast() a call)
         undo = None if op.undo is None else encoded(op.undo)
-        return encoded(op.plan), undo, self._prefix + op.namespace.encode(), op.increment
+        base = self._prefix + op.namespace.encode()
+        return encoded(op.plan), undo, base, op.increment, op.amount
 
     def _packed(self, ops: Sequence[Op]) -> tuple[list[bytes], list[Job], int]:
         """The transaction of ``ops`` packed (none: nothing), each op's templates joined with
@@ -499,11 +527,11 @@ class RedisBackend(Backend):
         jobs: list[Job] = []
         count = 0
         for op in ops:
-            job = enc, undo, base, increment = self._job(op)
+            job = enc, undo, base, increment, amount = self._job(op)
             if undo is not None:
-                chunks.append(base.join(undo.template(TAKE_BACK, len(base))))
+                chunks.append(base.join(undo.template(TAKE_BACK, len(base), amount)))
                 count += 1
-            chunks.append(base.join(enc.template(increment, len(base))))
+            chunks.append(base.join(enc.template(increment, len(base), amount)))
             count += len(enc.commands[increment])
             jobs.append(job)
         chunks.append(EXEC)
@@ -514,11 +542,12 @@ class RedisBackend(Backend):
         """Each op's values (in the order of its plan's reads) from the transaction's
         replies, each written bucket's raised to what its increment answered
         (:meth:`Encoded.merge`); and the hashes to trim, of each counted op whose increment
-        created the coarsest bucket of a hash that then held more than ``most`` fields."""
+        created the coarsest bucket of a hash (answered its own amount: a take-back drops a
+        field back at zero) that then held more than ``most`` fields."""
         results: list[list[int]] = []
         trims: list[Trim] = []
         at = 0
-        for enc, undo, base, increment in jobs:
+        for enc, undo, base, increment, amount in jobs:
             at += undo is not None  # a take-back answers first (0)
             end = at + len(enc.commands[increment])
             mine = answered[at:end]
@@ -532,7 +561,7 @@ class RedisBackend(Backend):
                 stale = b" ".join(
                     words
                     for created, length, most, words in enc.tops
-                    if mine[created] == 1 and mine[length] > most
+                    if mine[created] == amount and mine[length] > most
                 )
                 if stale:
                     trims.append((base, stale))
@@ -636,20 +665,26 @@ class RedisBackend(Backend):
             return exc
 
     def _meter_args(self, ops: Sequence[MeterOp], now_us: int) -> tuple[list[bytes], list[bytes]]:
-        """lua/meter.lua's KEYS and ARGV for ``ops``."""
+        """lua/meter.lua's KEYS and ARGV for ``ops``: a request of cost ``c`` is ``c``
+        emissions, ``c * T``. Only a cost that may fit is sent to count: it is at most the
+        tolerance, so the script's numbers stay below 2**53."""
         keys, args = [], [b"%d" % now_us]
         for op in ops:
             m = op.meter
             keys.append((self.key_prefix + op.namespace + gcra.SUFFIX).encode())
             n = m.rate.count or 1  # a count of 0 never admits: the script only reads
-            q, rem = divmod(m.interval, n)
+            # A charge fills at most a drain of MAX_SECONDS (gcra.charged): no more is sent.
+            q, rem = divmod(min(op.cost * m.interval, FORCED_MOST * n), n)
             tau_a, tau_r = divmod(m.tau, n)
             args += [b"%d" % m.rate.count, b"%d" % q, b"%d" % rem, b"%d" % tau_a, b"%d" % tau_r]
             if op.take_back is not None:
                 written = op.take_back.written
                 args += [b"u", b"" if written is None else gcra.encode(m, written)]
-            else:
-                args += [b"c" if op.increment else b"l", b""]
+            elif op.force:
+                args += [b"f", b""]
+            else:  # a cost over the capacity never fits: a look
+                counts = op.increment and op.cost <= m.capacity
+                args += [b"c" if counts else b"l", b""]
         return keys, args
 
     @staticmethod
@@ -758,10 +793,11 @@ class RedisClusterBackend(RedisBackend):
         def transaction(chosen: list[Op]) -> list[list[int]]:
             jobs = [self._job(op) for op in chosen]
             pipe = self.client.pipeline(transaction=True)
-            for enc, undo, base, increment in jobs:
+            for enc, undo, base, increment, amount in jobs:
                 if undo is not None:
-                    pipe.execute_command(*_resolved(undo.commands[TAKE_BACK][0], base))
-                for command in enc.commands[increment]:
+                    take_back = undo.commands_for(amount)[TAKE_BACK][0]
+                    pipe.execute_command(*_resolved(take_back, base))
+                for command in enc.commands_for(amount)[increment]:
                     pipe.execute_command(*_resolved(command, base))
             values, stale = self._window_values(jobs, pipe.execute())
             trims.extend(stale)

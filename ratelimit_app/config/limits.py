@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, NoReturn, Self, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
+from django.utils.module_loading import import_string
 
 from ratelimit_app import ALL, keys
 from ratelimit_app.algorithms import gcra, rates
@@ -38,6 +39,8 @@ ASYNC_SAFE_KEYS = ("ip", "email", "device")
 ASYNC_SAFE_ACCESSORS = ("email:", "header:", "get:", "post:")
 
 Method = str | Sequence[str | None] | None
+#: What a limit's ``cost`` may be: hits, or what returns them per request.
+CostSpec = int | str | Callable[[str, Any], int]
 
 
 class Mistake(ImproperlyConfigured):
@@ -109,8 +112,8 @@ def counted_methods(methods: frozenset[str] | None) -> frozenset[str] | None:
 class Check(NamedTuple):
     """One subject's limit to check: the ``scope`` of its counters, the ``subject`` (kind,
     value), the ``rates``, whether this request counts (``increment``) or only looks, the
-    ``algorithm``, and a leaky bucket's ``burst`` (None: the rate's count). Made by
-    :meth:`Limit.check`."""
+    ``algorithm``, a leaky bucket's ``burst`` (None: the rate's count), and the request's
+    ``cost`` (the hits it counts). Made by :meth:`Limit.check`."""
 
     scope: str
     subject: tuple[str, str]
@@ -118,11 +121,14 @@ class Check(NamedTuple):
     increment: bool
     algorithm: str = gcra.SLIDING_WINDOW
     burst: int | None = None
+    cost: int = 1
 
 
 _tuple = tuple.__new__
 #: Counted checks a limit keeps, one per recent subject (:meth:`Limit.check`).
 CHECK_MEMO = 1024
+#: Seconds an in-flight place is held at most (its lease) unless the limit says otherwise.
+DEFAULT_LEASE = 60
 
 #: The subjects of one request, found once per key (:meth:`Limit.check`).
 Subjects = dict[Any, tuple[str, str]]
@@ -143,6 +149,13 @@ class Limit:
     algorithm: str = gcra.SLIDING_WINDOW
     #: A leaky bucket's capacity (None: the rate's count).
     burst: int | None = None
+    #: The hits a request counts: an integer, or a callable (or its dotted path) called as
+    #: ``fn(group, request)`` that returns one (0: the limit does not apply to it).
+    cost: CostSpec = 1
+    #: At most this many requests of a subject at once (None: no such limit), each holding
+    #: its place for at most ``lease`` seconds.
+    concurrent: int | None = None
+    lease: int = DEFAULT_LEASE
 
     #: Derived once (a limit is checked on every request it covers):
     #: the rates when they do not depend on the request (else None: resolved per request),
@@ -158,6 +171,10 @@ class Limit:
     #: whether its value does not depend on the group (:func:`keys.ignores_group`: the
     #: limits of one request keyed alike share it),
     shares_value: bool = field(init=False, repr=False)
+    #: its cost when it does not depend on the request (else None: asked per request),
+    static_cost: int | None = field(init=False, repr=False)
+    #: the limit of its requests in flight (``concurrent``), checked beside it, else None,
+    inflight: Limit | None = field(init=False, repr=False)
     #: and whether it can be checked on an event loop (no database, no user code).
     async_safe: bool = field(init=False, repr=False)
     #: Its counted checks of recent subjects (static rates only): a client's requests
@@ -178,9 +195,17 @@ class Limit:
         set_("kind", kind)
         set_("shares_value", keys.ignores_group(self.key))
         set_("_checks", {})
+        cost = self.cost if type(self.cost) is int else None
+        set_("static_cost", cost)
+        inflight = None
+        if self.concurrent is not None and self.algorithm != gcra.IN_FLIGHT:
+            slots = rates.Slots(self.concurrent, self.lease)
+            inflight = Limit(self.group, self.key, slots, self.methods, gcra.IN_FLIGHT)
+        set_("inflight", inflight)
         set_(
             "async_safe",
             static is not None
+            and cost is not None
             and isinstance(self.key, str)
             and (self.key in ASYNC_SAFE_KEYS or self.key.startswith(ASYNC_SAFE_ACCESSORS)),
         )
@@ -230,20 +255,53 @@ class Limit:
                 subject = subjects.get(key)
                 if subject is None:
                     subject = subjects[key] = keys.subject(key, self.group, request)
-        if not increment or rate_list is not self.static_rates:
-            return _tuple(
-                Check, (scope, subject, rate_list, increment, self.algorithm, self.burst)
-            )
-        memo = self._checks
-        found = memo.get(subject)
-        if found is None:
-            if len(memo) >= CHECK_MEMO:
-                memo.clear()
-            # tuple.__new__: a NamedTuple's own __new__ is a Python function.
-            found = memo[subject] = _tuple(
-                Check, (scope, subject, rate_list, True, self.algorithm, self.burst)
-            )
-        return found
+        cost = self.static_cost
+        if cost is None:
+            cost = self.cost_for(request)
+            if not cost:
+                return None
+        elif not increment or rate_list is not self.static_rates:
+            pass
+        else:
+            memo = self._checks
+            found = memo.get(subject)
+            if found is None:
+                if len(memo) >= CHECK_MEMO:
+                    memo.clear()
+                # tuple.__new__: a NamedTuple's own __new__ is a Python function.
+                found = memo[subject] = _tuple(
+                    Check, (scope, subject, rate_list, True, self.algorithm, self.burst, cost)
+                )
+            return found
+        return _tuple(
+            Check, (scope, subject, rate_list, increment, self.algorithm, self.burst, cost)
+        )
+
+    def cost_for(self, request: HttpRequest | None) -> int:
+        """The hits ``request`` counts (a callable cost is asked with the request; 0: the
+        limit does not apply to it). A callable that answers anything but an integer from 0
+        is an ``ImproperlyConfigured`` naming the limit."""
+        spec = self.cost
+        if type(spec) is int:
+            return spec
+        fn: Callable[[str, Any], int] = import_string(spec) if isinstance(spec, str) else spec  # type: ignore[assignment]
+        return checked_cost(fn(self.group, request), f"limit {self.group!r} ({fn!r})")
+
+    def cost_problem(self) -> str | None:
+        """What is wrong with a literal cost over the whole limit (None: nothing, or the
+        rates or the cost come from code): such a request is refused always."""
+        cost, found = self.static_cost, self.static_rates
+        if cost is None or cost == 1 or not found:
+            return None
+        if self.metered:
+            whole = self.burst if self.burst is not None else found[0].count
+            what = "the bucket's capacity"
+        else:
+            whole = min(r.count for r in found)
+            what = f"rate {min(found, key=lambda r: r.count)}"
+        if cost <= whole:
+            return None
+        return f"{self.group}: cost {cost} is over {what} ({whole}): every request is refused."
 
     def scope_for(self, rate_list: tuple[rates.Rate, ...]) -> str:
         """The scope of the counters for ``rate_list`` (the static scope when they are the
@@ -262,25 +320,36 @@ def build(
     burst: object = None,
     *,
     trusted: bool = True,
+    cost: object = 1,
+    concurrent: object = None,
+    lease: object = None,
 ) -> Limit:
     """Validate a limit; raise :class:`LimitError` naming the part that is wrong (its
     ``errors`` name every part that is wrong).
 
     ``trusted=False`` (a rule saved in the database) accepts only the built-in key kinds and
     literal rates: nothing is imported or called to validate it.
+
+    ``concurrent`` (with its ``lease``, a duration: ``"30s"``, ``"2m"``; default a minute)
+    adds an in-flight limit (:attr:`Limit.inflight`); with no ``rate``, the limit is that
+    in-flight limit alone.
     """
     try:
         methods = method_set(method)
     except LimitError as exc:
-        raise_all([exc, *_mistakes(key, rate, algorithm, burst, trusted)])
-    args = (group, key, rate, methods, algorithm, burst, trusted)
+        raise_all([exc, *_mistakes(key, rate, algorithm, burst, trusted, cost)])
+    if concurrent is not None or lease is not None:
+        return _in_flight(
+            group, key, rate, methods, algorithm, burst, trusted, cost, concurrent, lease
+        )
+    args = (group, key, rate, methods, algorithm, burst, trusted, cost)
     try:
         return _build(*args)
     except TypeError:  # an unhashable value (a list, a dict): not memoised, then refused
         return _build.__wrapped__(*args)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=1024, typed=True)  # typed: a cost of True is no cost of 1
 def _build(
     group: str,
     key: Any,
@@ -289,26 +358,117 @@ def _build(
     algorithm: Any,
     burst: Any,
     trusted: bool,
+    cost: Any,
 ) -> Limit:
     # Memoised: method_decorator decorates again on every request, and get_usage is called
     # with the same limit again and again.
-    errors = _mistakes(key, rate, algorithm, burst, trusted)
+    errors = _mistakes(key, rate, algorithm, burst, trusted, cost)
     if errors:
         raise_all(errors)
-    return Limit(group, key, rate, methods, algorithm, burst)
+    return Limit(group, key, rate, methods, algorithm, burst, cost)
+
+
+def _in_flight(
+    group: str,
+    key: object,
+    rate: object,
+    methods: frozenset[str] | None,
+    algorithm: object,
+    burst: object,
+    trusted: bool,
+    cost: object,
+    concurrent: object,
+    lease: object,
+) -> Limit:
+    """A limit with an in-flight limit (``concurrent``), or that in-flight limit alone (no
+    ``rate``)."""
+    errors: list[LimitError] = []
+    if concurrent is None:
+        errors.append(
+            LimitError(
+                "lease",
+                f"Lease {lease!r}: a lease is how long a request in flight holds its place; "
+                "set concurrent too, or remove the lease.",
+            )
+        )
+    elif type(concurrent) is not int or not 1 <= concurrent <= rates.MAX_COUNT:
+        errors.append(
+            LimitError(
+                "concurrent",
+                f"Concurrent {concurrent!r}: the requests of one subject allowed at once, an "
+                f"integer from 1 to {rates.MAX_COUNT}.",
+            )
+        )
+    seconds = collect(errors, LimitError, _validate_lease, lease)
+    if rate is not None and rate != "":
+        errors += _mistakes(key, rate, algorithm, burst, trusted, cost)
+    else:
+        collect(errors, LimitError, _validate_key, key, trusted)
+    if errors or seconds is None:
+        raise_all(errors)
+    assert type(concurrent) is int
+    if rate is None or rate == "":
+        return Limit(group, key, rates.Slots(concurrent, seconds), methods, gcra.IN_FLIGHT)  # type: ignore[arg-type]
+    return Limit(group, key, rate, methods, algorithm, burst, cost, concurrent, seconds)  # type: ignore[arg-type]
+
+
+def _validate_lease(lease: object) -> int:
+    if lease is None:
+        return DEFAULT_LEASE
+    try:
+        return rates.duration(lease, "Lease", rates.MAX_LEASE)
+    except ImproperlyConfigured as exc:
+        raise LimitError("lease", str(exc)) from None
 
 
 def _mistakes(
-    key: object, rate: object, algorithm: object, burst: object, trusted: bool
+    key: object, rate: object, algorithm: object, burst: object, trusted: bool, cost: object = 1
 ) -> list[LimitError]:
     """Every mistake of the parts of a limit other than its methods."""
     errors: list[LimitError] = []
+    collect(errors, LimitError, _validate_cost, cost, trusted)
     collect(errors, LimitError, _validate_key, key, trusted)
     static = collect(errors, LimitError, _validate_rate, rate, trusted)
     # Without a valid algorithm, a burst is judged only on whether it can be a capacity.
     known = collect(errors, LimitError, _validate_algorithm, algorithm)
     collect(errors, LimitError, _validate_burst, burst, known, static)
     return errors
+
+
+def checked_cost(found: object, where: str) -> int:
+    """``found``, a cost asked of code for one request; ``ImproperlyConfigured`` naming
+    ``where`` when it is not an integer from 0 (0: the limit does not apply)."""
+    if type(found) is not int or not 0 <= found <= rates.MAX_COUNT:
+        raise ImproperlyConfigured(
+            f"The cost of {where}: got {found!r}; a cost is an integer from 0 (the limit does "
+            f"not apply) to {rates.MAX_COUNT}."
+        )
+    return found
+
+
+def _validate_cost(cost: object, trusted: bool) -> None:
+    """A cost: an integer from 1, or (code only) a callable or a dotted path to one."""
+    if type(cost) is int:
+        if not 1 <= cost <= rates.MAX_COUNT:
+            raise LimitError(
+                "cost",
+                f"Cost {cost!r}: the hits a request counts, an integer from 1 to "
+                f"{rates.MAX_COUNT} (a callable may answer 0: the limit does not apply).",
+            )
+        return
+    if trusted and (callable(cost) or rates.is_dotted_path(cost)):
+        return
+    if not trusted and (callable(cost) or isinstance(cost, str)):
+        raise LimitError(
+            "cost",
+            f"Cost {cost!r}: a rule kept in the database takes an integer cost; a cost from "
+            "a function is code: put such a rule in RATELIMIT_RULES.",
+        )
+    raise LimitError(
+        "cost",
+        f"Cost {cost!r}: expected an integer from 1, a callable (group, request) -> int, or "
+        "a dotted path to one.",
+    )
 
 
 def _validate_algorithm(algorithm: object) -> str:

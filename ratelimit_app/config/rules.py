@@ -42,12 +42,19 @@ FIELDS: dict[str, str] = {
     "url_name": "a URL name (e.g. 'login' or 'accounts:login'), or a list of them",
     "methods": "an HTTP method or a list of them (default: all)",
     "key": "a key as @ratelimit takes it ('ip', 'user', 'email', 'header:x-api-key', ...)",
-    "rate": "a rate such as '5/m', several ('5/m;10/d'), a callable or a dotted path",
+    "rate": "a rate such as '5/m', several ('5/m;10/d'), a callable or a dotted path (or "
+    "none, for a rule that only limits requests in flight)",
     "count": "'all' (default) or 'failures'",
     "block": "True (default) or False",
     "fail_open": "True (default) or False",
     "algorithm": "'sliding_window' (default) or 'leaky_bucket'",
     "burst": "a leaky bucket's capacity: an integer from 1 (default: the rate's count)",
+    "cost": "the hits each request counts: an integer from 1 (default 1), a callable or a "
+    "dotted path",
+    "shadow": "False (default) or True: a dry run, refusing nothing",
+    "concurrent": "the requests of one subject allowed at once: an integer from 1",
+    "lease": "how long a request in flight holds its place at most: a duration from 1s to "
+    "1h (default '1m')",
 }
 
 
@@ -77,16 +84,23 @@ class CompiledRule:
     count: str = COUNT_ALL
     block: bool = True
     fail_open: bool = True
+    #: A dry run: it refuses nothing, and reports what it would refuse.
+    shadow: bool = False
 
     #: Derived once, read on every request: whether only failed requests count,
     failures_only: bool = field(init=False, repr=False)
-    #: and the methods of the requests it matches (HEAD with GET:
-    #: :func:`ratelimit_app.config.limits.counted_methods`).
+    #: the methods of the requests it matches (HEAD with GET:
+    #: :func:`ratelimit_app.config.limits.counted_methods`),
     matches: frozenset[str] | None = field(init=False, repr=False)
+    #: and whether it limits requests in flight (``concurrent``): its requests hold a place.
+    holds: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
         object.__setattr__(self, "matches", limits.counted_methods(self.methods))
+        lim = self.limit
+        holds = lim.inflight is not None or lim.algorithm == gcra.IN_FLIGHT
+        object.__setattr__(self, "holds", holds)
 
     # The limit's parts, for readers of a rule (the admin, the commands).
     @property
@@ -124,9 +138,22 @@ class CompiledRule:
         out["key"] = keys.kind(self.key)
         out["rate"] = self.rate if isinstance(self.rate, str) else repr(self.rate)
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
-        if self.algorithm != gcra.SLIDING_WINDOW:
+        if self.algorithm == gcra.LEAKY_BUCKET:
             out["algorithm"] = self.algorithm
             out["burst"] = self.burst if self.burst is not None else "the rate's count"
+        cost = self.limit.cost
+        if cost != 1:
+            out["cost"] = cost if isinstance(cost, int | str) else repr(cost)
+        inflight = self.limit.inflight or (
+            self.limit if self.limit.algorithm == gcra.IN_FLIGHT else None
+        )
+        if inflight is not None:
+            slots = inflight.static_rates[0]  # type: ignore[index]
+            out["concurrent"], out["lease"] = slots.count, f"{slots.seconds}s"
+            if inflight is self.limit:
+                out["rate"] = ""
+        if self.shadow:
+            out["shadow"] = True
         return out
 
 
@@ -176,7 +203,8 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Compiled
     limit = collect(errors, RuleError, _limit, raw, label, trusted)
     block = collect(errors, RuleError, _flag, raw, label, "block", True)
     fail_open = collect(errors, RuleError, _flag, raw, label, "fail_open", True)
-    if errors or limit is None or block is None or fail_open is None:
+    shadow = collect(errors, RuleError, _flag, raw, label, "shadow", False)
+    if errors or limit is None or block is None or fail_open is None or shadow is None:
         raise_all(errors)
     return CompiledRule(
         name=label,
@@ -187,6 +215,7 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Compiled
         count=count,
         block=block,
         fail_open=fail_open,
+        shadow=shadow,
     )
 
 
@@ -238,6 +267,9 @@ def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
             algorithm=raw.get("algorithm", gcra.SLIDING_WINDOW),
             burst=raw.get("burst"),
             trusted=trusted,
+            cost=raw.get("cost", 1),
+            concurrent=raw.get("concurrent"),
+            lease=raw.get("lease"),
         )
     except LimitError as exc:
         errors = [_rule_error(raw, rule, error) for error in exc.errors]
@@ -341,6 +373,8 @@ class RuleSet:
     def __init__(self, rules: Sequence[CompiledRule]) -> None:
         self.rules = tuple(rules)
         self.by_name = {r.name: r for r in self.rules}
+        #: One of them limits requests in flight: their places are given back after the view.
+        self.holds = any(r.holds for r in self.rules)
         self._path_rules = tuple(r for r in self.rules if r.paths)
         self._prefixes = tuple(p for r in self._path_rules for p in r.paths)
         self._url_rules = tuple(r for r in self.rules if r.url_names and not r.paths)

@@ -11,7 +11,7 @@ hit is taken back; a refusal whose wait is exact is remembered by this process
 from __future__ import annotations
 
 from ratelimit_app.config.limits import Check
-from ratelimit_app.engine.checking import check_many, report_failure, take_back
+from ratelimit_app.engine.checking import charge, check_many, report_failure, take_back
 from ratelimit_app.engine.memory import (
     REFUSALS,
     refusal_key,
@@ -26,6 +26,7 @@ __all__ = [
     "REFUSALS",
     "Check",
     "Result",
+    "charge",
     "check_many",
     "failure_dict",
     "meter_result",

@@ -11,7 +11,7 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Backend
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
-from ratelimit_app.engine import leaky_bucket, sliding_window  # noqa: F401  (they register)
+from ratelimit_app.engine import in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
 from ratelimit_app.engine.memory import remember
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, Moment, Step
@@ -101,6 +101,19 @@ def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
         r.plan = r.reply = None
     if ops:
         get_backend().execute(ops, gcra.micros(clock.now()))
+
+
+def charge(checks: Sequence[Check], hits: int) -> None:
+    """Add ``hits`` to each check's subject in one round trip, refused or not (what a request
+    used, learnt after its view: :func:`ratelimit_app.engine.enforce.charge`). Nothing is
+    taken back: a charge over the limit refuses the subject's next requests, whose own
+    checks then time their waits. A leaky bucket's level rises by ``hits`` even past its
+    capacity. Raises ``BackendError``."""
+    moment = Moment(clock.now())
+    ops = []
+    for c in checks:
+        ops.append(STEPS[c.algorithm].charge_op(c._replace(cost=hits), moment))
+    get_backend().execute(ops, moment.now_us)
 
 
 def report_failure(exc: BackendError) -> None:

@@ -16,26 +16,46 @@ DRF's ``allow_request``, django-ratelimit's usage dict.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 from django.http import HttpRequest
 
+from ratelimit_app import store
+from ratelimit_app.algorithms.gcra import IN_FLIGHT
+from ratelimit_app.algorithms.rates import MAX_COUNT
+from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.engine import (
     REFUSALS,
     Result,
     check_many,
+    overrides,
     recall_many,
     report_failure,
     usage_dict,
 )
+from ratelimit_app.engine import charge as charge_checks
 from ratelimit_app.engine import take_back as take_back_hits
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.signals import ratelimited
 
-__all__ = ["Decision", "Verdict", "decide", "take_back"]
+__all__ = [
+    "Decision",
+    "Verdict",
+    "charge",
+    "decide",
+    "holding",
+    "release_when_done",
+    "take_back",
+]
+
+#: The attribute of a request that holds its verdicts (what :func:`charge` adds to).
+DECIDED = "_ratelimit_decided"
+
+logger = logging.getLogger("ratelimit_app")
 
 #: The kinds of subject that are the requester's own: the connection's address, the session's
 #: user (a ``user`` or ``user_or_ip`` key of an anonymous request counts the address). Only
@@ -54,7 +74,10 @@ class Decision:
     what it does when the counters cannot be reached; ``sender``: who sends its
     ``ratelimited`` signal (None: the sender :func:`decide` is given); ``own``: its subject
     is the requester itself (default: a subject of :data:`OWN_KINDS`), so its counter is
-    shown on admitted responses.
+    shown on admitted responses; ``shadow``: a dry run (so is every limit under
+    ``RATELIMIT_SHADOW``): it refuses nothing, and what it would refuse is counted as a
+    refusal would be (its own hit taken back), logged at INFO and signalled
+    (:attr:`shadowed`).
     """
 
     __slots__ = (
@@ -62,12 +85,15 @@ class Decision:
         "blocks",
         "check",
         "fail_open",
+        "failures_only",
         "limit",
         "name",
         "own",
         "refused",
         "result",
         "sender",
+        "shadow",
+        "shadowed",
         "shown",
     )
 
@@ -80,15 +106,20 @@ class Decision:
         fail_open: bool = True,
         sender: Any = None,
         own: bool | None = None,
+        shadow: bool = False,
     ) -> None:
         # Made for every limit of every request: plain assignments, nothing derived.
         self.limit, self.check, self.name, self.blocks = limit, check, name, blocks
-        self.fail_open, self.sender, self.own = fail_open, sender, own
+        self.fail_open, self.sender, self.own, self.shadow = fail_open, sender, own, shadow
         #: None until decided, and when not checked (the backend failed, or another limit
         #: refused the request from memory).
         self.result: Result | None = None
         #: Over its limit (a non-blocking limit's refusal only marks the request).
         self.refused = False
+        #: A dry run's refusal: over its limit, and admitted (:attr:`refused` stays False).
+        self.shadowed = False
+        #: It counts failed requests only (a failure-only rule): :func:`charge` passes it by.
+        self.failures_only = False
         #: Whether the response's ``RateLimit`` headers show its counter: the requester's
         #: own (:attr:`own`), and a refusal's.
         self.shown = False
@@ -96,6 +127,14 @@ class Decision:
 
     def __repr__(self) -> str:
         return f"Decision({self.name or self.limit.group!r}, {self.result!r})"
+
+    def dry_run(self) -> bool:
+        """True when it refuses nothing: its own ``shadow``, or ``RATELIMIT_SHADOW``."""
+        return self.shadow or conf.SHADOW
+
+    def enforces(self) -> bool:
+        """True when its refusal refuses the request (blocking, and no dry run)."""
+        return self.blocks and not self.dry_run()
 
     @property
     def retry_after(self) -> float:
@@ -171,6 +210,10 @@ def decide(
     from the refusal memory; send ``ratelimited`` for each counted refusal (``sender``: the
     adapter, as :mod:`ratelimit_app.signals` documents). ``at``: the time of the check, for
     a caller with a clock of its own (DRF's ``timer``)."""
+    if store.overriding:  # per-subject overrides (an unlimited one leaves its limit out)
+        decisions = overrides.apply(request, decisions)
+        if not decisions:
+            return Verdict(decisions)
     checks = []
     for d in decisions:  # loops, not comprehensions (each a function call): every request
         checks.append(d.check)
@@ -193,15 +236,28 @@ def decide(
         own = d.own
         if own is None:
             own = d.check.subject[0] in OWN_KINDS
-        d.refused = refused = result.limited
+        refused = result.limited
+        if refused and d.dry_run():  # (read only when over: the common case never asks)
+            d.shadowed, refused = True, False
+            if d.check.increment:
+                _log_shadowed(request, d)
+        d.refused = refused
         d.shown = own = own or refused
         if own:
             shown.append(d)
         if refused:
             limited = True
-            if d.check.increment:
-                _signal(request, d, sender)
-    return Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
+        if result.limited and d.check.increment:
+            _signal(request, d, sender)
+    verdict = Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
+    held = getattr(request, "__dict__", None)  # the verdicts of the request, for charge()
+    if held is not None:
+        found = held.get(DECIDED)
+        if found is None:
+            held[DECIDED] = [verdict]
+        else:
+            found.append(verdict)
+    return verdict
 
 
 def _recall(
@@ -214,7 +270,7 @@ def _recall(
     unchecked and the request, let through, uncounted; a look asks the counters."""
     alone = len(decisions) == 1
     wanted = [
-        c if c.increment and (alone or d.blocks) else None
+        c if c.increment and (alone or d.enforces()) else None
         for c, d in zip(checks, decisions, strict=True)
     ]
     found = recall_many(wanted, at)
@@ -226,17 +282,32 @@ def _take_back(
 ) -> set[int]:
     """What a request takes back when refused: everything it counted when a blocking limit
     refuses it (a refused request counts nowhere), else only the refused hits (a
-    non-blocking limit's own over-the-limit hit)."""
+    non-blocking limit's own over-the-limit hit, a dry run's)."""
     refused = [i for i, r in enumerate(results) if r.limited]
-    if any(decisions[i].blocks for i in refused):
+    if any(decisions[i].enforces() for i in refused):
         return set(range(len(checks)))
     return set(refused)
 
 
+def _log_shadowed(request: Any, d: Decision) -> None:
+    """The INFO line of a dry run's refusal: the limit and the request, never the subject's
+    value (its hashed namespace only)."""
+    request = getattr(request, "_request", request)  # a DRF Request wraps Django's
+    logger.info(
+        "ratelimit: dry run: %s would refuse %s %s (subject %s)",
+        d.name or d.limit.group,
+        getattr(request, "method", ""),
+        getattr(request, "path", ""),
+        d.result.namespace if d.result is not None else "",
+    )
+
+
 def _signal(request: Any, d: Decision, sender: Any) -> None:
     """``ratelimited`` for a counted refusal (``rule`` only for a named limit, as
-    :mod:`ratelimit_app.signals` documents)."""
-    extra = {} if d.name is None else {"rule": d.name}
+    :mod:`ratelimit_app.signals` documents; ``shadow=True`` for a dry run's)."""
+    extra: dict[str, Any] = {} if d.name is None else {"rule": d.name}
+    if d.shadowed:
+        extra["shadow"] = True
     ratelimited.send(
         sender=sender if d.sender is None else d.sender,
         group=d.limit.group,
@@ -258,3 +329,63 @@ def take_back(decisions: Sequence[Decision]) -> None:
         take_back_hits([d.check for d in held], [d.result for d in held])  # type: ignore[misc]
     except BackendError as exc:
         report_failure(exc)
+
+
+def charge(request: Any, hits: int) -> int:
+    """Add ``hits`` more to every limit that admitted ``request`` (counted it, did not
+    refuse it), each in the request's own subject, in one round trip; the number of limits
+    charged.
+
+    What a view learns only once it has run (tokens used, rows exported): a charge that
+    takes a subject over its limit refuses the subject's next requests, never this one. A
+    failure-only limit and a dry run's refusal are passed by, and so is a limit two layers
+    both decided (charged once). A backend failure is reported, not raised: the response is
+    not failed for it."""
+    if type(hits) is not int or not 0 <= hits <= MAX_COUNT:
+        raise ValueError(
+            f"charge(request, {hits!r}): the hits to add are an integer from 0 to {MAX_COUNT}."
+        )
+    checks: dict[tuple[Any, ...], Check] = {}
+    for verdict in _verdicts(request):
+        for d in verdict.decisions:
+            c = d.check
+            if d.result is None or not c.increment or d.refused or d.shadowed:
+                continue
+            if c.algorithm == IN_FLIGHT:  # a place is one request, whatever it used
+                continue
+            if not d.failures_only:
+                checks.setdefault((c.scope, c.subject, c.algorithm, c.burst), c)
+    if not hits or not checks:
+        return 0
+    try:
+        charge_checks(list(checks.values()), hits)
+    except BackendError as exc:
+        report_failure(exc)
+    return len(checks)
+
+
+def _verdicts(request: Any) -> list[Verdict]:
+    """The verdicts :func:`decide` left on ``request`` (a DRF ``Request`` and the Django
+    request it wraps both hold some)."""
+    found: list[Verdict] = []
+    for r in (request, getattr(request, "_request", None)):
+        found += getattr(r, "__dict__", {}).get(DECIDED, ())
+    return found
+
+
+def holding(decisions: Sequence[Decision]) -> list[Decision]:
+    """The in-flight places ``decisions`` hold: those of an admitted request (a refused one
+    gave its place back already), to give back when its response is done."""
+    return [d for d in decisions if d.check.algorithm == IN_FLIGHT and d.provisional()]
+
+
+def release_when_done(response: Any, held: Sequence[Decision]) -> None:
+    """Give ``held`` places back when ``response`` is done: now for a response whose content
+    is complete, when the server closes a streaming one (its stream ended, or the client
+    went away). One round trip."""
+    if not held:
+        return
+    if getattr(response, "streaming", False) and hasattr(response, "_resource_closers"):
+        response._resource_closers.append(partial(take_back, list(held)))
+    else:
+        take_back(held)

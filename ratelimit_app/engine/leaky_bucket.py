@@ -26,11 +26,14 @@ class LeakyBucket(Step):
         self.meter = gcra.meter(check.rates, check.burst)
         #: Its admitted hit, as stored (what a take-back compares against).
         self.admitted: MeterReply | None = None
-        self.op = MeterOp(ns, self.meter, check.increment)
+        self.op = MeterOp(ns, self.meter, check.increment, None, check.cost)
 
     def decide(self, reply: MeterReply) -> Result:
         now_us = self.moment.now_us
-        state = gcra.outcome(self.meter, reply.read, reply.written, now_us, self.check.increment)
+        check = self.check
+        state = gcra.outcome(
+            self.meter, reply.read, reply.written, now_us, check.increment, check.cost
+        )
         r = meter_result(state, self.namespace)
         if reply.written is not None:
             r.reply = self.admitted = reply
@@ -40,11 +43,18 @@ class LeakyBucket(Step):
     def follow_up(self, exact: bool) -> MeterOp | None:
         if not self.undo or self.admitted is None:
             return None
-        return MeterOp(self.namespace, self.meter, take_back=self.admitted)
+        return MeterOp(self.namespace, self.meter, take_back=self.admitted, cost=self.check.cost)
+
+    @staticmethod
+    def charge_op(check: Check, moment: Moment) -> MeterOp:
+        meter = gcra.meter(check.rates, check.burst)
+        ns = namespace(check.scope, *check.subject)
+        return MeterOp(ns, meter, True, None, check.cost, True)
 
     @staticmethod
     def take_back_op(check: Check, result: Result, namespace: str) -> MeterOp | None:
         reply = result.reply
         if reply is None:
             return None
-        return MeterOp(namespace, gcra.meter(check.rates, check.burst), take_back=reply)
+        meter = gcra.meter(check.rates, check.burst)
+        return MeterOp(namespace, meter, take_back=reply, cost=check.cost)

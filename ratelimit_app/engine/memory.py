@@ -61,12 +61,15 @@ def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
             REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), (c, r), t + wait)
 
 
-def recalled(key: tuple[Any, ...], t: float) -> Result | None:
-    """The remembered refusal of ``key``, its waits counted down to ``t`` (None: none)."""
+def recalled(key: tuple[Any, ...], t: float, cost: int = 1) -> Result | None:
+    """The remembered refusal of ``key``, its waits counted down to ``t`` (None: none). A
+    refusal of a costlier request does not answer one of ``cost``, which may fit."""
     found = REFUSALS.recall(key, t)
     if found is None:
         return None
-    elapsed, (_, r) = found
+    elapsed, (c, r) = found
+    if c.cost > cost:
+        return None
     return counted_down(elapsed, r)
 
 

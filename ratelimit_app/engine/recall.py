@@ -48,7 +48,10 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
         return [None] * len(checks)
     if t is None:
         t = clock.now()
-    found = [None if k is None else recalled(k, t) for k in keys]
+    found = [
+        None if c is None or k is None else recalled(k, t, c.cost)
+        for c, k in zip(checks, keys, strict=True)
+    ]
     if any(found):
         return found
     due = _due(checks, keys, t)

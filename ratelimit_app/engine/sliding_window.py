@@ -81,11 +81,13 @@ class SlidingWindow(Step):
             check.rates, moment.t, moment.per_window, moment.hierarchical
         )
         # tuple.__new__: a NamedTuple's own __new__ is a Python function.
-        self.op = _tuple(Op, (ns, plan, check.increment, None))
+        self.op = _tuple(Op, (ns, plan, check.increment, None, check.cost))
 
     def decide(self, reply: list[int]) -> Result:
-        increment = self.check.increment
-        r = Result(windows.evaluate(self.plan, reply, self.moment.t, increment), self.namespace)
+        check = self.check
+        increment = check.increment
+        usages = windows.evaluate(self.plan, reply, self.moment.t, increment, check.cost)
+        r = Result(usages, self.namespace)
         if increment:
             r.plan = self.plan
         self.result = r
@@ -107,17 +109,24 @@ class SlidingWindow(Step):
         if not self.undo and self.detail is None:
             return None
         undo = self.plan if self.undo else None
-        return Op(self.namespace, self.detail or self.plan, False, undo)
+        return Op(self.namespace, self.detail or self.plan, False, undo, self.check.cost)
 
     def refine(self, reply: list[int]) -> None:
         if self.detail is not None:
-            usages = windows.refine(self.result.usages, self.detail, reply, self.moment.t)
+            usages = windows.refine(
+                self.result.usages, self.detail, reply, self.moment.t, self.check.cost
+            )
             self.result = Result(usages, self.namespace)
 
     def exact_wait(self) -> bool:
         return self.result.limited and (self.detail is not None or not self._coarse())
 
     @staticmethod
+    def charge_op(check: Check, moment: Moment) -> Op:
+        plan = windows.plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
+        return Op(namespace(check.scope, *check.subject), plan, True, None, check.cost)
+
+    @staticmethod
     def take_back_op(check: Check, result: Result, namespace: str) -> Op | None:
         plan = result.plan
-        return None if plan is None else Op(namespace, plan, False, plan)
+        return None if plan is None else Op(namespace, plan, False, plan, check.cost)

@@ -75,6 +75,12 @@ class Step:
         return self.result.limited
 
     @staticmethod
+    def charge_op(check: Check, moment: Moment) -> Any:
+        """The operation that adds ``check.cost`` hits to its subject whether they fit or
+        not (:func:`ratelimit_app.engine.charge`)."""
+        raise NotImplementedError
+
+    @staticmethod
     def take_back_op(check: Check, result: Result, namespace: str) -> Any | None:
         """The operation that takes back the hit ``result`` holds (a failure-only limit's,
         after the view), or None."""

@@ -1,20 +1,21 @@
 """What ``ratelimit_usage`` and ``ratelimit_reset`` share: naming a limit and a subject.
 
-A limit is either a rule of ``RATELIMIT_RULES`` (by its name) or the group of a
-``@ratelimit`` decorator, named with the decorator's ``key`` and ``rate`` (and ``method``,
-``algorithm`` and ``burst``):
-:func:`ratelimit_app.operations.target` finds the counters either way. Every mistake a person can
-make on the command line becomes a :class:`~django.core.management.CommandError` that says
-what to type instead, never a traceback.
+A limit is named as a person knows it (a rule, ``drf:<scope>``, a decorator's group, a
+decorated view's URL name, path or dotted path: :func:`ratelimit_app.operations.find_limits`),
+or, for a decorator no routed view carries, by its group with the decorator's ``key`` and
+``rate`` (and ``method``, ``algorithm`` and ``burst``). A view may carry several limits: the
+commands take each. Every mistake a person can make on the command line becomes a
+:class:`~django.core.management.CommandError` that says what to type instead, never a
+traceback, and a name that stands for nothing is one too, never a silent zero.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -25,79 +26,77 @@ from django.core.management.base import (
     DjangoHelpFormatter,
 )
 
-from ratelimit_app import ALL, UNSAFE, store
+from ratelimit_app import ALL, UNSAFE
 from ratelimit_app.algorithms import gcra, rates
 from ratelimit_app.config import limits
-from ratelimit_app.config.limits import Limit, LimitError, Method
+from ratelimit_app.config.limits import LimitError, Method
 from ratelimit_app.config.rules import parse_rules
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity import addresses
-from ratelimit_app.operations import Target, target
+from ratelimit_app.operations import Named, Target, UnknownLimit, find_limits, target
 
 #: Shared by both commands' ``--help``.
 LIMIT_EPILOG = """\
-A rule is named as in RATELIMIT_RULES. A @ratelimit decorator's counters are named by its
-group (the view's "module.qualname" when the decorator has no group=) with --key and
---rate (and --method when the decorator has method=), exactly as the decorator has them.
+A limit is named as a person knows it: a rule of RATELIMIT_RULES or of the admin, a DRF
+throttle's scope (drf:<scope>), a @ratelimit decorator's group (group=, or by default the
+view's "module.qualname"), or a view that carries @ratelimit, by its URL name
+(accounts:login), its URL path (/accounts/login/) or its dotted path: then each of its
+decorators. A name that stands for nothing is an error that lists what it could have meant.
 
-A leaky-bucket group also needs --algorithm leaky_bucket (and --burst when its decorator
-has burst=).
+A @ratelimit group of a view the URLconf does not route is named with --key and --rate
+(and --method when the decorator has method=), exactly as the decorator has them; a
+leaky-bucket group also needs --algorithm leaky_bucket (and --burst when its decorator has
+burst=). A limit whose rate a function returns per request needs --rate: the rate it
+returns for this subject.
 
 The subject is what the limit counts, typed as a person would: an IP address (masked as
 RATELIMIT_IPV4_MASK / RATELIMIT_IPV6_MASK mask it), an email address (case and spaces do
-not matter), a user id, a header value. An IP typed for a key of another kind (email, user,
-...) addresses the counters of requests that had no such value and fell back to the IP.
+not matter), a user id, a header value, what a key function returns. An IP typed for a key
+of another kind (email, user, ...) addresses the counters of requests that had no such
+value and fell back to the IP.
 """
-
-T = TypeVar("T")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, DjangoHelpFormatter):
     """Django's order of the options; the description and the examples keep their lines."""
 
 
-@dataclass(frozen=True, slots=True)
-class Named:
-    """A rule or a ``@ratelimit`` group, as the command line named it, and its limit."""
+def find_target(named: Named, subject: str) -> Target:
+    """The counters of ``subject`` under one limit; CommandError when there are none."""
+    kind = named.limit.kind
+    if not subject.strip():
+        raise CommandError(
+            "The subject is empty: give the IP address, email address or user id whose "
+            f"counters to use ({named} is keyed by {kind})."
+        )
+    if kind == "ip" and addresses.mask_ip(subject) is None:
+        raise CommandError(f"{subject!r} is not an IP address, and {named} is keyed by IP.")
+    try:
+        found = target(named.limit, subject)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    if found is None:
+        raise CommandError(
+            f"{subject!r} is not a subject {named} can count (key {kind}): nothing is left "
+            "of it once control characters and surrounding spaces are removed."
+        )
+    return found
 
-    #: "rule" or "group".
-    kind: str
-    name: str
-    limit: Limit
 
-    def __str__(self) -> str:
-        return f"{self.kind} {self.name}"
-
-    @property
-    def key_kind(self) -> str:
-        """The kind of the limit's key ("ip", "email", ...)."""
-        return self.limit.kind
-
-    def apply(self, fn: Callable[[Limit, str], T], subject: str) -> T:
-        """``fn(limit, subject)``: :func:`~ratelimit_app.operations.target`,
-        :func:`~ratelimit_app.operations.lookup` or :func:`~ratelimit_app.operations.reset`."""
-        return fn(self.limit, subject)
-
-    def find(self, subject: str) -> Target:
-        """The counters of ``subject`` under this limit; CommandError when there are none."""
-        if not subject.strip():
-            raise CommandError(
-                "The subject is empty: give the IP address, email address or user id whose "
-                f"counters to use ({self} is keyed by {self.key_kind})."
-            )
-        if self.key_kind == "ip" and addresses.mask_ip(subject) is None:
-            raise CommandError(f"{subject!r} is not an IP address, and {self} is keyed by IP.")
+def targets(found: Sequence[Named], subject: str) -> tuple[list[tuple[Named, Target]], list[str]]:
+    """The counters of ``subject`` under each limit that can count it, and why the others
+    cannot; CommandError when none can (the first limit's reason)."""
+    kept, skipped = [], []
+    for named in found:
         try:
-            found = self.apply(target, subject)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
-        if found is None:
-            raise CommandError(
-                f"{subject!r} is not a subject {self} can count (key {self.key_kind}): "
-                "nothing is left of it once control characters and surrounding spaces are "
-                "removed."
-            )
-        return found
+            kept.append((named, find_target(named, subject)))
+        except CommandError as exc:
+            if len(found) == 1:
+                raise
+            skipped.append(f"Skipped {named}: {exc}")
+    if not kept:
+        raise CommandError(" ".join(skipped))
+    return kept, skipped
 
 
 def parse_method(text: str) -> Method:
@@ -128,7 +127,8 @@ def _parse_rate(text: str) -> tuple[rates.Rate, ...]:
         raise CommandError(f"--rate: {exc}") from exc
 
 
-def _unknown_rule(name: str) -> CommandError:
+def _invalid_rule(name: str) -> CommandError | None:
+    """The error of a rule of that name left out of RATELIMIT_RULES, if there is one."""
     _, errors = parse_rules(getattr(settings, "RATELIMIT_RULES", ()))
     for error in errors:
         if error.rule == name:
@@ -136,18 +136,11 @@ def _unknown_rule(name: str) -> CommandError:
                 f"Rule {name!r} is invalid and is left out of RATELIMIT_RULES: {error.problem} "
                 f"(field {error.field!r})."
             )
-    names = sorted(store.current().rules.by_name)
-    configured = (
-        f"Configured rules: {', '.join(names)}." if names else "RATELIMIT_RULES has no rules."
-    )
-    return CommandError(
-        f"No rule named {name!r}. {configured} For a @ratelimit group, pass --key and --rate "
-        "as the decorator has them."
-    )
+    return None
 
 
-def limit_from_options(options: dict[str, Any]) -> Named:
-    """The limit the positional ``rule`` and ``--key``/``--rate``/``--method`` name."""
+def limit_from_options(options: dict[str, Any]) -> list[Named]:
+    """The limits the positional ``rule`` and ``--key``/``--rate``/``--method`` name."""
     name: str = options["rule"]
     key: str | None = options["key"]
     algorithm: str | None = options.get("algorithm")
@@ -155,16 +148,16 @@ def limit_from_options(options: dict[str, Any]) -> Named:
     if key is None and (algorithm is not None or burst is not None):
         raise CommandError(
             "--algorithm and --burst are for a @ratelimit group (with --key and --rate): a "
-            "rule has its own."
+            "named limit has its own."
         )
     if key is not None:
-        return _group(name, key, options["rate"], options["method"], algorithm, burst)
+        return [_group(name, key, options["rate"], options["method"], algorithm, burst)]
     if options["method"] is not None:
         raise CommandError(
             "--method is for a @ratelimit group (with --key and --rate): a rule counts every "
-            "method it covers in one counter."
+            "method it covers in one counter, and a named group has its own."
         )
-    return _rule(name, options["rate"])
+    return _named(name, options["rate"])
 
 
 def _group(
@@ -199,34 +192,52 @@ def _group(
     return Named("group", name, limit)
 
 
-def _rule(name: str, rate: str | None) -> Named:
-    """A rule in force; ``rate`` only for one whose rate depends on the request."""
-    rule = store.current().rules.by_name.get(name)
-    if rule is None:
-        raise _unknown_rule(name)
-    fixed = rule.static_rates
-    if rate is None:
-        if fixed is None:
-            raise CommandError(
-                f"Rule {name!r} has a rate that depends on the request ({rule.rate!r}): "
-                "pass --rate with the rate it returns for this subject, such as '5/m'."
-            )
-        return Named("rule", name, rule.limit)
-    given = _parse_rate(rate)
-    if fixed is not None:
-        if given != fixed:
-            raise CommandError(
-                f"Rule {name!r} has the fixed rate {';'.join(map(str, fixed))}: drop --rate (it "
-                "is only for a rule whose rate depends on the request)."
-            )
-        return Named("rule", name, rule.limit)
-    # A rule whose rate depends on the request: its limit with the rate given.
-    limit = rule.limit
+def _named(name: str, rate: str | None) -> list[Named]:
+    """The limits a name stands for (:func:`~ratelimit_app.operations.find_limits`);
+    ``rate`` only for those whose rate depends on the request."""
     try:
-        given_limit = limits.build(limit.group, limit.key, rate, ALL, limit.algorithm, limit.burst)
+        found = find_limits(name)
+    except UnknownLimit as exc:
+        raise _invalid_rule(name) or CommandError(
+            f"{exc} For a @ratelimit group of a view the URLconf does not route, pass --key "
+            "and --rate as the decorator has them."
+        ) from exc
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    given = None if rate is None else _parse_rate(rate)
+    dynamic = [n for n in found if n.limit.static_rates is None]
+    return [_with_rate(n, rate, given, bool(dynamic)) for n in found]
+
+
+def _with_rate(
+    named: Named, rate: str | None, given: tuple[rates.Rate, ...] | None, dynamic: bool
+) -> Named:
+    """``named``, with the ``--rate`` given when its rate depends on the request. ``dynamic``:
+    some limit of the same name takes the rate (a fixed one then ignores it)."""
+    limit = named.limit
+    fixed = limit.static_rates
+    if fixed is not None:
+        if given is not None and given != fixed and not dynamic:
+            raise CommandError(
+                f"{named.kind.capitalize()} {named.name!r} has the fixed rate "
+                f"{';'.join(map(str, fixed))}: drop --rate (it is only for a limit whose rate "
+                "depends on the request)."
+            )
+        return named
+    if rate is None:
+        raise CommandError(
+            f"{named.kind.capitalize()} {named.name!r} has a rate that depends on the request "
+            f"({limit.rate!r}): pass --rate with the rate it returns for this subject, such as "
+            "'5/m'."
+        )
+    try:
+        methods = sorted(limit.methods) if limit.methods else ALL
+        given_limit = limits.build(
+            limit.group, limit.key, rate, methods, limit.algorithm, limit.burst
+        )
     except LimitError as exc:
         raise CommandError(f"--rate: {exc}") from exc
-    return Named("rule", name, given_limit)
+    return dataclasses.replace(named, limit=given_limit)
 
 
 @contextlib.contextmanager
@@ -259,7 +270,8 @@ class LimitCommand(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "rule",
-            help="The name of a rule in RATELIMIT_RULES or, with --key, a @ratelimit group.",
+            help="The limit: a rule's name, drf:<scope>, a @ratelimit group, or a decorated "
+            "view's URL name, URL path or dotted path (see below).",
         )
         parser.add_argument(
             "subject",

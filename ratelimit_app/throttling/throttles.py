@@ -174,6 +174,9 @@ class SimpleRateThrottle(BaseThrottle):
     rate is its leak rate; ``burst`` its capacity, default the rate's count). ``fail_open``
     (None: ``RATELIMIT_FAIL_OPEN``) decides when the counters cannot be reached.
 
+    ``cost`` (or :meth:`get_cost`) is the hits a request counts; ``shadow = True`` makes
+    the throttle a dry run.
+
     A view's throttles of this module are checked together, at the time of the first one's
     :meth:`timer`. Two throttles count apart unless they have the same scope, rates,
     algorithm and ident (DRF shares one history between classes of the same scope).
@@ -186,6 +189,10 @@ class SimpleRateThrottle(BaseThrottle):
     algorithm: str = SLIDING_WINDOW
     burst: int | None = None
     fail_open: bool | None = None
+    #: The hits each request counts (see :meth:`get_cost`).
+    cost: int = 1
+    #: A dry run: nothing is refused; what would be is counted, logged and signalled.
+    shadow: bool = False
 
     #: Set by :meth:`allow_request`: the cache key, the time, and the outcome.
     key: str | None = None
@@ -276,8 +283,20 @@ class SimpleRateThrottle(BaseThrottle):
         subject = (SUBJECT_KIND, _subject(str(key), self.cache_format, self.scope))
         check = lim.check(request, subject=subject)
         assert check is not None  # a throttle's rate is literal: parse_rate took it
+        cost = self.cost if type(self).get_cost is SimpleRateThrottle.get_cost else None
+        if cost != 1:
+            cost = limits.checked_cost(self.get_cost(request, view), type(self).__name__)
+            if not cost:
+                return None
+            check = check._replace(cost=cost)
         own = _keyed_on_the_client(self)
-        return Decision(lim, check, self.name, True, self._fails_open(), type(self), own)
+        shadow = self.shadow
+        return Decision(lim, check, self.name, True, self._fails_open(), type(self), own, shadow)
+
+    def get_cost(self, request: Any, view: Any) -> int:
+        """The hits this request counts (default: :attr:`cost`); 0: not throttled. Override
+        it to weigh requests (a bulk endpoint by the items it takes)."""
+        return self.cost
 
     def _fails_open(self) -> bool:
         return conf.FAIL_OPEN if self.fail_open is None else self.fail_open
@@ -302,7 +321,7 @@ class SimpleRateThrottle(BaseThrottle):
         self.usage = decision.usage()
         if conf.HEADERS:
             _show(request, view, decision)
-        if outcome.limited:
+        if decision.refused:
             return bool(self.throttle_failure())
         return bool(self.throttle_success())
 
@@ -435,10 +454,12 @@ def _decided(
         with contextlib.suppress(AttributeError):  # a request that takes no attribute
             setattr(request, STASH, dispatch)
     at = None if _own_timer(throttle) else t
+    made = [d.check for d in batch]  # as made: an override may replace a decision's check
+    own = decision.check
     verdict = enforce.decide(request, batch, at=at)
-    for d in batch:
-        dispatch.waiting.setdefault(d.check, []).append((d, verdict))
-    return dispatch.waiting[decision.check].pop(0)
+    for check, d in zip(made, batch, strict=True):
+        dispatch.waiting.setdefault(check, []).append((d, verdict))
+    return dispatch.waiting[own].pop(0)
 
 
 def _dispatch(request: Any) -> _Dispatch | None:

@@ -17,7 +17,7 @@ from django.core.cache import caches
 from django.test import override_settings
 
 from ratelimit_app.algorithms import gcra, windows
-from ratelimit_app.algorithms.rates import parse
+from ratelimit_app.algorithms.rates import MAX_COUNT, parse
 from ratelimit_app.backends import base, get_backend, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.exceptions import BackendError
@@ -161,6 +161,55 @@ class TestContract:
         backend.run(ns, plan, False, undo=plan)
         assert backend.run(ns, plan, False) == [0] * len(plan.reads)
         assert sum(backend.run(ns, plan, True)) == 1
+
+    @pytest.mark.parametrize("hierarchical", [False, True])
+    def test_a_cost_adds_and_takes_back_that_many_hits(
+        self, backend: Any, group: str, hierarchical: bool
+    ) -> None:
+        """An op's ``amount`` (a request's cost) in one command a bucket: created at it,
+        raised by it, taken back by it across a digit (memcached pads ``12 - 5`` as ``7 ``)
+        and never below 0 (a take-back larger than the count, after a reset)."""
+        plan = windows.plan(parse("20/m;100/d"), T0, hierarchical=hierarchical)
+        ns = namespace(group, "ip", "192.0.2.6")
+
+        def counts(op: Op) -> list[int]:
+            return [u.count for u in windows.evaluate(plan, backend.run_many([op])[0], T0)]
+
+        assert counts(Op(ns, plan, True, amount=6)) == [6, 6]
+        assert counts(Op(ns, plan, True, amount=6)) == [12, 12]
+        assert counts(Op(ns, plan, False, undo=plan, amount=5)) == [7, 7]
+        assert counts(Op(ns, plan, True, amount=4)) == [11, 11]
+        assert counts(Op(ns, plan, True)) == [12, 12]  # a cost of 1 beside them
+        backend.delete(ns, plan.reads)  # a reset between a hit and its take-back
+        assert counts(Op(ns, plan, True, amount=2)) == [2, 2]
+        assert counts(Op(ns, plan, False, undo=plan, amount=9)) == [0, 0]
+        assert counts(Op(ns, plan, True, amount=3)) == [3, 3]  # from 0, not from -7
+
+    def test_the_largest_cost_twice_counts_exactly(self, backend: Any, group: str) -> None:
+        """A cost is at most ``rates.MAX_COUNT`` (10**9): twice that is past 2**31 and still
+        exact, and taken back whole."""
+        plan = windows.plan(parse("5/m"), T0)
+        ns = namespace(group, "ip", "192.0.2.7")
+        big = MAX_COUNT
+        for n in (1, 2):
+            values = backend.run_many([Op(ns, plan, True, amount=big)])[0]
+            (usage,) = windows.evaluate(plan, values, T0, counted=True, cost=big)
+            assert (usage.count, usage.limited) == (n * big, True)
+        values = backend.run_many([Op(ns, plan, False, undo=plan, amount=big)])[0]
+        assert windows.evaluate(plan, values, T0)[0].count == big
+
+    def test_costs_of_several_subjects_in_one_call(self, backend: Any, group: str) -> None:
+        """Each op of a round trip adds its own amount; the same plan at two amounts in
+        one call (two requests' commands are kept apart)."""
+        plan = windows.plan(parse("50/m"), T0)
+        a, b, c = (namespace(group, "ip", f"192.0.2.{n}") for n in (13, 14, 15))
+        backend.run_many([Op(c, plan, True, amount=10)])
+        for _ in range(2):
+            values = backend.run_many(
+                [Op(a, plan, True, amount=7), Op(b, plan, True), Op(c, plan, False, plan, 4)]
+            )
+        counts = [windows.evaluate(plan, v, T0)[0].count for v in values]
+        assert counts == [14, 2, 2]
 
     @pytest.mark.parametrize("hierarchical", [False, True])
     def test_keys_hashed_short_and_with_ttls(
@@ -480,6 +529,25 @@ def test_ratelimited_signal_carries_no_raw_subject(backend: Any, group: str) -> 
     assert seen[0]["request"] is request
     assert "192.0.2.150" not in seen[0]["subject"]
     assert seen[0]["usage"]["should_limit"]
+
+
+@override_settings(
+    CACHES={"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}},
+    RATELIMIT_USE_CACHE="default",
+)
+def test_a_dummy_cache_sees_only_the_requests_own_cost(group: str) -> None:
+    """Nothing is stored: each check sees its own cost alone, so a cost within the limit is
+    admitted every time and one above it refused every time, as on a real cache."""
+    reset_backends()
+    try:
+        plan = windows.plan(parse("5/m"), T0)
+        ns = namespace(group, "ip", "192.0.2.90")
+        for cost, limited in ((5, False), (5, False), (6, True)):
+            values = get_backend().run_many([Op(ns, plan, True, amount=cost)])[0]
+            (usage,) = windows.evaluate(plan, values, T0, counted=True, cost=cost)
+            assert (usage.count, usage.limited) == (cost, limited)
+    finally:
+        reset_backends()
 
 
 @pytest.mark.parametrize("kind", ["memcached", "redis"])

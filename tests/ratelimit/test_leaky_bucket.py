@@ -384,6 +384,60 @@ def test_take_back_only_the_request_that_is_still_last(backend: Any, group: str)
     assert look.read == first.written
 
 
+def test_a_cost_is_that_many_emissions(backend: Any, group: str) -> None:
+    """A bucket of capacity 5 at 1 a minute: a request of cost 3 fits an empty bucket, a
+    second one does not (3 + 3 > 5), one of cost 2 does (5); taking that one back leaves
+    the first. A cost over the capacity never fits and stores nothing, even in an empty
+    bucket; a look of cost 3 is limited where one of cost 2 would fit."""
+    m = gcra.meter(parse("1/m"), 5)
+    ns, empty = namespace(group, "ip", "192.0.2.11"), namespace(group, "ip", "192.0.2.12")
+    three, again, two = backend.meter_many(
+        [MeterOp(ns, m, True, cost=3), MeterOp(ns, m, True, cost=3), MeterOp(ns, m, True, cost=2)],
+        T0_US,
+    )
+    assert three.written == gcra.advance(m, None, T0_US, 3)
+    assert again.written is None and again.read == three.written
+    assert two.written == gcra.advance(m, three.written, T0_US, 2)
+    assert gcra.state(m, two.written, T0_US, True, False).level == 5
+    backend.meter_many([MeterOp(ns, m, take_back=two, cost=2)], T0_US)
+    (look,) = backend.meter_many([MeterOp(ns, m, cost=3)], T0_US)
+    assert look.read == three.written and look.written is None
+    assert gcra.outcome(m, look.read, None, T0_US, False, 3).limited
+    assert not gcra.outcome(m, look.read, None, T0_US, False, 2).limited
+    (over,) = backend.meter_many([MeterOp(empty, m, True, cost=6)], T0_US)
+    assert over == (None, None, None)
+    (look,) = backend.meter_many([MeterOp(empty, m)], T0_US)
+    assert look.read is None
+
+
+def test_the_largest_cost_is_exact(backend: Any, group: str) -> None:
+    """A cost of 10**9 (the largest) in a bucket of that capacity: 10**9 emissions, the
+    TAT a day ahead, computed exactly (Redis's script in doubles, below 2**53)."""
+    m = gcra.meter(parse("1000000000/d"))
+    ns = namespace(group, "ip", "192.0.2.14")
+    big = m.capacity
+    (first,) = backend.meter_many([MeterOp(ns, m, True, cost=big)], T0_US)
+    assert first.written == gcra.advance(m, None, T0_US, big) == m.ticks(T0_US) + big * m.interval
+    (second,) = backend.meter_many([MeterOp(ns, m, True, cost=1)], T0_US + 1)
+    assert second.written is None and second.read == first.written
+    (over,) = backend.meter_many([MeterOp(ns, m, True, cost=big + 1)], T0_US + 86_400_000_000)
+    assert over.written is None
+
+
+def test_a_forced_charge_passes_the_capacity(backend: Any, group: str) -> None:
+    """A charge after the view (``force``) adds its cost whether it fits or not: the level
+    goes past the capacity, and the next request waits until it has drained."""
+    m = gcra.meter(parse("1/m"), 5)
+    ns = namespace(group, "ip", "192.0.2.13")
+    (first,) = backend.meter_many([MeterOp(ns, m, True, cost=4)], T0_US)
+    (charged,) = backend.meter_many([MeterOp(ns, m, True, None, 9, True)], T0_US)
+    assert charged.read == first.written
+    assert charged.written == gcra.advance(m, first.written, T0_US, 9)
+    assert gcra.state(m, charged.written, T0_US, False, True).level == 13
+    (refused,) = backend.meter_many([MeterOp(ns, m, True)], T0_US)
+    assert refused.written is None and refused.read == charged.written
+
+
 def test_threads_never_admit_more_than_the_capacity(backend: Any, group: str) -> None:
     start = threading.Barrier(8)
 

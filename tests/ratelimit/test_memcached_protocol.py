@@ -219,6 +219,23 @@ def test_get_usage_reads_a_padded_count_whichever_way_it_fails(
         assert (counted["count"], counted["limit"], counted["should_limit"]) == (10, 9, True)
 
 
+def test_a_cost_taken_back_across_a_digit_is_read_as_a_count(on_memcached: str) -> None:
+    """``12 - 5`` is stored ``"7 "`` (the value keeps its length); a take-back beyond the
+    count stops at ``"0 "``; both read as counts, and are raised again."""
+    backend = get_backend()
+    plan = windows.plan(parse("20/m"), T_FINAL)
+    ns = namespace("padded-cost", "ip", "192.0.2.9")
+    (fine, _), _coarse = plan.writes
+    backend.run_many([Op(ns, plan, True, amount=12)])
+    backend.run_many([Op(ns, plan, False, undo=plan, amount=5)])
+    assert raw_get(on_memcached, [server_key(ns, fine)]) == {server_key(ns, fine): b"7 "}
+    assert windows.evaluate(plan, backend.run(ns, plan, False), T_FINAL)[0].count == 7
+    backend.run_many([Op(ns, plan, False, undo=plan, amount=30)])
+    assert raw_get(on_memcached, [server_key(ns, fine)]) == {server_key(ns, fine): b"0 "}
+    values = backend.run_many([Op(ns, plan, True, amount=3)])[0]
+    assert windows.evaluate(plan, values, T_FINAL)[0].count == 3
+
+
 def test_a_take_back_that_misses_after_a_counting_subject(on_memcached: str) -> None:
     """A take-back whose bucket is gone (memcached answers ``NF``) sent after another
     subject's increments in one round trip: the ``NF`` sits among the ``VA`` replies, and
@@ -318,6 +335,31 @@ def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
     assert made.increments == len(plan.writes) and made.reusable
 
 
+def test_a_cost_is_the_amount_of_each_increment_and_take_back() -> None:
+    """A request of cost 5: each bucket is created at 5 (``J5``) or raised by 5 (``D5``),
+    and taken back by 5 (``MD D5``), one command a bucket as for a cost of 1."""
+    plan = windows.plan(parse("50/m;100/h"), T0)
+    ops = [Op("{a}", plan, True, amount=5), Op("{b}", plan, False, undo=plan, amount=5)]
+    *writes, _ = P.check_command("p:", ops, encoded).command.split(b"\r\n")
+    increments = [b"ma p:{a}%s N%d J5 D5 v" % (s.encode(), t) for s, t in plan.writes]
+    decrements = [b"ma p:{b}%s MD D5 q" % s.encode() for s, _ in plan.writes]
+    assert writes == increments + decrements
+    far = windows.plan(parse("5/45d"), T0)  # made per check: the expiry is a time
+    made = P.check_command("p:", [Op("{a}", far, True, amount=3)], encoded, lambda: T0)
+    suffix, ttl = far.writes[0]
+    assert made.command.startswith(b"ma p:{a}%s N%d J3 D3 v" % (suffix.encode(), T0 + ttl))
+
+
+def test_the_increments_of_each_amount_are_kept_and_start_over_when_full() -> None:
+    """A cost from a callable may take any value: the tails kept per amount are bounded."""
+    enc = encoded(windows.plan(parse("50/m"), T0))
+    for amount in range(1, 3 * P.AMOUNT_MEMO):
+        made = enc.increments(b"k", amount=amount)
+        assert made.count(b" J%d " % amount) == len(enc.writes)
+        assert enc.write_tails is not None and len(enc.write_tails) <= P.AMOUNT_MEMO
+    assert enc.increments(b"k", amount=1) == encoded(enc.plan).increments(b"k")
+
+
 def test_a_written_bucket_reads_its_increment_s_answer() -> None:
     """Each bucket an op writes and reads is read from its own increment's answer (in the
     order of the writes), every other one from the ``get``, each in its place of the
@@ -376,6 +418,21 @@ def test_a_backend_keeps_a_command_and_sends_the_same_bytes(
     monkeypatch.setattr(memcached, "COMMAND_MEMO", 1)
     backend.run_many([Op("{d}", plan, True)])
     assert list(backend._commands) == [(Op("{d}", plan, True),)]  # full: started over
+
+
+def test_a_backend_keeps_the_command_of_each_cost_apart(on_memcached: str) -> None:
+    """The memo is keyed by the ops, amounts included: requests of two costs on the same
+    buckets never send each other's command."""
+    backend: Any = get_backend()
+    plan = windows.plan(parse("50/m"), T0)
+    ns = namespace("kept-costs", "ip", "192.0.2.8")
+    one, three = (Op(ns, plan, True, amount=a) for a in (1, 3))
+    assert [sum(backend.run_many([op])[0]) for op in (one, three, one, three)] == [1, 4, 5, 8]
+    kept = [backend._commands[(op,)].command for op in (one, three)]
+    assert kept == [
+        P.check_command(backend.key_prefix, [op], encoded).command for op in (one, three)
+    ]
+    assert kept[0] != kept[1]
 
 
 @pytest.mark.parametrize("every_bucket", [True, False], ids=["flat", "sparse"])

@@ -17,9 +17,10 @@ counters: a sliding window of one to three rates, or a leaky bucket with or with
 burst; counts up to 12, windows from 10 s to an hour, a day in the long run) and three
 subjects, and runs on one bucket layout (uniform with 60, 6 or 1 buckets a window, or
 hierarchical). Its steps are requests (one to three limits, each for one subject, counted or
-a look, repeated up to 12 times), with each take-back policy of ``check_many`` (the refused
-hits; everything when one is refused, as blocking middleware rules do; nothing, as failure
-counting does) and with or without exact waits; up to two resets (:func:`core.reset
+a look, of a cost mostly 1, sometimes 2 to 5 and sometimes above every limit, repeated up
+to 13 times), with each take-back policy of ``check_many`` (the refused hits; everything
+when one is refused, as blocking middleware rules do; nothing, as failure counting does)
+and with or without exact waits; up to two resets (:func:`core.reset
 <ratelimit_app.core.reset>`, which calls ``Backend.delete``; the model forgets the subject
 whole, so a bucket the reset missed is a mismatch); and clock moves on the
 limiter's frozen clock: inside a bucket, onto (and a millisecond either side of) the edges
@@ -227,44 +228,81 @@ class Model:
         now = time.monotonic()
         return any(e.wall_deadline <= now and t < e.expires for e in self.entries.values())
 
+    def count(self, c: Check, ns: str, p: windows.Plan, t: float) -> ModelResult:
+        """A sliding window's check of plan ``p``: its writes raised by the cost when it
+        counts, then its reads evaluated."""
+        if c.increment:
+            for suffix, ttl in p.writes:
+                entry = self.get(ns, suffix, t) or self.put(ns, suffix, 0, t, ttl)
+                entry.value += c.cost
+        values = [self.value(ns, s, t) for s in p.reads]
+        return ModelResult(ns, windows.evaluate(p, values, t, counted=c.increment, cost=c.cost))
+
+    def uncount(self, ns: str, p: windows.Plan, cost: int, t: float) -> None:
+        """A take-back of ``cost`` from each write of ``p``: a bucket that is gone stays
+        gone, and one stops at 0, as memcached's decrement does (Redis drops the bucket,
+        which reads as 0 too)."""
+        for suffix, _ in p.writes:
+            entry = self.get(ns, suffix, t)
+            if entry is not None:
+                left = max(0, entry.value - cost)
+                if len(str(left)) < len(str(entry.value)):
+                    self.digits_dropped += (
+                        1  # memcached pads it: "10" - 1 -> "9 ", "12" - 5 -> "7 "
+                    )
+                entry.value = left
+
+    def meter(self, c: Check, ns: str, t: float) -> tuple[ModelResult, int | None]:
+        """A leaky bucket's check: its result, and the TAT it stored (None: none)."""
+        now_us = gcra.micros(t)
+        m = gcra.meter(c.rates, c.burst)
+        stored = self.get(ns, gcra.SUFFIX, t)
+        read = None if stored is None else stored.value
+        written = None
+        if c.increment and gcra.fits(m, read, now_us, c.cost):
+            written = gcra.advance(m, read, now_us, c.cost)
+            self.put(ns, gcra.SUFFIX, written, t, gcra.ttl_seconds(m, written, now_us))
+        state = gcra.outcome(m, read, written, now_us, c.increment, c.cost)
+        # Its one usage: the level rounded up, and "reset" when the bucket is empty.
+        usage = windows.Usage(
+            rate=m.rate,
+            count=state.count,
+            remaining=state.remaining,
+            limited=state.limited,
+            retry_after=state.retry_after,
+            reset=state.empty_in,
+        )
+        return ModelResult(ns, [usage], state), written
+
+    def unmeter(self, c: Check, ns: str, admitted: int, t: float) -> None:
+        """Take back a leaky bucket's admitted request, if its TAT is still the one stored."""
+        now_us = gcra.micros(t)
+        m = gcra.meter(c.rates, c.burst)
+        stored = self.get(ns, gcra.SUFFIX, t)
+        if stored is not None and stored.value == admitted:
+            restored = gcra.take_back(m, admitted, c.cost)
+            if restored > m.ticks(now_us):
+                self.put(ns, gcra.SUFFIX, restored, t, gcra.ttl_seconds(m, restored, now_us))
+            else:  # the bucket is empty again
+                del self.entries[ns, gcra.SUFFIX]
+
     def check_many(
         self, checks: Sequence[Check], policy: Policy, exact: bool, t: float
     ) -> list[ModelResult]:
         """What ``check_many`` returns, on the dict."""
-        now_us = gcra.micros(t)
         results: list[ModelResult] = []
         plans: dict[int, windows.Plan] = {}
-        meters: dict[int, gcra.Meter] = {}
         admitted: dict[int, int] = {}
         for i, c in enumerate(checks):
             ns = namespace(c.scope, *c.subject)
             if c.algorithm == LEAKY_BUCKET:
-                m = meters[i] = gcra.meter(c.rates, c.burst)
-                stored = self.get(ns, gcra.SUFFIX, t)
-                read = None if stored is None else stored.value
-                written = None
-                if c.increment and gcra.fits(m, read, now_us):
-                    written = admitted[i] = gcra.advance(m, read, now_us)
-                    self.put(ns, gcra.SUFFIX, written, t, gcra.ttl_seconds(m, written, now_us))
-                state = gcra.outcome(m, read, written, now_us, c.increment)
-                # Its one usage: the level rounded up, and "reset" when the bucket is empty.
-                usage = windows.Usage(
-                    rate=m.rate,
-                    count=state.count,
-                    remaining=state.remaining,
-                    limited=state.limited,
-                    retry_after=state.retry_after,
-                    reset=state.empty_in,
-                )
-                results.append(ModelResult(ns, [usage], state))
+                result, written = self.meter(c, ns, t)
+                results.append(result)
+                if written is not None:
+                    admitted[i] = written
                 continue
             p = plans[i] = windows.plan(c.rates, t, self.per_window, self.hierarchical)
-            if c.increment:
-                for suffix, ttl in p.writes:
-                    entry = self.get(ns, suffix, t) or self.put(ns, suffix, 0, t, ttl)
-                    entry.value += 1
-            values = [self.value(ns, s, t) for s in p.reads]
-            results.append(ModelResult(ns, windows.evaluate(p, values, t, counted=c.increment)))
+            results.append(self.count(c, ns, p, t))
         limited = {i for i, r in enumerate(results) if r.limited}
         if not limited:
             return results
@@ -276,26 +314,15 @@ class Model:
             if exact
         }
         for i in sorted(undo.intersection(plans) | set(detail)):
-            ns = results[i].namespace
-            if i in undo:  # a decrement; a bucket that is gone stays gone
-                for suffix, _ in plans[i].writes:
-                    taken = self.get(ns, suffix, t)
-                    if taken is not None and taken.value > 0:
-                        if len(str(taken.value - 1)) < len(str(taken.value)):
-                            self.digits_dropped += 1  # memcached pads it: "10" -> "9 "
-                        taken.value -= 1
+            ns, cost = results[i].namespace, checks[i].cost
+            if i in undo:
+                self.uncount(ns, plans[i], cost, t)
             if i in detail:
                 values = [self.value(ns, s, t) for s in detail[i].reads]
-                results[i].usages = windows.refine(results[i].usages, detail[i], values, t)
+                usages = windows.refine(results[i].usages, detail[i], values, t, cost)
+                results[i].usages = usages
         for i in sorted(undo.intersection(admitted)):
-            m, ns = meters[i], results[i].namespace
-            stored = self.get(ns, gcra.SUFFIX, t)
-            if stored is not None and stored.value == admitted[i]:
-                restored = gcra.take_back(m, admitted[i])
-                if restored > m.ticks(now_us):
-                    self.put(ns, gcra.SUFFIX, restored, t, gcra.ttl_seconds(m, restored, now_us))
-                else:  # the bucket is empty again
-                    del self.entries[ns, gcra.SUFFIX]
+            self.unmeter(checks[i], results[i].namespace, admitted[i], t)
         return results
 
 
@@ -332,7 +359,7 @@ class Limit:
     def rates(self) -> tuple[Rate, ...]:
         return parse(self.text)
 
-    def check(self, ip: str, increment: bool) -> Check:
+    def check(self, ip: str, increment: bool, cost: int = 1) -> Check:
         return Check(
             scope(self.group, ALL, self.rates),
             ("ip", ip),
@@ -340,6 +367,7 @@ class Limit:
             increment,
             self.algorithm,
             self.burst,
+            cost,
         )
 
 
@@ -355,9 +383,17 @@ sliding = st.tuples(
 )
 leaky = st.tuples(rate.map(lambda r: [r]), st.just(LEAKY_BUCKET), st.none() | counts.filter(bool))
 limit_specs = st.lists(st.one_of(sliding, leaky), min_size=1, max_size=3)
-#: (limit index, subject, counted): the checks of one request.
+#: A request's cost: mostly 1, sometimes 2 to 5, sometimes above every limit (counts and
+#: bursts are at most 12).
+costs = st.sampled_from((1,) * 14 + (2, 3, 4, 5, 13, 30))
+#: (limit index, subject, counted, cost): the checks of one request.
 picks = st.lists(
-    st.tuples(st.integers(0, 2), st.sampled_from(SUBJECTS), st.sampled_from([True, True, False])),
+    st.tuples(
+        st.integers(0, 2),
+        st.sampled_from(SUBJECTS),
+        st.sampled_from([True, True, False]),
+        costs,
+    ),
     min_size=1,
     max_size=3,
 )
@@ -436,15 +472,15 @@ class LimiterMachine(RuleBasedStateMachine):
         times=repeats,
     )
     def request(
-        self, chosen: list[tuple[int, str, bool]], policy: str, exact: bool, times: int
+        self, chosen: list[tuple[int, str, bool, int]], policy: str, exact: bool, times: int
     ) -> None:
         """``times`` identical requests, each checking its limits in one ``check_many``."""
         checks, used = [], set()
-        for index, ip, increment in chosen:
+        for index, ip, increment, cost in chosen:
             n = index % len(self.limits)
             if n not in used:  # a request checks each of its limits once
                 used.add(n)
-                checks.append(self.limits[n].check(ip, increment))
+                checks.append(self.limits[n].check(ip, increment, cost))
         model_policy, given = POLICIES[policy]
         event(f"a request, {'repeated' if times > 3 else 'once to three times'}")
         for attempt in range(times):
@@ -462,10 +498,14 @@ class LimiterMachine(RuleBasedStateMachine):
             for c, r in zip(checks, expected, strict=True):
                 kind = "counted" if c.increment else "look"
                 event(f"{c.algorithm} {kind}: {'limited' if r.limited else 'admitted'}")
+                if c.cost > 1:
+                    event(f"a cost of {'2 to 5' if c.cost <= 5 else 'over the limit'}")
             if any(r.limited for r in expected):
                 event(f"a refusal, take-back policy {policy!r}")
             if any(e.value >= 10 for e in self.model.entries.values()):
                 event("a counter at 10 or more")
+        if self.model.digits_dropped:
+            event("a take-back dropped a digit (memcached pads the count)")
 
     @precondition(lambda self: self.resets < MAX_RESETS)
     @rule(index=st.integers(0, 2), ip=st.sampled_from(SUBJECTS))

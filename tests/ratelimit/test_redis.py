@@ -24,6 +24,7 @@ from django.test import override_settings
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import base, build, get_backend, reset_backends
+from ratelimit_app.backends.base import Op
 from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.keys import namespace
@@ -132,6 +133,43 @@ def test_hashes_stay_small_for_a_busy_subject(redis_cache: str, group: str) -> N
     values = backend.run(ns, windows.plan(rates, T0 + 600), False)
     usage = windows.evaluate(windows.plan(rates, T0 + 600), values, T0 + 600, counted=False)
     assert usage[0].count >= 60
+
+
+def test_hashes_stay_small_for_a_busy_subject_of_any_cost(redis_cache: str, group: str) -> None:
+    """The trim is called for when an increment created its bucket: with a cost of 3 that
+    increment answers 3, not 1. A subject whose every request costs 3 keeps its hash as
+    small as one whose requests cost 1, and its counts are 3 a request."""
+    backend: Any = get_backend()
+    rates = parse("1000/m")
+    ns = namespace(group, "ip", "192.0.2.4")
+    for t in range(600):
+        backend.run_many([Op(ns, windows.plan(rates, T0 + t), True, amount=3)])
+    fine, _ = backend.physical_key(ns, windows.plan(rates, T0).writes[0][0])
+    fields = [f.decode() for f in server(backend).hkeys(fine)]
+    assert 3 * 60 + 3 * 6 <= len(fields) <= 3 * 60 + 2 * 10 + 3 * 6 + 2
+    plan = windows.plan(rates, T0 + 600)
+    values = backend.run(ns, plan, False)
+    assert windows.evaluate(plan, values, T0 + 600)[0].count == 3 * 60
+
+
+def test_the_commands_of_each_cost_are_made_once_and_bounded(redis_cache: str) -> None:
+    """A cost of 1 sends the commands made with the plan; another cost commands of its
+    own (as many), kept per amount and started over when a callable's costs fill them."""
+    from ratelimit_app.backends import redis as redis_backend
+
+    enc = redis_backend.RedisEncoded(windows.plan(parse("5/m;100/h"), T0))
+    assert enc.commands_for(1) is enc.commands
+    seven = enc.commands_for(7)
+    assert enc.commands_for(7) is seven
+    assert [len(c) for c in seven] == [len(c) for c in enc.commands]
+    increments = [c for c in seven[1] if c[0] in (b"HINCRBY", b"INCRBY")]
+    assert increments and all(c[-1] == b"7" for c in increments)
+    assert seven[2][0][-1] == b"7"  # lua/take_back.lua's amount
+    assert enc.template(1, 10, 7) != enc.template(1, 10)
+    for amount in range(2, 3 * redis_backend.AMOUNT_MEMO):
+        enc.template(1, 10, amount)
+    assert len(enc._amounts) <= redis_backend.AMOUNT_MEMO
+    assert enc.commands_for(1) is enc.commands
 
 
 def _client_id(backend: Any) -> int:
@@ -271,9 +309,12 @@ def test_the_scripts_are_the_lua_files_of_the_package(redis_cache: str) -> None:
         redis_backend.TRIM_SCRIPT,
     )
     assert (take_back, trim) == (text["take_back.lua"], text["trim.lua"])
-    assert "MARGIN_MS" in text["meter.lua"]
+    assert "MARGIN_MS" in text["meter.lua"] and "MOST_US" in text["meter.lua"]
     margin = f"local margin = {gcra.TTL_MARGIN * 1000 + 1}\n"
-    assert meter == text["meter.lua"].replace("local margin = MARGIN_MS\n", margin)
+    most = f"local most = {redis_backend.FORCED_MOST}\n"
+    assert meter == text["meter.lua"].replace("local margin = MARGIN_MS\n", margin).replace(
+        "local most = MOST_US\n", most
+    )
     client = caches["rl"].client.get_client()  # type: ignore[attr-defined]
     for script in (take_back, meter, trim):
         assert client.script_load(script) == hashlib.sha1(script.encode()).hexdigest()

@@ -2,10 +2,11 @@
 --
 -- KEYS[i] is the i-th subject's TAT key. ARGV[1] is the client's time in microseconds, t;
 -- then seven ARGV per subject, from offset o (ARGV[n] stands for ARGV[o + n]): ARGV[1] the
--- rate's count n; the interval T and the tolerance tau, each as microseconds and ticks of
--- 1/n microsecond: ARGV[2] and ARGV[3], ARGV[4] and ARGV[5]; ARGV[6] the mode: "c" counts
--- (stores the new TAT when the request fits), "l" only looks, "u" takes back the request
--- that stored ARGV[7], if the TAT is still that one.
+-- rate's count n; the request's emissions c * T (c: its cost; T: the interval) and the
+-- tolerance tau, each as microseconds and ticks of 1/n microsecond: ARGV[2] and ARGV[3],
+-- ARGV[4] and ARGV[5]; ARGV[6] the mode: "c" counts (stores the new TAT when the request
+-- fits), "f" counts whether it fits or not (a charge after the view), "l" only looks, "u"
+-- takes back the request that stored ARGV[7], if the TAT is still that one.
 -- A TAT is stored as "<microseconds>:<ticks>", so every number stays an exact integer in
 -- Lua's doubles. The value of margin below is put in by redis.py when it loads this file:
 -- the milliseconds a stored TAT outlives the moment its bucket is empty.
@@ -13,6 +14,8 @@
 -- The reply, per subject: the TAT read ("" if none) and the TAT stored ("" if none).
 local t = tonumber(ARGV[1])
 local margin = MARGIN_MS
+-- The microseconds ahead of t a charge ("f") may put a TAT at most: put in by redis.py.
+local most = MOST_US
 local function parse(text, n)
   local a, r = string.match(text, '^(%d+):(%d+)$')
   if not a or tonumber(r) >= n then
@@ -41,7 +44,7 @@ for i = 1, #KEYS do
       if r < 0 then a, r = a - 1, r + n end
       if a > t or (a == t and r > 0) then store(key, a, r) else redis.call('DEL', key) end
     end
-  elseif mode == 'c' and n > 0 then
+  elseif (mode == 'c' or mode == 'f') and n > 0 then
     local a, r = t, 0
     if stored then
       local sa, sr = parse(stored, n)
@@ -50,7 +53,10 @@ for i = 1, #KEYS do
     a, r = a + q, r + rem
     if r >= n then a, r = a + 1, r - n end
     local tau_a, tau_r = tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
-    if a - t < tau_a or (a - t == tau_a and r <= tau_r) then written = store(key, a, r) end
+    if mode == 'f' and a - t >= most then a, r = t + most, 0 end
+    if mode == 'f' or a - t < tau_a or (a - t == tau_a and r <= tau_r) then
+      written = store(key, a, r)
+    end
   end
   reply[#reply + 1] = stored or ''
   reply[#reply + 1] = written

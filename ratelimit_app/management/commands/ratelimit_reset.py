@@ -6,7 +6,12 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from ratelimit_app.management.base import LimitCommand, backend_errors, limit_from_options
+from ratelimit_app.management.base import (
+    LimitCommand,
+    backend_errors,
+    limit_from_options,
+    targets,
+)
 from ratelimit_app.operations import reset
 
 
@@ -19,16 +24,22 @@ other limits are untouched.
 Examples:
   manage.py ratelimit_reset login-email alice@example.com
   manage.py ratelimit_reset api 203.0.113.7
+  manage.py ratelimit_reset accounts:login 203.0.113.7
+  manage.py ratelimit_reset /api/send/ 42
   manage.py ratelimit_reset accounts.views.login 203.0.113.7 --key ip --rate 5/m --method POST
 """
     verb = "clear"
 
     def handle(self, *args: Any, **options: Any) -> None:
-        limit = limit_from_options(options)
-        found = limit.find(options["subject"])
-        with backend_errors():
-            done = limit.apply(reset, options["subject"])
-        if not done:  # found above: cannot happen unless the settings changed meanwhile
-            raise CommandError(f"No counters found for {options['subject']!r}.")
+        subject = options["subject"]
+        found, skipped = targets(limit_from_options(options), subject)
+        for named, where in found:
+            with backend_errors():
+                done = reset(named.limit, subject)
+            if not done:  # found above: cannot happen unless the settings changed meanwhile
+                raise CommandError(f"No counters found for {subject!r}.")
+            if options["verbosity"] >= 1:
+                self.stdout.write(f"Reset {where.value} for {named}.", self.style.SUCCESS)
         if options["verbosity"] >= 1:
-            self.stdout.write(f"Reset {found.value} for {limit}.", self.style.SUCCESS)
+            for line in skipped:
+                self.stdout.write(line, self.style.WARNING)

@@ -8,8 +8,13 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
-from ratelimit_app.management.base import LimitCommand, Named, backend_errors, limit_from_options
-from ratelimit_app.operations import Target, lookup
+from ratelimit_app.management.base import (
+    LimitCommand,
+    backend_errors,
+    limit_from_options,
+    targets,
+)
+from ratelimit_app.operations import Named, Target, lookup
 
 COLUMNS = ("rate", "count", "limit", "remaining", "reset (s)", "state")
 #: A leaky bucket's columns: its level (fractional: it drains continuously), its capacity,
@@ -74,6 +79,9 @@ more it admits now and the seconds until it is empty. Counts nothing.
 Examples:
   manage.py ratelimit_usage login-email alice@example.com
   manage.py ratelimit_usage api 203.0.113.7 --json
+  manage.py ratelimit_usage accounts:login 203.0.113.7
+  manage.py ratelimit_usage /api/send/ 42
+  manage.py ratelimit_usage drf:anon 203.0.113.7
   manage.py ratelimit_usage accounts.views.login 203.0.113.7 --key ip --rate 5/m --method POST
   manage.py ratelimit_usage api.views.send 42 --key user --rate 1/s --algorithm leaky_bucket
 """
@@ -86,20 +94,34 @@ Examples:
             action="store_true",
             help="Print the usage as JSON (the dict get_usage returns: count, limit, "
             "should_limit, remaining, reset, retry_after, rate, rates: one per rate, and "
-            "algorithm; level and capacity for a leaky bucket).",
+            "algorithm; level and capacity for a leaky bucket). When the name stands for "
+            "several limits, a list of them, each with its limit's name in 'name'.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        limit = limit_from_options(options)
-        found = limit.find(options["subject"])
-        with backend_errors():
-            usage = limit.apply(lookup, options["subject"])
-        if usage is None:  # found above: cannot happen unless the settings changed meanwhile
-            raise CommandError(f"No counters found for {options['subject']!r}.")
+        subject = options["subject"]
+        found, skipped = targets(limit_from_options(options), subject)
+        usages = []
+        for named, where in found:
+            with backend_errors():
+                usage = lookup(named.limit, subject)
+            if usage is None:  # found above: cannot happen unless the settings changed meanwhile
+                raise CommandError(f"No counters found for {subject!r}.")
+            usages.append((named, where, usage))
         if options["json"]:
-            self.stdout.write(json.dumps(usage, indent=2))
+            shown: Any = usages[0][2]
+            if len(usages) > 1:
+                shown = [{"name": named.name, **usage} for named, _, usage in usages]
+            self.stdout.write(json.dumps(shown, indent=2))
             return
-        self.stdout.write(self.heading(limit, found))
+        for named, where, usage in usages:
+            self.show(named, where, usage)
+        for line in skipped:
+            self.stdout.write(line, self.style.WARNING)
+
+    def show(self, named: Named, found: Target, usage: dict[str, Any]) -> None:
+        """One limit's heading, table and verdict."""
+        self.stdout.write(self.heading(named, found))
         for line in table(usage):
             self.stdout.write(line)
         if usage["should_limit"]:
@@ -116,7 +138,8 @@ Examples:
 
     @staticmethod
     def heading(limit: Named, found: Target) -> str:
-        text = f"{limit.kind.capitalize()} {limit.name} (key {limit.key_kind}), "
+        view = f"; @ratelimit on {limit.view}" if limit.view else ""
+        text = f"{limit.kind.capitalize()} {limit.name} (key {limit.limit.kind}{view}), "
         text += f"subject {found.value}"
         if len(found.kinds()) > 1:
             text += " (an IP: the requests that had no value for the key and fell back to it)"

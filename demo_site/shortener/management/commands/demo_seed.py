@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from demo_site.shortener.overrides import seed_overrides
 from demo_site.shortener.seed import LINKS, seed
 
 
@@ -14,11 +15,14 @@ class Command(BaseCommand):
     help = (
         "Create the demo's short links with a year of synthetic visits, written through "
         "record(), flush() and the downsampling, so every retention tier and chart has data. "
-        "Does nothing when the demo data is already there."
+        "Adds the rate-limit overrides of docs/overrides.rst. Does nothing when the demo data "
+        "is already there."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
         started = time.monotonic()
+        if seed_overrides():
+            self.stdout.write("Added the rate-limit overrides of docs/overrides.rst.")
         result = seed(LINKS)
         keys = ", ".join(f"/s/{key}" for key in result.links)
         if not result.created:
