@@ -213,6 +213,8 @@ RATELIMIT_RULES = [
     # Every door that tells whether a key exists counts, in one budget: the redirect, the
     # link's page and the API's visits (alternating between them gains nothing). GET and
     # HEAD only: the API's POST /api/links/ takes no key.
+    # A scanner refused five times within ten minutes is banned from the whole site for 15
+    # minutes, then 30, 60... up to a day (docs/operators.rst, "Bans").
     {
         "name": "shorturl-scan",
         "path": ["/s/", "/links/", "/api/links/"],
@@ -220,6 +222,7 @@ RATELIMIT_RULES = [
         "key": "ip",
         "rate": "30/m;300/d",
         "count": "failures",
+        "ban": {"after": 5, "within": "10m", "for": "15m", "max": "1d", "scope": "site"},
     },
 ]
 

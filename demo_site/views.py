@@ -37,7 +37,9 @@ HOW_TO_TRY = {
     "moment is told to retry in a second.",
     "send-message": "Send two messages within a second: double-click Send.",
     "shorturl-scan": "Open 31 short links, link pages or API visits that do not exist "
-    "within a minute (/s/nope1, /links/nope2/, /api/links/nope3/visits/, ...).",
+    "within a minute (/s/nope1, /links/nope2/, /api/links/nope3/visits/, ...). Five more "
+    "refusals within ten minutes ban your address from the whole site for 15 minutes (the "
+    "admin's Bans page lists it; a reset lifts it).",
 }
 #: What the demo's own keys count, as the page says it.
 KEY_TEXT = {
@@ -74,6 +76,7 @@ def limits(request: HttpRequest) -> HttpResponse:
                 "failures_only": rule.failures_only,
                 "cost": described.get("cost", 1),
                 "concurrent": described.get("concurrent"),
+                "ban": rule.limit.ban,
                 "shadow": rule.shadow,
                 "how": HOW_TO_TRY.get(rule.name, ""),
             }

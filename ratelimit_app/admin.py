@@ -38,7 +38,7 @@ from ratelimit_app import operations
 from ratelimit_app.config import declared
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
-from ratelimit_app.models import AccessEntry, Override, Rule
+from ratelimit_app.models import AccessEntry, Ban, Override, Rule
 
 #: The units of :func:`format_duration`, largest first: seconds each, and how each is written.
 DURATION_UNITS = (
@@ -152,6 +152,7 @@ def readable(usage: dict[str, Any] | None) -> dict[str, Any] | None:
         "rates": rates,
         "reset_text": format_duration(usage["reset"]),
         "retry_after_text": format_duration(usage["retry_after"]),
+        "ban_text": format_duration(usage.get("ban_seconds", 0)),
     }
 
 
@@ -226,6 +227,10 @@ class RuleAdmin(EscapedHelp):
                     "fail_open",
                 )
             },
+        ),
+        (
+            _("Ban"),
+            {"fields": (("ban_after", "ban_within"), ("ban_for", "ban_max"), "ban_site")},
         ),
         (_("Overrides"), {"fields": ("overrides",)}),
         (_("Note"), {"fields": ("note",)}),
@@ -350,6 +355,31 @@ class AccessEntryAdmin(admin.ModelAdmin):
         return super().changelist_view(request, extra_context=context)
 
     change_list_template = "admin/ratelimit_app/accessentry/change_list.html"
+
+
+@admin.register(Ban)
+class BanAdmin(admin.ModelAdmin):
+    """The subjects banned lately (each with its end); deleting a ban lifts it, and its
+    memory of earlier bans (the next is a first one). Bans are made by limits, not here."""
+
+    list_display = ("limit", "subject", "kind", "site", "until", "seconds", "is_active")
+    list_filter = ("limit", "site")
+    search_fields = ("limit", "label")
+    readonly_fields = [f.name for f in Ban._meta.fields]
+
+    @admin.display(description=_("subject"))
+    def subject(self, obj: Ban) -> str:
+        return obj.label or str(_("(hashed)"))
+
+    @admin.display(boolean=True, description=_("active"))
+    def is_active(self, obj: Ban) -> bool:
+        return obj.active
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Override)

@@ -13,13 +13,14 @@ class RatelimitAppConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         from ratelimit_app import checks  # noqa: F401  (registers the system checks)
-        from ratelimit_app.models import AccessEntry, Override, Rule
+        from ratelimit_app.models import AccessEntry, Ban, Override, Rule
         from ratelimit_app.store import bump
 
         def changed(**kwargs: object) -> None:
             bump()
 
-        for model in (Rule, AccessEntry, Override):  # weak=False: ``changed`` is local to ready()
+        # weak=False: ``changed`` is local to ready().
+        for model in (Rule, AccessEntry, Override, Ban):
             uid = f"ratelimit_app.{model.__name__}"
             post_save.connect(changed, sender=model, weak=False, dispatch_uid=uid + ".save")
             post_delete.connect(changed, sender=model, weak=False, dispatch_uid=uid + ".delete")

@@ -75,6 +75,7 @@ def ratelimit(
     shadow: bool = False,
     concurrent: int | None = None,
     lease: str | int | None = None,
+    ban: dict[str, Any] | None = None,
 ) -> Callable[[F], F]:
     """Limit a view: django-ratelimit's arguments and meaning, sliding windows underneath.
 
@@ -105,7 +106,9 @@ def ratelimit(
     would be is counted as a refusal would be, logged and signalled (``docs/operators``).
     ``concurrent=n``: at most ``n`` requests of a subject inside the view at once (alone, or
     with a rate), each holding its place until its response is done, or for ``lease`` at
-    most (``"30s"``, ``"2m"``; default a minute) when its worker dies.
+    most (``"30s"``, ``"2m"``; default a minute) when its worker dies. ``ban``:
+    ``{"after": 10, "within": "10m", "for": "1h", "max": "1d"}`` bans a subject refused
+    that often (``docs/operators``).
     """
     if callable(group):  # a bare @ratelimit: the view came as the first argument
         raise TypeError(
@@ -118,12 +121,12 @@ def ratelimit(
             # Each view class gets its own default group, even when it inherits dispatch.
             name = f"{fn.__module__}.{fn.__qualname__}"
             guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
-            guard.configure(cost, shadow, concurrent, lease)
+            guard.configure(cost, shadow, concurrent, lease, ban)
             fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
         name = group_name(fn)
         guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
-        guard.configure(cost, shadow, concurrent, lease)
+        guard.configure(cost, shadow, concurrent, lease, ban)
         return _wrap(fn, guard)
 
     return decorator
@@ -158,6 +161,7 @@ class _Guard:
         shadow: bool,
         concurrent: int | None = None,
         lease: str | int | None = None,
+        ban: dict[str, Any] | None = None,
     ) -> None:
         """Build the limit (with its ``cost`` and in-flight limit); ``shadow``: a dry run."""
         self.shadow = bool(shadow)
@@ -176,6 +180,7 @@ class _Guard:
                 cost=cost,
                 concurrent=concurrent,
                 lease=lease,
+                ban=ban,
             )
             self.holds = self.limit.inflight is not None or self.limit.algorithm == IN_FLIGHT
             over = self.limit.cost_problem()

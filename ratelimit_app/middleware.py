@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -40,12 +41,12 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import core, keys, responses, store
+from ratelimit_app import clock, core, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import enforce
+from ratelimit_app.engine import bans, enforce
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.identity import addresses
@@ -198,11 +199,10 @@ def before(
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
     if current is None:
         current = store.current()
-    allow, deny = current.allow, current.deny
-    if allow.networks or allow.users or deny.networks or deny.users:  # (no call without)
-        listed = _listed(request, current, rules)
-        if listed is not None:
-            return None if listed is _ALLOWED else listed
+    if current.screens:  # lists or site-wide bans (no call without)
+        screened = _screened(request, current, rules)
+        if screened is not None:
+            return None if screened is _ALLOWED else screened
     found = _decisions(request, rules, current)
     if isinstance(found, HttpResponse):
         return found
@@ -227,6 +227,32 @@ def before(
     if failing:
         return _Pending(shown, [d for d in failing if d.provisional()], held)
     return _Pending(shown, None, held)
+
+
+def _screened(
+    request: HttpRequest, current: store.Snapshot, rules: Sequence[CompiledRule]
+) -> HttpResponse | None:
+    """The lists' answer (:func:`_listed`), else the 429 of an address banned on every
+    path, else None."""
+    allow, deny = current.allow, current.deny
+    if allow.networks or allow.users or deny.networks or deny.users:
+        listed = _listed(request, current, rules)
+        if listed is not None:
+            return listed
+    return _site_banned(request) if current.site_bans else None
+
+
+def _site_banned(request: HttpRequest) -> HttpResponse | None:
+    """The 429 of a client whose address a limit banned on every path, or None."""
+    try:
+        subject = keys.subject("ip", "", request)
+    except Exception:  # no address: the rules say what to do
+        return None
+    wait = bans.site_wait(subject, clock.now())
+    if wait is None:
+        return None
+    usage = {"retry_after": max(1, math.ceil(wait))}
+    return responses.too_many_requests(request, conf.EXCEPTION_CLASS(), usage=usage)
 
 
 def _refused(request: HttpRequest, verdict: enforce.Verdict, refusing: Decision) -> HttpResponse:
@@ -290,6 +316,16 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
 
 
+def _finish(pending: _Pending, response: HttpResponse) -> None:
+    """The round trip after the view (take-backs, places given back) off the event loop;
+    :func:`after` then has none left to make."""
+    if pending.held:
+        _release(pending, response)
+    else:
+        enforce.take_back(pending.to_take_back(response))
+    pending.provisional = pending.held = []
+
+
 def _release(pending: _Pending, response: HttpResponse) -> None:
     """Give back the in-flight places of the request when its response is done, with the
     failure-only hits to take back in the same round trip when it is done already."""
@@ -350,7 +386,7 @@ class RatelimitMiddleware:
         if rules:
             return rules, current
         deny = current.deny
-        if deny.networks or deny.users:
+        if deny.networks or deny.users or current.site_bans:
             return rules, current
         return None
 
@@ -390,8 +426,7 @@ class RatelimitMiddleware:
         with _tracking(pending.marker):
             response = await self.get_response(request)
         if not inline:
-            await sync_to_async(enforce.take_back)(pending.to_take_back(response))
-            pending.provisional = []
+            await sync_to_async(_finish)(pending, response)
         return after(request, pending, response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:

@@ -130,6 +130,30 @@ class Rule(models.Model):
         default=False,
         help_text=_("Count and report what it would refuse, but refuse nothing."),
     )
+    ban_after = models.PositiveIntegerField(
+        _("ban after"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=_("Ban a subject refused this many times within the time below; empty: never."),
+    )
+    ban_within = models.CharField(
+        _("within"), max_length=20, blank=True, help_text=_("Such as '10m'.")
+    )
+    ban_for = models.CharField(
+        _("ban for"), max_length=20, blank=True, help_text=_("The first ban, such as '1h'.")
+    )
+    ban_max = models.CharField(
+        _("longest ban"),
+        max_length=20,
+        blank=True,
+        help_text=_("Each further ban doubles, up to this (such as '1d'); empty: no doubling."),
+    )
+    ban_site = models.BooleanField(
+        _("ban on every path"),
+        default=False,
+        help_text=_("Ban the address on the whole site, not only this rule's paths (IP keys)."),
+    )
     note = models.TextField(_("note"), blank=True)
     created = models.DateTimeField(_("created"), auto_now_add=True)
     updated = models.DateTimeField(_("updated"), auto_now=True)
@@ -167,7 +191,22 @@ class Rule(models.Model):
             out["cost"] = self.cost
         if self.shadow:
             out["shadow"] = True
+        if self.ban_after is not None or self.ban_within or self.ban_for:
+            out["ban"] = self.ban_dict()
         return out
+
+    def ban_dict(self) -> dict[str, Any]:
+        """The ban fields as a rule's ``ban``."""
+        ban: dict[str, Any] = {
+            "after": self.ban_after,
+            "within": self.ban_within.strip(),
+            "for": self.ban_for.strip(),
+        }
+        if self.ban_max.strip():
+            ban["max"] = self.ban_max.strip()
+        if self.ban_site:
+            ban["scope"] = "site"
+        return ban
 
     def clean(self) -> None:
         """Validate as the system checks validate a settings rule; name the field."""
@@ -181,7 +220,8 @@ class Rule(models.Model):
             own = {f.name for f in self._meta.fields}
             found: dict[str, list[str]] = {}
             for error in exc.errors:
-                where = error.field if error.field in own else NON_FIELD_ERRORS
+                field = "ban_after" if error.field == "ban" else error.field
+                where = field if field in own else NON_FIELD_ERRORS
                 found.setdefault(where, []).append(error.problem)
             raise ValidationError(found) from exc
 
@@ -342,3 +382,35 @@ def _unfit(rule: tuple[str, int | None], found: overrides.Rates) -> dict[str, st
     except ImproperlyConfigured as exc:
         return {"rate": str(exc)}
     return None
+
+
+class Ban(models.Model):
+    """A subject banned by a limit (:mod:`ratelimit_app.engine.bans`): refused outright until
+    ``until``, on the limit's requests or, ``site``, on every path. Kept past its end until
+    ``remembered_until`` (the ban's ``max`` after it ended): a new ban of the subject before
+    then lasts twice as long."""
+
+    limit = models.CharField(_("limit"), max_length=200)
+    site = models.BooleanField(_("on every path"), default=False)
+    #: The hashed subject (:func:`ratelimit_app.engine.bans.ban_key`): a ban is found from
+    #: the request, or from what a person types, never stored in clear.
+    key = models.CharField(_("key"), max_length=100, unique=True)
+    kind = models.CharField(_("kind"), max_length=100)
+    #: What the admin shows of the subject: an address as the key masks it, else nothing.
+    label = models.CharField(_("subject"), max_length=100, blank=True)
+    seconds = models.PositiveIntegerField(_("seconds"))
+    banned_at = models.DateTimeField(_("banned at"))
+    until = models.DateTimeField(_("until"), db_index=True)
+    remembered_until = models.DateTimeField(_("remembered until"))
+
+    class Meta:
+        verbose_name = _("ban")
+        verbose_name_plural = _("bans")
+        ordering = ["-until"]
+
+    def __str__(self) -> str:
+        return f"{self.limit}: {self.label or self.kind} until {self.until:%Y-%m-%d %H:%M:%S}"
+
+    @property
+    def active(self) -> bool:
+        return self.until > timezone.now()

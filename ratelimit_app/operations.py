@@ -25,7 +25,7 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.config import limits, sources, views
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import REFUSALS, Check, check_many, refusal_key, usage_dict
+from ratelimit_app.engine import REFUSALS, Check, bans, check_many, refusal_key, usage_dict
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
 
@@ -324,6 +324,8 @@ def reset(
         ns = namespace(found.scope, kind, value)
         for start in range(0, len(suffixes), RESET_BATCH):
             backend.delete(ns, suffixes[start : start + RESET_BATCH])
+        if found.limit.ban is not None:  # and its ban, with the memory of earlier ones
+            bans.lift(found.limit.group, (kind, value))
     return True
 
 
@@ -339,6 +341,9 @@ def lookup(
     """The usage of one subject (as :func:`get_usage` reports it, counting nothing): for a
     leaky bucket, its level, capacity and the seconds until it is empty.
 
+    A subject its limit has banned has ``banned_until`` (an aware datetime), ``ban_seconds``
+    and ``ban_site`` too.
+
     Arguments as for :func:`target`; None for an empty or invalid subject. An IP typed for a
     key of another kind may name the key's own counters (a header holding an address) or the
     IP fallback's: both are read, in one round trip, and the busier is reported. Raises
@@ -349,4 +354,10 @@ def lookup(
         return None
     results = check_many(found.checks())
     busiest = max(results, key=lambda r: r.binding().count)  # the first on a tie: its own
-    return usage_dict(busiest)
+    usage = usage_dict(busiest)
+    if found.limit.ban is not None:
+        for place in found.subjects():
+            ban = bans.find(found.limit.group, place)
+            if ban is not None:
+                usage.update(banned_until=ban.until, ban_seconds=ban.seconds, ban_site=ban.site)
+    return usage

@@ -7,7 +7,13 @@ then failed open or closed as configured.
 ``sender`` is None for ``@ratelimit`` / ``get_usage``, ``RatelimitMiddleware`` for rules,
 which also send ``rule`` (its name), and the throttle's class for the Django REST framework
 throttles of :mod:`ratelimit_app.throttling`, which send ``rule="drf:<scope>"``. ``subject``
-is the hashed namespace, never the raw IP or email.
+is the hashed namespace, never the raw IP or email. A dry run's refusal is sent with
+``shadow=True``.
+
+``subject_banned(sender, limit, key, kind, until, seconds, site, request)``: a limit with a
+``ban`` banned a subject (once per ban, not per banned request); ``key`` is the hashed
+subject, ``until`` an aware datetime, ``seconds`` the ban's length (it doubles for a subject
+banned again), ``site`` whether it applies on every path.
 """
 
 from __future__ import annotations
@@ -16,3 +22,4 @@ from django.dispatch import Signal
 
 backend_failed = Signal()
 ratelimited = Signal()
+subject_banned = Signal()

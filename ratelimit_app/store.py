@@ -66,6 +66,14 @@ class Snapshot:
     expires: float = math.inf
     #: Rules of the database, as loaded (for the admin).
     db_rules: tuple[CompiledRule, ...] = ()
+    #: The bans in force: hashed subject -> Unix time the ban ends
+    #: (:mod:`ratelimit_app.engine.bans`).
+    bans: dict[str, float] = field(default_factory=dict)
+    #: Whether one of them is site-wide (the middleware then looks at every request).
+    site_bans: bool = False
+    #: Whether a request is screened before its rules: lists to match, site-wide bans (set
+    #: when the snapshot is put in force, read on every request a rule covers).
+    screens: bool = False
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
     deadline: float = -math.inf
     #: The overrides of the database, compiled (:mod:`ratelimit_app.config.overrides`).
@@ -88,13 +96,20 @@ _loading = threading.Lock()
 _warned = False
 #: True while the snapshot in force holds overrides (see the module docstring).
 overriding = False
+#: True while the snapshot in force holds bans.
+banning = False
 
 
 def _publish(snap: Snapshot | None) -> None:
     """Put ``snap`` in force (None: none, load on the next request)."""
-    global _snapshot, overriding
+    global _snapshot, overriding, banning
     _snapshot = snap
     overriding = snap is not None and bool(snap.overrides)
+    banning = snap is not None and bool(snap.bans)
+    if snap is not None:
+        allow, deny = snap.allow, snap.deny
+        lists = allow.networks or allow.users or deny.networks or deny.users
+        snap.screens = bool(lists or snap.site_bans)
 
 
 def current() -> Snapshot:
@@ -208,7 +223,7 @@ def _load(version: str | None) -> Snapshot:
     global _warned
     from django.utils import timezone
 
-    from ratelimit_app.models import AccessEntry, Override
+    from ratelimit_app.models import AccessEntry, Ban, Override
     from ratelimit_app.models import Rule as RuleRow
 
     checked = time.monotonic()
@@ -217,6 +232,7 @@ def _load(version: str | None) -> Snapshot:
         rows = list(RuleRow.objects.filter(enabled=True))
         entries = _unexpired(AccessEntry.objects.all(), now)
         held = _unexpired(Override.objects.all(), now)
+        banned = list(Ban.objects.filter(until__gt=now).values_list("key", "until", "site"))
     except Exception as exc:  # not migrated, no database access: the settings apply
         if not _warned:
             logger.warning("ratelimit: database rules and lists not read: %s", exc)
@@ -246,7 +262,7 @@ def _load(version: str | None) -> Snapshot:
         declared.access_list("RATELIMIT_DENY"),
         [e.value for e in entries if e.list == AccessEntry.DENY],
     )
-    ends = [e.expires for e in entries] + [o.expires for o in held]
+    ends = [e.expires for e in entries] + [o.expires for o in held] + [b[1] for b in banned]
     expiries = [end.timestamp() for end in ends if end is not None]
     snap = Snapshot(
         RuleSet((*settings_rules, *db_rules)),
@@ -256,6 +272,8 @@ def _load(version: str | None) -> Snapshot:
         expires=min(expiries, default=math.inf),
         db_rules=tuple(db_rules),
         overrides=_overrides(held),
+        bans={key: until.timestamp() for key, until, _ in banned},
+        site_bans=any(site for _, _, site in banned),
     )
     _publish(snap.looked(checked))
     return snap

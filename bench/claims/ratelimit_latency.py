@@ -87,6 +87,8 @@ PEER_CASES = (
     ("3 rates", "3", "quiet"),
 )
 WARMUP = 5
+#: The hits each of our checks counts (``--cost``): costs in play leave the targets as they are.
+COST = 1
 #: ``backends.base.SOCKET_TIMEOUT`` while timing (see :func:`patient_sockets`).
 SOCKET_TIMEOUT = 2.0
 
@@ -264,7 +266,16 @@ def contenders(backend: str) -> list[Contender]:
     smart = smart_backend(backend)
     limits = {r: (p.count, p.seconds) for r in THREE_RATES for p in parse(r)}
 
+    cost = COST
+
     def ours(group: str, rate: str) -> Check:
+        if cost != 1:
+
+            def costly(request: Any) -> Any:
+                return [our_usage(request, group, None, "ip", rate, increment=True, cost=cost)]
+
+            return costly
+
         def check(request: Any) -> Any:
             return [our_usage(request, group=group, key="ip", rate=rate, increment=True)]
 
@@ -622,7 +633,13 @@ def render(report: Report, rounds: int, calls: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> Report:
-    args = timing_parser(__doc__).parse_args(argv)
+    global COST
+    parser = timing_parser(__doc__)
+    parser.add_argument(
+        "--cost", type=int, default=1, help="the hits each of our checks counts (default 1)"
+    )
+    args = parser.parse_args(argv)
+    COST = args.cost
     info = machine()
     print(
         f"machine: {info['cores']} cores, {info['cpu']}; Python {info['python']}; "

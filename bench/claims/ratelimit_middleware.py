@@ -37,8 +37,13 @@ own time drifts by more than the middleware's cost between rounds, much less wit
 Targets: the three rules add at most 0.5x what the three decorators add (median); a request
 no rule covers pays under 5 microseconds.
 
+``--operators`` runs the same with the operators' controls in play (docs/operators.rst): each
+rule counts a cost of 3, and the configuration holds :data:`OVERRIDES` overrides of the three
+rules (other emails, other networks, and one of the bench's own subjects), so every request
+looks its subjects up in them; the targets are the same.
+
 Run: ``python -m bench.claims.ratelimit_middleware [--rounds 20 --calls 300 --ips 100
---batch 100]``.
+--batch 100] [--operators]``.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ RATIO_TARGET = 0.5
 NO_MATCH_TARGET_US = 5.0
 BACKENDS = ("memcached", "redis")
 WARMUP = 5
+#: Overrides in force with ``--operators``.
+OVERRIDES = 1000
 
 Call = Callable[[Any], Any]
 
@@ -231,10 +238,34 @@ def _quiet() -> Iterator[None]:
         log.setLevel(level)
 
 
-def _rule_settings(backend: str) -> dict[str, Any]:
+def operator_rules() -> list[dict[str, Any]]:
+    """:data:`RULES`, each counting a cost of 3."""
+    return [{**r, "cost": 3} for r in RULES]
+
+
+def install_overrides() -> None:
+    """Put :data:`OVERRIDES` overrides of the rules in force in this process's snapshot (as
+    the admin's rows would be, without a database): most for subjects the bench never sends,
+    one for its first email."""
+    from ratelimit_app import store
+    from ratelimit_app.config import overrides
+    from ratelimit_app.identity.addresses import mask_ip
+
+    found = [overrides.parse("bench-email-h", "user1@example.com", "2000000/h")]
+    for i in range(OVERRIDES - 1):
+        rule = RULES[i % len(RULES)]["name"]
+        subject = f"other{i}@example.org" if rule == "bench-email-h" else f"203.0.{i % 256}.0/24"
+        found.append(overrides.parse(rule, subject, "5000000/d"))
+    snap = store.current()
+    snap.overrides = overrides.compile_table(found, mask_ip)
+    snap.deadline = float("inf")  # no reload from the database during the run
+    store._publish(snap)
+
+
+def _rule_settings(backend: str, operators: bool = False) -> dict[str, Any]:
     return {
         "RATELIMIT_USE_CACHE": backend,
-        "RATELIMIT_RULES": RULES,
+        "RATELIMIT_RULES": operator_rules() if operators else RULES,
         "RATELIMIT_ENABLE": True,
         "RATELIMIT_HEADERS": True,
         "RATELIMIT_ALLOW": (),
@@ -243,7 +274,9 @@ def _rule_settings(backend: str) -> dict[str, Any]:
     }
 
 
-def time_backend(backend: str, rounds: int, calls: int, ips: int) -> list[Contender]:
+def time_backend(
+    backend: str, rounds: int, calls: int, ips: int, operators: bool = False
+) -> list[Contender]:
     """Interleaved rounds of the view, the middleware and the decorators on one alias."""
     from django.test import override_settings
     from django_ratelimit.exceptions import Ratelimited
@@ -254,7 +287,9 @@ def time_backend(backend: str, rounds: int, calls: int, ips: int) -> list[Conten
     peer = decorated_view()
     runners = [Contender("view", view), Contender("ours", middleware), Contender("peer", peer)]
     clock = time.perf_counter_ns
-    with override_settings(**_rule_settings(backend)), _quiet():
+    with override_settings(**_rule_settings(backend, operators)), _quiet():
+        if operators:
+            install_overrides()
         pool = login_requests(list(range(1, ips + 1)))
         _fill(middleware, pool)
         for request in login_requests(list(range(1, ips + 1))):
@@ -326,19 +361,20 @@ def run(
     batch: int = 100,
     servers: Servers | None = None,
     backends: tuple[str, ...] = BACKENDS,
+    operators: bool = False,
 ) -> tuple[list[Row], NoMatchRow]:
     """Time the three rules on each backend and the no-match path; start throwaway servers
-    unless given."""
+    unless given. ``operators``: with costs and overrides in play."""
     configure_django()
     if servers is None:
         with throwaway_servers() as started:
-            return run(rounds, calls, ips, batch, started, backends)
+            return run(rounds, calls, ips, batch, started, backends, operators)
     from django.test import override_settings
 
     rows = []
     with override_settings(CACHES=caches_for(servers)):
         for backend in backends:
-            by = {c.name: c for c in time_backend(backend, rounds, calls, ips)}
+            by = {c.name: c for c in time_backend(backend, rounds, calls, ips, operators)}
             v, o, p = by["view"].samples, by["ours"].samples, by["peer"].samples
             rows.append(
                 Row(
@@ -435,9 +471,12 @@ def main(argv: list[str] | None = None) -> tuple[list[Row], NoMatchRow]:
     parser = timing_parser(__doc__)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--backend", choices=BACKENDS, action="append", dest="backends")
+    parser.add_argument("--operators", action="store_true", help="costs and overrides in play")
     args = parser.parse_args(argv)
     backends = tuple(args.backends or BACKENDS)
-    rows, no_match = run(args.rounds, args.calls, args.ips, args.batch, backends=backends)
+    rows, no_match = run(
+        args.rounds, args.calls, args.ips, args.batch, backends=backends, operators=args.operators
+    )
     print(render(rows, no_match, args.rounds, args.calls))
     return rows, no_match
 

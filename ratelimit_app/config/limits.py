@@ -19,6 +19,7 @@ Pure logic: no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from ratelimit_app import ALL, keys
-from ratelimit_app.algorithms import gcra, rates
+from ratelimit_app.algorithms import bans, gcra, rates
 
 __all__ = ["Check", "Limit", "LimitError", "Mistake", "build"]
 
@@ -112,8 +113,9 @@ def counted_methods(methods: frozenset[str] | None) -> frozenset[str] | None:
 class Check(NamedTuple):
     """One subject's limit to check: the ``scope`` of its counters, the ``subject`` (kind,
     value), the ``rates``, whether this request counts (``increment``) or only looks, the
-    ``algorithm``, a leaky bucket's ``burst`` (None: the rate's count), and the request's
-    ``cost`` (the hits it counts). Made by :meth:`Limit.check`."""
+    ``algorithm``, a leaky bucket's ``burst`` (None: the rate's count), the request's
+    ``cost`` (the hits it counts) and the limit's ``ban`` (None: it bans nobody). Made by
+    :meth:`Limit.check`."""
 
     scope: str
     subject: tuple[str, str]
@@ -122,6 +124,7 @@ class Check(NamedTuple):
     algorithm: str = gcra.SLIDING_WINDOW
     burst: int | None = None
     cost: int = 1
+    ban: bans.BanSpec | None = None
 
 
 _tuple = tuple.__new__
@@ -156,6 +159,8 @@ class Limit:
     #: its place for at most ``lease`` seconds.
     concurrent: int | None = None
     lease: int = DEFAULT_LEASE
+    #: Who it refuses too often it bans (:mod:`ratelimit_app.algorithms.bans`; None: nobody).
+    ban: bans.BanSpec | None = None
 
     #: Derived once (a limit is checked on every request it covers):
     #: the rates when they do not depend on the request (else None: resolved per request),
@@ -206,6 +211,7 @@ class Limit:
             "async_safe",
             static is not None
             and cost is not None
+            and self.ban is None  # (a ban is written to the database)
             and isinstance(self.key, str)
             and (self.key in ASYNC_SAFE_KEYS or self.key.startswith(ASYNC_SAFE_ACCESSORS)),
         )
@@ -270,11 +276,13 @@ class Limit:
                     memo.clear()
                 # tuple.__new__: a NamedTuple's own __new__ is a Python function.
                 found = memo[subject] = _tuple(
-                    Check, (scope, subject, rate_list, True, self.algorithm, self.burst, cost)
+                    Check,
+                    (scope, subject, rate_list, True, self.algorithm, self.burst, cost, self.ban),
                 )
             return found
         return _tuple(
-            Check, (scope, subject, rate_list, increment, self.algorithm, self.burst, cost)
+            Check,
+            (scope, subject, rate_list, increment, self.algorithm, self.burst, cost, self.ban),
         )
 
     def cost_for(self, request: HttpRequest | None) -> int:
@@ -323,6 +331,7 @@ def build(
     cost: object = 1,
     concurrent: object = None,
     lease: object = None,
+    ban: object = None,
 ) -> Limit:
     """Validate a limit; raise :class:`LimitError` naming the part that is wrong (its
     ``errors`` name every part that is wrong).
@@ -332,8 +341,34 @@ def build(
 
     ``concurrent`` (with its ``lease``, a duration: ``"30s"``, ``"2m"``; default a minute)
     adds an in-flight limit (:attr:`Limit.inflight`); with no ``rate``, the limit is that
-    in-flight limit alone.
+    in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.algorithms.bans.parse_ban`)
+    bans who it refuses too often.
     """
+    spec = None
+    if ban is not None:
+        try:
+            spec = _validate_ban(ban, key)
+        except LimitError as exc:
+            raise_all([exc, *_mistakes(key, rate, algorithm, burst, trusted, cost)])
+    found = _build_parts(
+        group, key, rate, method, algorithm, burst, trusted, cost, concurrent, lease
+    )
+    return found if spec is None else dataclasses.replace(found, ban=spec)
+
+
+def _build_parts(
+    group: str,
+    key: object,
+    rate: object,
+    method: Method,
+    algorithm: object,
+    burst: object,
+    trusted: bool,
+    cost: object,
+    concurrent: object,
+    lease: object,
+) -> Limit:
+    """:func:`build` but the ban."""
     try:
         methods = method_set(method)
     except LimitError as exc:
@@ -410,6 +445,20 @@ def _in_flight(
     if rate is None or rate == "":
         return Limit(group, key, rates.Slots(concurrent, seconds), methods, gcra.IN_FLIGHT)  # type: ignore[arg-type]
     return Limit(group, key, rate, methods, algorithm, burst, cost, concurrent, seconds)  # type: ignore[arg-type]
+
+
+def _validate_ban(ban: object, key: object) -> bans.BanSpec:
+    try:
+        spec = bans.parse_ban(ban)
+    except ImproperlyConfigured as exc:
+        raise LimitError("ban", str(exc)) from None
+    if spec.site and key != "ip":
+        raise LimitError(
+            "ban",
+            f"Ban {ban!r}: a site-wide ban bans an address on every path; it takes a limit "
+            f"keyed on 'ip' (this one: {key!r}). Remove 'scope', or key the limit on 'ip'.",
+        )
+    return spec
 
 
 def _validate_lease(lease: object) -> int:

@@ -55,6 +55,8 @@ FIELDS: dict[str, str] = {
     "concurrent": "the requests of one subject allowed at once: an integer from 1",
     "lease": "how long a request in flight holds its place at most: a duration from 1s to "
     "1h (default '1m')",
+    "ban": "a dict such as {'after': 10, 'within': '10m', 'for': '1h', 'max': '1d'}: ban a "
+    "subject refused that often",
 }
 
 
@@ -154,6 +156,8 @@ class CompiledRule:
                 out["rate"] = ""
         if self.shadow:
             out["shadow"] = True
+        if self.limit.ban is not None:
+            out["ban"] = self.limit.ban.describe()
         return out
 
 
@@ -270,6 +274,7 @@ def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
             cost=raw.get("cost", 1),
             concurrent=raw.get("concurrent"),
             lease=raw.get("lease"),
+            ban=raw.get("ban"),
         )
     except LimitError as exc:
         errors = [_rule_error(raw, rule, error) for error in exc.errors]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ratelimit_app import clock
-from ratelimit_app.algorithms import gcra
+from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.backends.base import Backend
+from ratelimit_app.backends.base import Backend, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
@@ -16,6 +17,7 @@ from ratelimit_app.engine.memory import remember
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, Moment, Step
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.signals import backend_failed
 
 logger = logging.getLogger("ratelimit_app")
@@ -68,21 +70,54 @@ def check_many(
 
 
 def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Moment) -> list[Result]:
-    """The take-backs and exact reads of a call where someone was refused."""
+    """The take-backs and exact reads of a call where someone was refused, and the count
+    of each refusal of a limit that bans (its strike), in one round trip."""
     sent = [(s, op) for s in steps if (op := s.follow_up(exact)) is not None]
-    timed = [s for s in steps if s.exact_wait()]
-    if sent:
+    struck = _struck(steps)
+    strikes = [_strike(s.check, moment) for s in struck]
+    # A refusal of a limit that bans is not remembered: each one must reach its count.
+    timed = [s for s in steps if s.check.ban is None and s.exact_wait()]
+    if sent or strikes:
         try:
-            replies = backend.execute([op for _, op in sent], moment.now_us)
+            ops = [op for _, op in sent] + [op for op, _ in strikes]
+            replies = backend.execute(ops, moment.now_us)
         except BackendError as exc:
             # Whether the hits were taken back is unknown: leaving them counted is the safe
             # side (trying again could take them back twice, which would be lenient).
             logger.info("ratelimit: could not take back refused hits: %s", exc)
             return [s.result for s in steps]
-        for (s, _), reply in zip(sent, replies, strict=True):
+        for (s, _), reply in zip(sent, replies[: len(sent)], strict=True):
             s.refine(reply)
+        _count_strikes(struck, strikes, replies[len(sent) :], moment)
     remember([(s.check, s.result) for s in timed], moment.t)
     return [s.result for s in steps]
+
+
+#: What a limit's strikes (refusals counted toward a ban) are scoped by, after its own scope.
+STRIKES = "\x00strikes"
+
+
+def _struck(steps: list[Step]) -> list[Step]:
+    """The counted refusals of limits that ban: each is a strike."""
+    return [s for s in steps if s.check.ban is not None and s.check.increment and s.result.limited]
+
+
+def _count_strikes(
+    struck: list[Step], strikes: list[tuple[Op, int]], replies: list[Any], moment: Moment
+) -> None:
+    """Mark each refusal whose strike brings its subject to its ban (``Result.struck``)."""
+    for s, (op, after), reply in zip(struck, strikes, replies, strict=True):
+        count = windows.evaluate(op.plan, reply, moment.t, True)[0].count
+        s.result.struck = count >= after
+
+
+def _strike(check: Check, moment: Moment) -> tuple[Op, int]:
+    """The op that counts one refusal of ``check``'s subject toward its ban, and the count
+    that bans."""
+    spec = check.ban
+    assert spec is not None
+    plan = windows.plan((spec.strikes,), moment.t, moment.per_window, moment.hierarchical)
+    return Op(namespace(check.scope + STRIKES, *check.subject), plan, True), spec.after
 
 
 def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:

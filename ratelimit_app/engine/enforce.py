@@ -23,7 +23,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ratelimit_app import store
+from ratelimit_app import clock, store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import MAX_COUNT
 from ratelimit_app.conf import conf
@@ -31,6 +31,7 @@ from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.engine import (
     REFUSALS,
     Result,
+    bans,
     check_many,
     overrides,
     recall_many,
@@ -217,7 +218,11 @@ def decide(
     checks = []
     for d in decisions:  # loops, not comprehensions (each a function call): every request
         checks.append(d.check)
-    results = _recall(decisions, checks, at) if REFUSALS.entries else None
+    results: Sequence[Result | None] | None = None
+    if store.banning:
+        results = _banned(decisions, checks, at)
+    if results is None and REFUSALS.entries:
+        results = _recall(decisions, checks, at)
     remembered = results is not None
     if results is None:
         try:
@@ -237,10 +242,8 @@ def decide(
         if own is None:
             own = d.check.subject[0] in OWN_KINDS
         refused = result.limited
-        if refused and d.dry_run():  # (read only when over: the common case never asks)
-            d.shadowed, refused = True, False
-            if d.check.increment:
-                _log_shadowed(request, d)
+        if refused:  # (the common case makes no call)
+            refused = _refusal(request, d)
         d.refused = refused
         d.shown = own = own or refused
         if own:
@@ -258,6 +261,33 @@ def decide(
         else:
             found.append(verdict)
     return verdict
+
+
+def _refusal(request: Any, d: Decision) -> bool:
+    """What a decision over its limit does: ban its subject when the refusal brings it to
+    its limit's ban (its result then waits for the ban's end); refuse, unless it is a dry
+    run (then logged)."""
+    result, check = d.result, d.check
+    dry = d.dry_run()
+    if result is not None and result.struck and check.increment and not dry:
+        seconds = bans.impose(d.name or d.limit.group, d.limit.group, check, request)
+        if seconds:
+            d.result = bans.banned(check, seconds)
+    if not dry:
+        return True
+    d.shadowed = True
+    if check.increment:
+        _log_shadowed(request, d)
+    return False
+
+
+def _banned(
+    decisions: Sequence[Decision], checks: list[Check], at: float | None
+) -> list[Result | None] | None:
+    """The results of a request whose subject a limit has banned (from the snapshot, no
+    round trip), else None."""
+    groups = [d.limit.group for d in decisions]
+    return bans.refused(groups, checks, clock.now() if at is None else at)
 
 
 def _recall(

@@ -193,6 +193,8 @@ class SimpleRateThrottle(BaseThrottle):
     cost: int = 1
     #: A dry run: nothing is refused; what would be is counted, logged and signalled.
     shadow: bool = False
+    #: Ban a client refused that often: ``{"after": 10, "within": "10m", "for": "1h"}``.
+    ban: dict[str, Any] | None = None
 
     #: Set by :meth:`allow_request`: the cache key, the time, and the outcome.
     key: str | None = None
@@ -255,7 +257,9 @@ class SimpleRateThrottle(BaseThrottle):
             # its answer is the rate.
             spec = (self.num_requests, self.duration)
         try:
-            return limits.build(self.name, SUBJECT_KIND, spec, ALL, self.algorithm, self.burst)
+            return limits.build(
+                self.name, SUBJECT_KIND, spec, ALL, self.algorithm, self.burst, ban=self.ban
+            )
         except ImproperlyConfigured as exc:
             raise self._misconfigured(exc) from None
 

@@ -1,0 +1,233 @@
+"""Escalating bans (docs/operators.rst, "Bans"): a rule's ``"ban"``, ``@ratelimit(ban=...)``
+and a DRF throttle's ``ban``, on local memory, real memcached and real Redis."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, override_settings
+from django.urls import path
+
+from ratelimit_app import core, store
+from ratelimit_app.algorithms import bans
+from ratelimit_app.config import rules
+from ratelimit_app.decorators import ratelimit
+from ratelimit_app.models import Ban, Rule
+from ratelimit_app.signals import subject_banned
+from ratelimit_app.testing import forget_refusals, frozen_clock
+from tests.ratelimit.conftest import MIDDLEWARE, RoundTrips
+
+T0 = 1_800_000_000.0
+BAN = {"after": 3, "within": "10m", "for": "1h", "max": "4h"}
+
+
+def plain(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+@ratelimit(group="banning-view", key="ip", rate="1/m", ban={"after": 2, "within": "1h", "for": "10m"})
+def decorated(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ok")
+
+
+urlpatterns = [path("login/", plain), path("other/", plain), path("decorated/", decorated)]
+
+pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db]
+on_every_backend = pytest.mark.usefixtures("backend_kind")
+
+
+def rule(**fields: Any) -> dict[str, Any]:
+    return {"name": "login", "path": "/login/", "key": "ip", "rate": "2/m", "ban": BAN, **fields}
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> Iterator[None]:
+    store.forget()
+    forget_refusals()
+    with override_settings(MIDDLEWARE=MIDDLEWARE):
+        yield
+    store.forget()
+    forget_refusals()
+
+
+@pytest.fixture
+def banned() -> Iterator[list[dict[str, Any]]]:
+    sent: list[dict[str, Any]] = []
+
+    def receive(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    subject_banned.connect(receive)
+    yield sent
+    subject_banned.disconnect(receive)
+
+
+def answers(client: Client, path: str, n: int, ip: str = "192.0.2.1") -> list[tuple[int, int]]:
+    """(status, Retry-After) of ``n`` requests."""
+    found = []
+    for _ in range(n):
+        r = client.get(path, REMOTE_ADDR=ip)
+        found.append((r.status_code, int(r.get("Retry-After", 0))))
+    return found
+
+
+# -- the spec --------------------------------------------------------------------------------
+
+
+def test_each_ban_doubles_up_to_the_longest() -> None:
+    spec = bans.parse_ban(BAN)
+    assert (spec.after, spec.within, spec.seconds, spec.most) == (3, 600, 3600, 4 * 3600)
+    lengths, last = [], None
+    for _ in range(4):
+        last = bans.next_seconds(spec, last, 0 if last else None)
+        lengths.append(last)
+    assert lengths == [3600, 7200, 14400, 14400]
+    assert bans.next_seconds(spec, 14400, 4 * 3600) == 3600  # forgotten after the longest
+
+
+@pytest.mark.parametrize(
+    ("ban", "words"),
+    [
+        ({"after": 3, "within": "10m"}, "'for' is missing"),
+        ({"after": 0, "within": "10m", "for": "1h"}, "integer from 1"),
+        ({"after": 3, "within": "10m", "for": "1h", "max": "30m"}, "at least the first"),
+        ({"after": 3, "within": "10m", "for": "forever"}, "Ban 'for' 'forever'"),
+        ({"after": 3, "within": "10m", "for": "1h", "scope": "world"}, "'rule'"),
+        ({"after": 3, "within": "10m", "for": "1h", "until": "1d"}, "unknown"),
+        ("3 strikes", "expected a dict"),
+    ],
+)
+def test_a_bad_ban_names_what_is_wrong(ban: Any, words: str) -> None:
+    raw = rule(ban=ban)
+    with pytest.raises(rules.RuleError) as caught:
+        rules.parse_rule(raw)
+    assert any(e.field == "ban" and words in e.problem for e in caught.value.errors)
+
+
+def test_a_site_wide_ban_takes_an_address() -> None:
+    with pytest.raises(ImproperlyConfigured, match="keyed on 'ip'"):
+        rules.parse_rule(rule(key="email", ban={**BAN, "scope": "site"}))
+
+
+def test_a_database_rule_takes_a_ban_in_its_fields() -> None:
+    row = Rule(name="db", path="/login/", key="ip", rate="2/m", ban_after=3, ban_within="10m")
+    row.ban_for = "forever"
+    with pytest.raises(Exception, match="forever") as caught:
+        row.clean()
+    assert "ban_after" in caught.value.message_dict  # type: ignore[attr-defined]
+    row.ban_for, row.ban_max, row.ban_site = "1h", "1d", True
+    row.clean()
+    assert rules.parse_rule(row.as_dict(), trusted=False).limit.ban == bans.BanSpec(
+        3, 600, 3600, 86400, True
+    )
+
+
+# -- a rule bans ------------------------------------------------------------------------------
+
+
+@on_every_backend
+def test_the_refusal_that_reaches_after_bans_for_for(
+    client: Client,
+    banned: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0) as clock:
+        with caplog.at_level(logging.WARNING, logger="ratelimit_app"):
+            first = answers(client, "/login/", 5)
+        assert [s for s, _ in first] == [200, 200, 429, 429, 429]
+        assert first[2][1] <= 61 and first[4][1] == 3600  # the third refusal bans
+        assert len(banned) == 1 and banned[0]["seconds"] == 3600 and banned[0]["limit"] == "login"
+        assert "login banned ip" in caplog.text and "192.0.2.1" not in caplog.text
+        answers(client, "/login/", 1)  # the snapshot with the ban is loaded
+        trips = RoundTrips(monkeypatch)
+        clock.advance(120)  # the window is empty again: the ban holds
+        later = answers(client, "/login/", 3)
+        assert later == [(429, 3480)] * 3 and trips.count == 0  # from the snapshot
+        assert answers(client, "/login/", 1, ip="192.0.2.2") == [(200, 0)]
+        usage = core.lookup("login", "192.0.2.1")
+        assert usage is not None and usage["ban_seconds"] == 3600
+        clock.advance(3480)
+        assert answers(client, "/login/", 1) == [(200, 0)]  # the ban is over
+    assert len(banned) == 1  # once per ban, not per banned request
+
+
+@on_every_backend
+def test_a_subject_banned_again_is_banned_twice_as_long(
+    client: Client, banned: list[dict[str, Any]]
+) -> None:
+    with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0) as clock:
+        lengths = []
+        for _ in range(4):
+            found = answers(client, "/login/", 5)
+            lengths.append(found[-1][1])
+            clock.advance(found[-1][1] + 1)
+            forget_refusals()
+    assert lengths == [3600, 7200, 14400, 14400]
+    assert [b["seconds"] for b in banned] == lengths
+
+
+@on_every_backend
+def test_a_reset_lifts_a_ban(client: Client) -> None:
+    with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0):
+        assert answers(client, "/login/", 5)[-1] == (429, 3600)
+        assert core.reset("login", "192.0.2.1")
+        assert not Ban.objects.exists()
+        assert answers(client, "/login/", 1) == [(200, 0)]
+
+
+@on_every_backend
+def test_a_site_wide_ban_refuses_every_path(client: Client) -> None:
+    site = rule(ban={**BAN, "scope": "site"})
+    with override_settings(RATELIMIT_RULES=[site]), frozen_clock(T0):
+        answers(client, "/login/", 5)
+        assert answers(client, "/other/", 1) == [(429, 3600)]
+        assert answers(client, "/other/", 1, ip="192.0.2.2") == [(200, 0)]
+        assert answers(client, "/other/", 1, ip="::ffff:192.0.2.1") == [(429, 3600)]
+
+
+@on_every_backend
+def test_a_rule_ban_stays_on_its_paths(client: Client) -> None:
+    with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0):
+        answers(client, "/login/", 5)
+        assert answers(client, "/other/", 1) == [(200, 0)]
+
+
+@on_every_backend
+def test_a_dry_run_never_bans(client: Client, banned: list[dict[str, Any]]) -> None:
+    with override_settings(RATELIMIT_RULES=[rule(shadow=True)]), frozen_clock(T0):
+        assert [s for s, _ in answers(client, "/login/", 8)] == [200] * 8
+    assert banned == [] and not Ban.objects.exists()
+
+
+@on_every_backend
+def test_a_decorator_bans(client: Client, banned: list[dict[str, Any]]) -> None:
+    with frozen_clock(T0):
+        found = answers(client, "/decorated/", 4)
+    assert found[:2] == [(200, 0), (429, found[1][1])]
+    assert found[2:] == [(429, 600), (429, 600)]
+    assert banned[0]["limit"] == "banning-view"
+
+
+@on_every_backend
+def test_a_throttle_bans(banned: list[dict[str, Any]]) -> None:
+    pytest.importorskip("rest_framework")
+    from ratelimit_app import throttling
+    from tests.drf.conftest import api_view, get
+
+    throttle = type(
+        "Banning",
+        (throttling.AnonRateThrottle,),
+        {"scope": "banning", "rate": "1/m", "ban": {"after": 2, "within": "1h", "for": "10m"}},
+    )
+    view = api_view(throttle)
+    with frozen_clock(T0):
+        found = [get(view, ip="198.51.100.7") for _ in range(4)]
+    assert [a.status_code for a in found] == [200, 429, 429, 429]
+    assert found[-1]["Retry-After"] == "600"
+    assert banned[0]["limit"] == "drf:banning"
