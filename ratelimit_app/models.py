@@ -123,7 +123,9 @@ class Rule(models.Model):
         _("cost"),
         default=1,
         validators=[MinValueValidator(1)],
-        help_text=_("Hits each matching request counts (e.g. 5 for an expensive export)."),
+        help_text=_(
+            "How many hits each matching request counts (e.g. 5 for an expensive export)."
+        ),
     )
     shadow = models.BooleanField(
         _("dry run"),
@@ -197,11 +199,11 @@ class Rule(models.Model):
 
     def ban_dict(self) -> dict[str, Any]:
         """The ban fields as a rule's ``ban``."""
-        ban: dict[str, Any] = {
-            "after": self.ban_after,
-            "within": self.ban_within.strip(),
-            "for": self.ban_for.strip(),
-        }
+        ban: dict[str, Any] = {"after": self.ban_after}
+        if self.ban_within.strip():
+            ban["within"] = self.ban_within.strip()
+        if self.ban_for.strip():
+            ban["for"] = self.ban_for.strip()
         if self.ban_max.strip():
             ban["max"] = self.ban_max.strip()
         if self.ban_site:
@@ -357,7 +359,7 @@ def _unknown(name: str) -> dict[str, str] | None:
         if sources.limit(name) is not None:
             return None
         known = sorted(n for s in sources.registered() for n in s.limits())
-        listed = ", ".join(known) if known else str(_("none in force"))
+        listed = ", ".join(known) if known else str(_("none"))
         return {"limit": _("No DRF throttle scope of this name (in force: %s).") % listed}
     names = declared.rule_names() | set(Rule.objects.values_list("name", flat=True))
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)

@@ -72,7 +72,9 @@ def site_wait(subject: tuple[str, str], now: float) -> float | None:
 def banned(c: Check, wait: float) -> Result:
     """A check's refusal by its ban: every rate over, to be waited out until the ban ends."""
     usages = [windows.Usage(r, r.count, 0, True, wait, wait) for r in c.rates]
-    return Result(usages, namespace(c.scope, *c.subject))
+    found = Result(usages, namespace(c.scope, *c.subject))
+    found.banned = True
+    return found
 
 
 def impose(limit: str, group: str, check: Check, request: Any = None) -> float:

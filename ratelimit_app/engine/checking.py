@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,7 +53,11 @@ def check_many(
         step = STEPS[c.algorithm](c, moment)
         steps.append(step)
         ops.append(step.op)
-    replies = get_backend().execute(ops, moment.now_us)
+    backend = get_backend()
+    if TRIPS:  # (none unless an exporter is installed)
+        replies = _timed(backend, ops, moment.now_us)
+    else:
+        replies = backend.execute(ops, moment.now_us)
     results = []
     limited = False
     for s, reply in zip(steps, replies, strict=True):
@@ -67,6 +72,32 @@ def check_many(
     for i in take_back(checks, results):
         steps[i].take_back()
     return _second_trip(get_backend(), steps, exact, moment)
+
+
+#: Functions told of every check's round trip, ``fn(backend, seconds, failed)``: the
+#: exporters' timings (:mod:`ratelimit_app.telemetry`). Empty unless one is installed.
+TRIPS: list[Callable[[Backend, float, bool], None]] = []
+
+
+def _timed(backend: Backend, ops: list[Any], now_us: int) -> list[Any]:
+    """``backend.execute(ops)``, its time (and failure) told to :data:`TRIPS`."""
+    start = time.perf_counter()
+    try:
+        replies = backend.execute(ops, now_us)
+    except BackendError:
+        _tell(backend, time.perf_counter() - start, True)
+        raise
+    _tell(backend, time.perf_counter() - start, False)
+    return replies
+
+
+def _tell(backend: Backend, seconds: float, failed: bool) -> None:
+    for fn in list(TRIPS):
+        try:
+            fn(backend, seconds, failed)
+        except Exception:  # an exporter never fails a request
+            logger.exception("ratelimit: round-trip observer %r failed; removed", fn)
+            TRIPS.remove(fn)
 
 
 def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Moment) -> list[Result]:

@@ -17,7 +17,7 @@ DRF's ``allow_request``, django-ratelimit's usage dict.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -229,7 +229,10 @@ def decide(
             results = check_many(checks, partial(_take_back, decisions), at=at)
         except BackendError as exc:
             report_failure(exc)
-            return Verdict(decisions, failed=exc)
+            failed = Verdict(decisions, failed=exc)
+            if OBSERVERS:
+                _observe(failed)
+            return failed
     shown = []
     limited = False
     for d, result in zip(decisions, results, strict=True):
@@ -253,6 +256,8 @@ def decide(
         if result.limited and d.check.increment:
             _signal(request, d, sender)
     verdict = Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
+    if OBSERVERS:  # (none unless an exporter is installed)
+        _observe(verdict)
     held = getattr(request, "__dict__", None)  # the verdicts of the request, for charge()
     if held is not None:
         found = held.get(DECIDED)
@@ -261,6 +266,50 @@ def decide(
         else:
             found.append(verdict)
     return verdict
+
+
+#: Functions told of every verdict, ``observer(verdict)``: the exporters' counters
+#: (:mod:`ratelimit_app.telemetry`). Empty unless one is installed: then a request pays one
+#: list test. An observer must not raise; one that does is logged and left out.
+OBSERVERS: list[Callable[[Verdict], None]] = []
+
+ADMITTED = "admitted"
+REFUSED = "refused"
+BANNED = "banned"
+SHADOW_REFUSED = "shadow_refused"
+FAILED_OPEN = "failed_open"
+FAILED_CLOSED = "failed_closed"
+#: Every outcome :func:`outcome` names.
+OUTCOMES = (ADMITTED, REFUSED, BANNED, SHADOW_REFUSED, FAILED_OPEN, FAILED_CLOSED)
+
+
+def outcome(d: Decision, verdict: Verdict) -> str | None:
+    """What ``d`` decided for its request, as the exporters count it (one of
+    :data:`OUTCOMES`), or None when it was not decided (another limit refused the request
+    from memory first)."""
+    if verdict.failed is not None:
+        return FAILED_OPEN if d.fail_open else FAILED_CLOSED
+    result = d.result
+    if result is None:
+        return None
+    if d.refused:
+        return BANNED if result.banned else REFUSED
+    return SHADOW_REFUSED if d.shadowed else ADMITTED
+
+
+def limit_name(d: Decision) -> str:
+    """The name a decision's limit is known by: a rule's name, ``drf:<scope>`` or a
+    decorator's group."""
+    return d.name or d.limit.group
+
+
+def _observe(verdict: Verdict) -> None:
+    for fn in list(OBSERVERS):
+        try:
+            fn(verdict)
+        except Exception:  # an exporter never fails a request
+            logger.exception("ratelimit: observer %r failed; removed", fn)
+            OBSERVERS.remove(fn)
 
 
 def _refusal(request: Any, d: Decision) -> bool:

@@ -14,7 +14,7 @@ class Result:
     """Outcome of one check of one subject (built on every request: a plain slotted class,
     cheaper to make than a frozen dataclass)."""
 
-    __slots__ = ("limited", "meter", "namespace", "plan", "reply", "struck", "usages")
+    __slots__ = ("banned", "limited", "meter", "namespace", "plan", "reply", "struck", "usages")
 
     def __init__(
         self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None
@@ -30,8 +30,9 @@ class Result:
         self.reply: MeterReply | None = None
         #: True when any rate is over its limit.
         self.limited = usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
-        #: A refusal that brings the subject's refusals to its limit's ban (``Check.ban``).
-        self.struck = False
+        #: A refusal that brings the subject's refusals to its limit's ban (``Check.ban``),
+        #: and a refusal by a ban (:mod:`ratelimit_app.engine.bans`).
+        self.struck = self.banned = False
 
     def __repr__(self) -> str:
         return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"

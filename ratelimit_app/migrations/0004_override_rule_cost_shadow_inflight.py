@@ -28,7 +28,7 @@ class Migration(migrations.Migration):
             name="cost",
             field=models.PositiveIntegerField(
                 default=1,
-                help_text="Hits each matching request counts (e.g. 5 for an expensive export).",
+                help_text="How many hits each matching request counts (e.g. 5 for an expensive export).",
                 validators=[django.core.validators.MinValueValidator(1)],
                 verbose_name="cost",
             ),

@@ -196,6 +196,7 @@ def test_a_place_comes_back_after_an_exception(backend_kind: str) -> None:
 
 
 @on_every_backend
+@pytest.mark.django_db  # closing a response tells Django the request finished
 def test_a_streaming_response_holds_its_place_until_it_is_closed(backend_kind: str) -> None:
     with override_settings(RATELIMIT_RULES=[rule("/streamed/", concurrent=1)]):
         first = Client().get("/streamed/")
@@ -213,6 +214,7 @@ def test_a_streaming_response_holds_its_place_until_it_is_closed(backend_kind: s
 
 
 @on_every_backend
+@pytest.mark.django_db  # closing a response tells Django the request finished
 def test_a_place_never_given_back_comes_back_after_the_lease(backend_kind: str) -> None:
     """A worker that died holding a place: its stream is never closed."""
     settings = override_settings(RATELIMIT_RULES=[rule("/streamed/", concurrent=1, lease="5s")])
