@@ -4,6 +4,7 @@ Public API::
 
     import metrics_app
     metrics_app.record("shorturl:aB3x")          # thread-safe, no I/O
+    metrics_app.record_top("logins", key, keep=86400)  # among the top keys (bounded)
     metrics_app.flush()                           # write this process's buffer now
     metrics_app.query.series(name, start, end)    # zero-filled buckets
 """
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from metrics_app.buffer import flush, record
+from metrics_app.buffer import flush, record, record_top
 
-__all__ = ["flush", "query", "record"]
+__all__ = ["flush", "query", "record", "record_top"]
 
 if TYPE_CHECKING:
     from metrics_app import query

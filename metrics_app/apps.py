@@ -14,5 +14,7 @@ class MetricsAppConfig(AppConfig):
         # SIGTERM hooks are installed by the first record() of each process.
         from metrics_app import checks  # noqa: F401
         from metrics_app.buffer import connect_celery_shutdown
+        from metrics_app.telemetry import connect as connect_exporters
 
         connect_celery_shutdown()
+        connect_exporters()  # when their extra is installed

@@ -75,3 +75,32 @@ class FlushLedger(models.Model):
 
     def __str__(self) -> str:
         return self.flush_id
+
+
+class TopKey(models.Model):
+    """One of the most frequent keys of a named stream in a time bucket
+    (:mod:`metrics_app.topk`): its count (an upper bound), when it was first and last seen,
+    and the caller's ``label`` (what a page shows) and ``ref`` (what a page acts on).
+
+    Bounded: each flush keeps the :data:`~metrics_app.topk.CAPACITY` most counted keys of a
+    name and bucket, and a row is deleted once ``expires`` has passed."""
+
+    name = models.CharField(_("name"), max_length=MAX_NAME_LENGTH)
+    key = models.CharField(_("key"), max_length=100)
+    label = models.CharField(_("label"), max_length=200, blank=True)
+    ref = models.CharField(_("reference"), max_length=320, blank=True)
+    start = models.BigIntegerField(_("start (Unix seconds)"))
+    count = models.BigIntegerField(_("count"))
+    first_seen = models.DateTimeField(_("first seen"))
+    last_seen = models.DateTimeField(_("last seen"))
+    expires = models.DateTimeField(_("expires"), db_index=True)
+
+    class Meta:
+        verbose_name = _("top key")
+        verbose_name_plural = _("top keys")
+        constraints = [
+            models.UniqueConstraint(fields=["name", "start", "key"], name="metrics_topkey_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.start}:{self.label or self.key}={self.count}"

@@ -175,6 +175,7 @@ def _downsample(
         result.ledger_pruned, _ = (
             FlushLedger.objects.using(alias).filter(created__lt=horizon).delete()
         )
+        storage.expire_tops(using=alias)  # (also at each flush that writes top keys)
     downsampled.send(sender=None, result=result)
     return result
 

@@ -26,8 +26,9 @@ from django.db import connections, transaction
 
 from metrics_app import clock
 from metrics_app.conf import conf
-from metrics_app.models import Bucket, FlushLedger, Series
+from metrics_app.models import Bucket, FlushLedger, Series, TopKey
 from metrics_app.retention import align
+from metrics_app.topk import CAPACITY, SpaceSaving
 
 T = TypeVar("T")
 
@@ -122,3 +123,69 @@ def upsert_buckets(cursor: Any, connection: Any, n: int, params: list[Any]) -> N
         f"{qn('count')} = {bucket_t}.{qn('count')} + EXCLUDED.{qn('count')}",
         params,
     )
+
+
+#: Seconds of a top-keys bucket: a page sums a name's buckets over the last hour or day.
+TOP_BUCKET = 600
+#: Longest ``label`` and ``ref`` stored (the columns' sizes); a longer ``ref`` is not
+#: stored at all (half of one acts on nothing).
+LABEL_LENGTH, REF_LENGTH = 200, 320
+
+
+def write_tops(
+    sketches: Mapping[str, tuple[float, SpaceSaving]], *, using: str | None = None
+) -> int:
+    """Add each named sketch's keys to their bucket's rows (``TopKey``), keep the
+    :data:`~metrics_app.topk.CAPACITY` most counted keys of each name and bucket, and delete
+    the rows past their ``expires``, in one transaction. Returns the rows written."""
+    alias = using or conf.DATABASE
+    rows = sorted(
+        (name, align(int(e.last), TOP_BUCKET), key, e, keep)
+        for name, (keep, sketch) in sketches.items()
+        for key, e in sketch.entries.items()
+    )
+    connection = connections[alias]
+    qn = connection.ops.quote_name
+    table = qn(TopKey._meta.db_table)
+    columns = ("name", "key", "label", "ref", "start", "count", "first_seen", "last_seen")
+    first, last = qn("first_seen"), qn("last_seen")
+
+    def dt(seconds: float) -> Any:
+        return connection.ops.adapt_datetimefield_value(datetime.fromtimestamp(seconds, tz=UTC))
+
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        for part in chunks(rows, BATCH_SIZE):
+            params: list[Any] = []
+            for name, start, key, e, keep in part:
+                ref = e.ref if len(e.ref) <= REF_LENGTH else ""
+                params += [name, key, e.label[:LABEL_LENGTH], ref, start, e.count]
+                params += [dt(e.first), dt(e.last), dt(e.last + keep)]
+            cursor.execute(
+                f"INSERT INTO {table} ({', '.join(qn(c) for c in columns)}, {qn('expires')}) "
+                f"VALUES {', '.join(['(%s, %s, %s, %s, %s, %s, %s, %s, %s)'] * len(part))} "
+                f"ON CONFLICT ({qn('name')}, {qn('start')}, {qn('key')}) DO UPDATE SET "
+                f"{qn('count')} = {table}.{qn('count')} + EXCLUDED.{qn('count')}, "
+                f"{qn('label')} = EXCLUDED.{qn('label')}, {qn('ref')} = EXCLUDED.{qn('ref')}, "
+                f"{first} = CASE WHEN EXCLUDED.{first} < {table}.{first} "
+                f"THEN EXCLUDED.{first} ELSE {table}.{first} END, "
+                f"{last} = CASE WHEN EXCLUDED.{last} > {table}.{last} "
+                f"THEN EXCLUDED.{last} ELSE {table}.{last} END, "
+                f"{qn('expires')} = EXCLUDED.{qn('expires')}",
+                params,
+            )
+        for name, start in sorted({(row[0], row[1]) for row in rows}):
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {qn('name')} = %s AND {qn('start')} = %s AND "
+                f"{qn('id')} NOT IN (SELECT {qn('id')} FROM {table} WHERE {qn('name')} = %s "
+                f"AND {qn('start')} = %s ORDER BY {qn('count')} DESC, {last} DESC LIMIT %s)",
+                [name, start, name, start, CAPACITY],
+            )
+        expire_tops(using=alias)
+    return len(rows)
+
+
+def expire_tops(*, using: str | None = None) -> int:
+    """Delete the top-keys rows past their ``expires``; how many."""
+    now = datetime.fromtimestamp(clock.now(), tz=UTC)
+    deleted, _ = TopKey.objects.using(using or conf.DATABASE).filter(expires__lt=now).delete()
+    return deleted

@@ -10,10 +10,11 @@ lone event stays visible, and a total is the same at every width.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils.dateformat import format as date_format
 from django.utils.functional import Promise
 from django.utils.safestring import SafeString, mark_safe
@@ -36,6 +37,7 @@ __all__ = [
     "chart",
     "period_from",
     "period_links",
+    "prometheus",
     "read",
     "step_of",
     "zoom_hours",
@@ -319,3 +321,39 @@ def chart(request: HttpRequest, name: str, *, now: float | None = None) -> Chart
         later=None if zoom is None else hour_url(zoom + ZOOM),
         whole=_url(request, zoom=None),
     )
+
+
+#: The environment variable of prometheus-client's multiprocess mode: the directory where
+#: every worker writes its counts.
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def prometheus(request: HttpRequest) -> HttpResponse:
+    """Prometheus's text format of this process's default registry, or, under
+    ``PROMETHEUS_MULTIPROC_DIR``, of every worker (prometheus-client's
+    ``MultiProcessCollector``), for a project that serves no ``/metrics`` yet.
+
+    It serves whoever the project routes to it: docs/observability.rst shows how to keep it
+    internal. A missing extra or directory is a 501 or 503 that says so, not a 500.
+    """
+    try:
+        from prometheus_client import REGISTRY, CollectorRegistry, exposition, multiprocess
+    except ImportError:
+        return _unavailable(
+            501, "prometheus-client is not installed: pip install 'django-bucketry[prometheus]'"
+        )
+    registry = REGISTRY
+    directory = os.environ.get(MULTIPROC_DIR)
+    if directory:
+        if not os.path.isdir(directory):
+            return _unavailable(503, f"{MULTIPROC_DIR}={directory!r} is not a directory.")
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=directory)
+    encoder, content_type = exposition.choose_encoder(request.headers.get("Accept", ""))
+    response = HttpResponse(encoder(registry), content_type=content_type)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _unavailable(status: int, message: str) -> HttpResponse:
+    return HttpResponse(message + "\n", status=status, content_type="text/plain; charset=utf-8")

@@ -34,7 +34,7 @@ from django.utils.functional import Promise
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import operations
+from ratelimit_app import operations, refused
 from ratelimit_app.config import declared
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
@@ -263,7 +263,16 @@ class RuleAdmin(EscapedHelp):
             self.admin_site.admin_view(self.usage_view),
             name="ratelimit_app_rule_usage",
         )
-        return [usage, *super().get_urls()]
+        lately = path(
+            "refused/",
+            self.admin_site.admin_view(self.refused_view),
+            name="ratelimit_app_rule_refused",
+        )
+        return [usage, lately, *super().get_urls()]
+
+    def refused_view(self, request: HttpRequest) -> HttpResponse:
+        """*Refused lately* (:mod:`ratelimit_app.refused`)."""
+        return refused.page(request, self.admin_site, self.opts)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -362,7 +371,7 @@ class BanAdmin(admin.ModelAdmin):
     """The subjects banned lately (each with its end); deleting a ban lifts it, and its
     memory of earlier bans (the next is a first one). Bans are made by limits, not here."""
 
-    list_display = ("limit", "subject", "kind", "site", "until", "seconds", "is_active")
+    list_display = ("limit", "subject", "kind", "site", "until", "length", "is_active")
     list_filter = ("limit", "site")
     search_fields = ("limit", "label")
     readonly_fields = [f.name for f in Ban._meta.fields]
@@ -370,6 +379,10 @@ class BanAdmin(admin.ModelAdmin):
     @admin.display(description=_("subject"))
     def subject(self, obj: Ban) -> str:
         return obj.label or str(_("(hashed)"))
+
+    @admin.display(description=_("length"), ordering="seconds")
+    def length(self, obj: Ban) -> str:
+        return format_duration(obj.seconds)
 
     @admin.display(boolean=True, description=_("active"))
     def is_active(self, obj: Ban) -> bool:

@@ -15,6 +15,7 @@ class RatelimitAppConfig(AppConfig):
         from ratelimit_app import checks  # noqa: F401  (registers the system checks)
         from ratelimit_app.models import AccessEntry, Ban, Override, Rule
         from ratelimit_app.store import bump
+        from ratelimit_app.telemetry import connect as connect_exporters
 
         def changed(**kwargs: object) -> None:
             bump()
@@ -24,6 +25,7 @@ class RatelimitAppConfig(AppConfig):
             uid = f"ratelimit_app.{model.__name__}"
             post_save.connect(changed, sender=model, weak=False, dispatch_uid=uid + ".save")
             post_delete.connect(changed, sender=model, weak=False, dispatch_uid=uid + ".delete")
+        connect_exporters()  # when their extra is installed
         if apps.is_installed("metrics_app"):
             from ratelimit_app.metrics import connect
 

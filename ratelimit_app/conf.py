@@ -53,6 +53,8 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_DB_RULES": True,
     "RATELIMIT_CACHE_PAGES": False,
     "RATELIMIT_SHADOW": False,
+    "RATELIMIT_REFUSED_SUBJECTS": "masked",
+    "RATELIMIT_REFUSED_RETENTION": 7,
 }
 
 #: Settings that were tuning knobs, each now a constant: what the limiter does instead. A
@@ -77,8 +79,9 @@ def read(name: str) -> Any:
 def affects_limiter(setting: str) -> bool:
     """True when a change of ``setting`` may change what the limiter built from settings:
     any ``RATELIMIT_*`` setting, the caches (the backends) and ``SECRET_KEY`` (the salt of
-    hashed subjects). Every module that caches such things forgets them on these."""
-    return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY")
+    hashed subjects), and ``MIDDLEWARE`` (whether :attr:`Settings.MIDDLEWARE_INSTALLED`).
+    Every module that caches such things forgets them on these."""
+    return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY", "MIDDLEWARE")
 
 
 def require_installed(what: str) -> None:
@@ -92,6 +95,8 @@ def require_installed(what: str) -> None:
         )
 
 
+#: The middleware's dotted path, as ``MIDDLEWARE`` names it.
+MIDDLEWARE_PATH = "ratelimit_app.middleware.RatelimitMiddleware"
 #: Our DRF throttles' module (importing it imports Django REST framework).
 THROTTLING = "ratelimit_app.throttling"
 
@@ -194,6 +199,12 @@ class Settings:
     @functools.cached_property
     def CACHE_PAGES(self) -> bool:
         return bool(read("RATELIMIT_CACHE_PAGES"))
+
+    @functools.cached_property
+    def MIDDLEWARE_INSTALLED(self) -> bool:
+        """``RatelimitMiddleware`` is in ``MIDDLEWARE``: it keeps the configuration snapshot
+        (database rules, overrides, bans) fresh; without it, the checks do."""
+        return MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ())
 
     @functools.cached_property
     def SHADOW(self) -> bool:

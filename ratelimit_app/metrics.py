@@ -1,34 +1,154 @@
-"""Requests over a rule's limit, counted as the metrics series ``ratelimit:<rule>``, and
-those a dry run would refuse as ``ratelimit-shadow:<rule>``.
+"""Refused requests in ``metrics_app``: counted per limit, and who they were lately.
 
-Connected when ``metrics_app`` is installed: the admin then charts each rule's refused
-requests over time like any other series (one in-memory increment per limited request).
+* Each limit's refusals are the metrics series ``ratelimit:<limit>``, and those a dry run
+  would refuse ``ratelimit-shadow:<limit>``; ``<limit>`` is a rule's name, ``drf:<scope>``,
+  or a decorator's group. The admin charts them like any other series.
+* The subjects a limit refuses feed a bounded top-k per limit (:mod:`metrics_app.topk`),
+  which the admin's *Refused lately* page reads (:mod:`ratelimit_app.refused`). A row keeps
+  the hashed subject, and of its value what ``RATELIMIT_REFUSED_SUBJECTS`` allows
+  (:func:`shown`), for ``RATELIMIT_REFUSED_RETENTION`` days.
+
+Connected when ``metrics_app`` is installed: a few in-memory increments per refused request,
+nothing per admitted one. A failure here never fails the request: it is logged.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 from typing import Any
 
+from django.http import HttpRequest
+
+from ratelimit_app import keys, store
+from ratelimit_app.conf import read
+from ratelimit_app.config import sources, views
 from ratelimit_app.signals import ratelimited
+
+logger = logging.getLogger("ratelimit_app")
 
 SERIES_PREFIX = "ratelimit:"
 #: The series of what a dry run would refuse.
 SHADOW_PREFIX = "ratelimit-shadow:"
 
+#: What the *Refused lately* page may show of a subject (``RATELIMIT_REFUSED_SUBJECTS``).
+FULL, MASKED, HASHED = "full", "masked", "hashed"
+MODES = (FULL, MASKED, HASHED)
+#: The networks an address is shown in when masked.
+SHOWN_IPV4_PREFIX, SHOWN_IPV6_PREFIX = 24, 64
 
-def series_name(rule: str, shadow: bool = False) -> str:
-    """The metrics series of a rule's limited requests (``shadow``: of those its dry run
-    would refuse)."""
-    return (SHADOW_PREFIX if shadow else SERIES_PREFIX) + rule
+
+def series_name(limit: str, shadow: bool = False) -> str:
+    """The metrics series of a limit's refused requests (``shadow``: of those its dry run
+    would refuse); ``limit`` is a rule's name, ``drf:<scope>`` or a decorator's group."""
+    return (SHADOW_PREFIX if shadow else SERIES_PREFIX) + limit
 
 
-def _count(sender: Any, rule: str | None = None, shadow: bool = False, **kwargs: Any) -> None:
-    if rule is None:  # a decorator's limit: counted by its view, if at all
-        return
+def _count(
+    sender: Any, group: str = "", rule: str | None = None, shadow: bool = False, **kwargs: Any
+) -> None:
     from metrics_app import record
 
-    record(series_name(rule, shadow))
+    try:
+        record(series_name(rule or group, shadow))
+    except ValueError:  # a group too long to name a series: not charted
+        logger.warning("ratelimit: limit %.80r has too long a name to be charted", rule or group)
+
+
+def mode() -> str:
+    """``RATELIMIT_REFUSED_SUBJECTS``, or :data:`HASHED` (the least shown) when it is none
+    of :data:`MODES` (the *Refused lately* page then says so)."""
+    value = read("RATELIMIT_REFUSED_SUBJECTS")
+    return value if value in MODES else HASHED
+
+
+def retention_days() -> float:
+    """``RATELIMIT_REFUSED_RETENTION``, the days a refused subject's rows are kept, or the
+    default when it is no positive number."""
+    value = read("RATELIMIT_REFUSED_RETENTION")
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 3650
+    return float(value) if ok else 7.0
+
+
+def limit_key(rule: str | None, group: str, request: HttpRequest | None) -> keys.KeySpec | None:
+    """The key of the limit that refused: a rule's or a DRF scope's by name, a decorator's
+    from the view the request was routed to (None when it cannot be found)."""
+    if rule is None:
+        match = getattr(request, "resolver_match", None)
+        found = views.attached(match.func) if match is not None else ()
+        return next((d.limit.key for d in found if d.group == group and d.limit), None)
+    if rule.startswith("drf:"):
+        limit = sources.limit(rule)
+        return limit.key if limit is not None else None
+    compiled = store.current().rules.by_name.get(rule)
+    return compiled.limit.key if compiled is not None else None
+
+
+def _user_name(request: HttpRequest, value: str) -> str | None:
+    """The signed-in user's name, when ``value`` is that user's id."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated or str(user.pk) != value:
+        return None
+    return str(user.get_username())
+
+
+def masked_ip(value: str) -> str | None:
+    """The /24 (IPv4) or /64 (IPv6) network of an address as the key stores it, or None."""
+    addr = keys.parse_address(value)
+    if addr is None:
+        return None
+    prefix = SHOWN_IPV4_PREFIX if addr.version == 4 else SHOWN_IPV6_PREFIX
+    return str(ipaddress.ip_network((addr, prefix), strict=False))
+
+
+def shown(kind: str, value: str, request: HttpRequest, how: str) -> tuple[str, str]:
+    """``(label, ref)`` of a subject: what the page shows, and what its usage lookup and
+    reset are given ("" when ``how`` hides it). A user is shown by name (and acted on by
+    id) unless hashed; masked, an address is its /24 or /64 and an email its domain, and
+    any other value is hidden."""
+    if how == HASHED:
+        return "", ""
+    if kind in ("user", "user_or_ip"):
+        name = _user_name(request, value)
+        if name is not None:
+            return name, value
+    if how == FULL:
+        return value, value
+    if kind in ("ip", "user_or_ip"):
+        network = masked_ip(value)
+        if network is None:
+            return "", ""
+        # Acted on when the key stores no more of the address than is shown.
+        return network, value if network.partition("/")[0] == value else ""
+    if keys.is_email_kind(kind) and "@" in value:
+        return "…@" + value.rpartition("@")[2], ""
+    return "", ""
+
+
+def _remember(
+    sender: Any,
+    group: str = "",
+    subject: str = "",
+    request: HttpRequest | None = None,
+    rule: str | None = None,
+    shadow: bool = False,
+    **kwargs: Any,
+) -> None:
+    if shadow or not subject:
+        return
+    from metrics_app import record_top
+
+    label = ref = ""
+    how = mode()
+    try:
+        spec = limit_key(rule, group, request) if how != HASHED else None
+        if spec is not None and request is not None:
+            label, ref = shown(*keys.subject(spec, group, request), request, how)
+        record_top(series_name(rule or group), subject, label, ref, keep=retention_days() * 86400)
+    except Exception:  # never the request's failure: the page misses one refusal
+        logger.exception("ratelimit: a refusal of %.80r was not kept for the admin", rule or group)
 
 
 def connect() -> None:
     ratelimited.connect(_count, dispatch_uid="ratelimit_app.metrics")
+    ratelimited.connect(_remember, dispatch_uid="ratelimit_app.metrics.refused")

@@ -58,12 +58,15 @@ LAYERS: dict[str, dict[str, int]] = {
         "management": 6,
         "metrics": 6,
         "testing": 6,
+        "telemetry": 6,
         "admin": 7,
+        "refused": 7,
         "checks": 7,
         "apps": 7,
     },
     "metrics_app": {
         "names": 0,
+        "topk": 0,
         "clock": 0,
         "signals": 0,
         "retention": 0,
@@ -85,13 +88,14 @@ LAYERS: dict[str, dict[str, int]] = {
         "checks": 7,
         "management": 7,
         "testing": 7,
+        "telemetry": 7,
         "admin": 8,
         "apps": 8,
         "metrics_app": 8,  # the package's face re-exports record, flush, series...
     },
 }
 #: The only modules of ratelimit_app that import metrics_app.
-BRIDGES = {"ratelimit_app.metrics", "ratelimit_app.admin"}
+BRIDGES = {"ratelimit_app.metrics", "ratelimit_app.admin", "ratelimit_app.refused"}
 
 
 def modules() -> dict[str, Path]:

@@ -14,6 +14,7 @@ from metrics_app.buffer.process import (
     current,
     flush,
     record,
+    record_top,
     reset,
     stats,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "current",
     "flush",
     "record",
+    "record_top",
     "reset",
     "stats",
 ]

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from metrics_app.signals import buffer_full
 
@@ -36,6 +39,21 @@ logger = logging.getLogger("metrics_app")
 
 #: ``{(series name, minute index): count}``; minute index = Unix seconds // 60.
 CountsDict = dict[tuple[str, int], int]
+
+#: Functions told of every dropped count, ``fn(events)``: the exporters' counter
+#: (:mod:`metrics_app.telemetry`). Empty unless one is installed.
+DROPS: list[Callable[[int], None]] = []
+
+
+def notify(observers: list[Callable[..., None]], *args: Any) -> None:
+    """Call each of ``observers`` with ``args``; one that raises is logged and removed (an
+    exporter never fails a count or a flush)."""
+    for fn in list(observers):
+        try:
+            fn(*args)
+        except Exception:
+            logger.exception("metrics: observer %r failed; removed", fn)
+            observers.remove(fn)
 
 
 @dataclass(frozen=True)
@@ -46,6 +64,8 @@ class Batch:
     counts: CountsDict
     #: How many of ``counts``' keys have a client-chosen name.
     client_keys: int = 0
+    #: When its first count was added (``time.monotonic()``).
+    since: float = 0.0
 
 
 class Aggregator:
@@ -69,6 +89,8 @@ class Aggregator:
         self._dropped_keys = 0
         self._drop_reported = False
         self._client_drop_reported = False
+        #: When the first live count was added (meaningful while there are live counts).
+        self._since = 0.0
 
     def add(self, name: str, minute: int, count: int, client_chosen: bool = False) -> None:
         """Add ``count`` to ``(name, minute)``, or drop it at a bound (see the module)."""
@@ -84,11 +106,15 @@ class Aggregator:
                 self._live_client_keys + self._pending_client_keys >= self.max_client_keys
             )
             if not share_full and len(counts) + self._pending_keys < self.max_keys:
+                if not counts:
+                    self._since = time.monotonic()
                 counts[key] = count
                 self._live_client_keys += client_chosen
                 return
             self._dropped_events += count
             self._dropped_keys += 1
+        if DROPS:
+            notify(DROPS, count)
         self._report_drop(name, count, share_full)
 
     def drop(self, count: int) -> None:
@@ -96,6 +122,8 @@ class Aggregator:
         with self._lock:
             self._dropped_events += count
             self._dropped_keys += 1
+        if DROPS:
+            notify(DROPS, count)
 
     def _report_drop(self, name: str, count: int, share_full: bool) -> None:
         # One report per bound: a flood of client-chosen names, reported first, must not
@@ -129,7 +157,7 @@ class Aggregator:
             if counts:
                 self._sequence += 1
                 flush_id = f"{self.process_id}:{self._sequence}"
-                self._pending.append(Batch(flush_id, counts, client_keys))
+                self._pending.append(Batch(flush_id, counts, client_keys, self._since))
                 self._pending_keys += len(counts)
                 self._pending_client_keys += client_keys
         finally:
@@ -159,6 +187,17 @@ class Aggregator:
     def pending_keys(self) -> int:
         """Keys in the queued batches (what a failed flush still holds)."""
         return self._pending_keys
+
+    def lag(self) -> float:
+        """Seconds since the oldest count not yet written was added (0.0: none is)."""
+        with self._lock:
+            if self._pending:
+                since = self._pending[0].since
+            elif self._counts:
+                since = self._since
+            else:
+                return 0.0
+        return max(0.0, time.monotonic() - since)
 
     def live_counts(self) -> CountsDict:
         """A copy of the counts not yet sealed into a batch."""

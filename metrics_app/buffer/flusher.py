@@ -5,30 +5,43 @@ A flush seals the live counts into a batch and writes the queued batches oldest 
 the thread retries with exponential backoff (``METRICS_FLUSH_INTERVAL`` doubled per
 failure, at most :data:`MAX_RETRY_DELAY`). Because the id never changes, a retry of a
 batch whose first commit succeeded is recognised by the flush ledger and not counted twice.
+
+The top keys gathered since the last flush (:mod:`metrics_app.topk`) are written after the
+counts, with :func:`metrics_app.storage.write_tops`. They are a view of what happens lately,
+not counts to keep: a write that fails loses them (logged), so memory stays bounded.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from django.db import connections
 
-from metrics_app.buffer.aggregator import Aggregator
+from metrics_app.buffer.aggregator import Aggregator, Batch, notify
 from metrics_app.conf import conf
 from metrics_app.signals import flush_failed, flushed
+from metrics_app.topk import Sketches
 
 logger = logging.getLogger("metrics_app")
 
 #: Longest wait, in seconds, between retries of a failing flush.
 MAX_RETRY_DELAY = 300.0
 
+#: Functions told of every flush that wrote (or tried to write) a batch,
+#: ``fn(flusher, seconds)``: the exporters (:mod:`metrics_app.telemetry`). Empty unless one
+#: is installed.
+FLUSHES: list[Callable[[Flusher, float], None]] = []
+
 
 class Flusher:
     """Flushes one :class:`Aggregator`; at most one flush runs at a time."""
 
-    def __init__(self, aggregator: Aggregator) -> None:
+    def __init__(self, aggregator: Aggregator, tops: Sketches | None = None) -> None:
         self.aggregator = aggregator
+        self.tops = Sketches() if tops is None else tops
         #: Flushes failed in a row (the backoff's exponent); 0 after a success.
         self.failures = 0
         self._lock = threading.Lock()
@@ -49,9 +62,26 @@ class Flusher:
         if not self._lock.acquire(blocking):
             return None
         try:
-            return self._flush(raise_errors, blocking)
+            written = self._flush(raise_errors, blocking)
+            if written is not None:
+                self._flush_tops(raise_errors)
+            return written
         finally:
             self._lock.release()
+
+    def _flush_tops(self, raise_errors: bool) -> None:
+        taken = self.tops.take()
+        if not taken:
+            return
+        from metrics_app import storage  # (the models need a ready app registry)
+
+        try:
+            storage.write_tops(taken)
+        except Exception as exc:
+            keys = sum(len(sketch.entries) for _, sketch in taken.values())
+            logger.warning("metrics: %d top keys lost, their write failed: %s", keys, exc)
+            if raise_errors:
+                raise
 
     def _flush(self, raise_errors: bool, blocking: bool) -> int | None:
         aggregator = self.aggregator
@@ -67,6 +97,16 @@ class Flusher:
         batch = aggregator.oldest()
         if batch is None:
             return 0
+        start = time.perf_counter()
+        try:
+            return self._write(batch, raise_errors)
+        finally:
+            if FLUSHES:
+                notify(FLUSHES, self, time.perf_counter() - start)
+
+    def _write(self, batch: Batch | None, raise_errors: bool) -> int | None:
+        """Write the queued batches, ``batch`` (the oldest) first."""
+        aggregator = self.aggregator
         # storage imports the models, which need a ready app registry; this module is
         # imported with the metrics_app package, before the registry is.
         from metrics_app import storage

@@ -4,10 +4,11 @@ All the state lives in one :class:`ProcessBuffer`: its aggregator, its flusher a
 ``record()`` hands counts to. A forked child and :func:`reset` replace that one instance, so
 what they start from cannot drift apart.
 
-Importing this module starts nothing. The first ``record()`` of a process starts its
-buffer: it reads the settings, installs the exit hooks (:mod:`.lifecycle`), chooses the
-target (the in-memory aggregator, or Redis with ``METRICS_BUFFER = "redis"``) and starts the
-flusher thread for the memory target. A change to a setting the buffer caches chooses again.
+Importing this module starts nothing. The first ``record()`` (or ``record_top()``) of a
+process starts its buffer: it reads the settings, installs the exit hooks (:mod:`.lifecycle`),
+chooses the target (the in-memory aggregator, or Redis with ``METRICS_BUFFER = "redis"``) and
+starts the flusher thread (which, for the Redis target, writes the top keys only). A change
+to a setting the buffer caches chooses again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from metrics_app.buffer.aggregator import Aggregator
 from metrics_app.buffer.flusher import Flusher
 from metrics_app.conf import conf
 from metrics_app.names import MAX_NAME_LENGTH, check_name
+from metrics_app.topk import Sketches
 
 logger = logging.getLogger("metrics_app")
 
@@ -70,7 +72,9 @@ class ProcessBuffer:
 
     def __init__(self) -> None:
         self.aggregator = Aggregator()
-        self.flusher = Flusher(self.aggregator)
+        #: The top keys of each name since the last flush (:func:`record_top`).
+        self.tops = Sketches()
+        self.flusher = Flusher(self.aggregator, self.tops)
         self.redis = RedisTarget(self.aggregator)
         # Until the first record() the target is this object: its add() starts the buffer,
         # which chooses the real target, and hands the count on.
@@ -100,7 +104,8 @@ class ProcessBuffer:
         self.aggregator.max_client_keys = conf.MAX_CLIENT_KEYS
         in_memory = conf.BUFFER != "redis"
         self.target = self.aggregator if in_memory else self.redis
-        if in_memory and conf.FLUSH_INTERVAL > 0:
+        # With the Redis buffer the thread writes the top keys only (counts stay in Redis).
+        if conf.FLUSH_INTERVAL > 0:
             self.flusher.start()
         else:
             self.flusher.stop()
@@ -156,6 +161,17 @@ def record(
     else:
         minute = int(at // 60)
     _buffer.target.add(name, minute, count, client_chosen)
+
+
+def record_top(name: str, key: str, label: str = "", ref: str = "", *, keep: float) -> None:
+    """Count one event of ``key`` among the most frequent keys of ``name`` (a bounded
+    sketch per name, :mod:`metrics_app.topk`), written at the next flush as ``TopKey`` rows
+    that are deleted ``keep`` seconds after. ``label`` is what a page shows of the key,
+    ``ref`` what it acts on. Thread-safe, no I/O."""
+    buffer = _buffer
+    if not buffer.started:
+        buffer.start()
+    buffer.tops.add(check_name(name), key, clock.now(), label, ref, keep)
 
 
 def flush(*, raise_errors: bool = True, blocking: bool = True) -> int | None:

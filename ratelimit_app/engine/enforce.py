@@ -211,6 +211,8 @@ def decide(
     from the refusal memory; send ``ratelimited`` for each counted refusal (``sender``: the
     adapter, as :mod:`ratelimit_app.signals` documents). ``at``: the time of the check, for
     a caller with a clock of its own (DRF's ``timer``)."""
+    if not conf.MIDDLEWARE_INSTALLED:  # the middleware keeps the configuration fresh
+        store.current()  # (overrides and bans; at most a look a second at its version)
     if store.overriding:  # per-subject overrides (an unlimited one leaves its limit out)
         decisions = overrides.apply(request, decisions)
         if not decisions:
@@ -219,20 +221,14 @@ def decide(
     for d in decisions:  # loops, not comprehensions (each a function call): every request
         checks.append(d.check)
     results: Sequence[Result | None] | None = None
-    if store.banning:
-        results = _banned(decisions, checks, at)
-    if results is None and REFUSALS.entries:
-        results = _recall(decisions, checks, at)
+    if store.banning or REFUSALS.entries:  # (no call without bans or refusals)
+        results = _answered(decisions, checks, at)
     remembered = results is not None
     if results is None:
         try:
             results = check_many(checks, partial(_take_back, decisions), at=at)
         except BackendError as exc:
-            report_failure(exc)
-            failed = Verdict(decisions, failed=exc)
-            if OBSERVERS:
-                _observe(failed)
-            return failed
+            return _failed(decisions, exc)
     shown = []
     limited = False
     for d, result in zip(decisions, results, strict=True):
@@ -260,12 +256,30 @@ def decide(
         _observe(verdict)
     held = getattr(request, "__dict__", None)  # the verdicts of the request, for charge()
     if held is not None:
-        found = held.get(DECIDED)
-        if found is None:
-            held[DECIDED] = [verdict]
-        else:
-            found.append(verdict)
+        held.setdefault(DECIDED, []).append(verdict)
     return verdict
+
+
+def _answered(
+    decisions: Sequence[Decision], checks: list[Check], at: float | None
+) -> Sequence[Result | None] | None:
+    """The results of a request answered without a round trip: banned (from the
+    configuration snapshot), or refused from the refusal memory; else None."""
+    results: Sequence[Result | None] | None = None
+    if store.banning:
+        results = _banned(decisions, checks, at)
+    if results is None and REFUSALS.entries:
+        results = _recall(decisions, checks, at)
+    return results
+
+
+def _failed(decisions: Sequence[Decision], exc: BackendError) -> Verdict:
+    """The verdict of a request whose counters failed, reported."""
+    report_failure(exc)
+    failed = Verdict(decisions, failed=exc)
+    if OBSERVERS:
+        _observe(failed)
+    return failed
 
 
 #: Functions told of every verdict, ``observer(verdict)``: the exporters' counters

@@ -42,6 +42,7 @@ def staff_permissions() -> list[str]:
         "ratelimit_app.view_accessentry",
         "ratelimit_app.add_accessentry",
         "metrics_app.view_series",
+        "ratelimit_app.view_ban",
     ]
 
 
@@ -130,3 +131,44 @@ def test_deny_list_entry(staff_page: Page, live_server: Any) -> None:
     screenshot(page, "ratelimit-access-list")
     denied = store.current().deny
     assert denied.has_ip("203.0.113.9")
+
+
+def test_a_ban_seen_in_the_usage_lookup_and_the_bans_list(
+    staff_page: Page, live_server: Any
+) -> None:
+    """A rule saved with a ban bans a client; the usage lookup shows the ban and its end, the
+    Bans list has it, and a reset lifts it."""
+    from ratelimit_app.models import Rule
+
+    page, base = staff_page, live_server.url
+    Rule.objects.create(
+        name="banning",
+        path="/rules/named/",
+        key="ip",
+        rate="1/m",
+        ban_after=2,
+        ban_within="10m",
+        ban_for="1h",
+        ban_max="1d",
+    )
+    assert statuses(page, f"{base}/rules/named/", 4) == [200, 429, 429, 429]
+    refused = page.request.get(f"{base}/rules/named/")
+    assert refused.status == 429 and int(refused.headers["retry-after"]) > 3000
+
+    page.goto(f"{base}/admin/ratelimit_app/rule/usage/")
+    page.select_option("#id_rule", "banning")
+    page.fill("#id_subject", "127.0.0.1")
+    page.click("input[name=lookup]")
+    assert "Banned until" in page.locator("#ban").inner_text()
+    screenshot(page, "ratelimit-usage-banned")
+
+    page.goto(f"{base}/admin/ratelimit_app/ban/")
+    assert "127.0.0.1" in page.locator("#result_list").inner_text()
+    screenshot(page, "ratelimit-bans")
+
+    page.goto(f"{base}/admin/ratelimit_app/rule/usage/")
+    page.select_option("#id_rule", "banning")
+    page.fill("#id_subject", "127.0.0.1")
+    page.click("input[name=reset]")
+    assert page.locator("#ban").count() == 0
+    assert statuses(page, f"{base}/rules/named/", 1) == [200]

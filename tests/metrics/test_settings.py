@@ -25,7 +25,7 @@ from django.urls import reverse
 
 import metrics_app
 from metrics_app import query, rollup
-from metrics_app.models import Bucket, FlushLedger, Series
+from metrics_app.models import Bucket, FlushLedger, Series, TopKey
 from metrics_app.testing import FrozenClock
 
 DAY = 86400
@@ -51,7 +51,7 @@ def metrics_database(db: None, tmp_path: Path) -> Iterator[str]:
     connections[ELSEWHERE] = wrapper
     try:
         with wrapper.schema_editor() as editor:
-            for model in (Series, Bucket, FlushLedger):
+            for model in (Series, Bucket, FlushLedger, TopKey):
                 editor.create_model(model)
         yield ELSEWHERE
     finally:

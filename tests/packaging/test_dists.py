@@ -72,6 +72,13 @@ def test_the_metadata_pypi_shows(dists: Dists) -> None:
         "Changelog": "https://github.com/django-bucketry/django-bucketry/blob/main/CHANGELOG.md",
     }
     # The tools of a clone are a dependency group, never an extra a user can ask for.
-    assert set(meta.get_all("Provides-Extra", [])) == {"memcached", "redis", "celery", "drf"}
+    assert set(meta.get_all("Provides-Extra", [])) == {
+        "memcached",
+        "redis",
+        "celery",
+        "drf",
+        "prometheus",
+        "otel",
+    }
     assert meta["Description-Content-Type"] == "text/markdown"
     assert meta.get_payload() == (ROOT / "README.md").read_text(encoding="utf-8")

@@ -30,7 +30,9 @@ def plain(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
 
-@ratelimit(group="banning-view", key="ip", rate="1/m", ban={"after": 2, "within": "1h", "for": "10m"})
+@ratelimit(
+    group="banning-view", key="ip", rate="1/m", ban={"after": 2, "within": "1h", "for": "10m"}
+)
 def decorated(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
@@ -231,3 +233,38 @@ def test_a_throttle_bans(banned: list[dict[str, Any]]) -> None:
     assert [a.status_code for a in found] == [200, 429, 429, 429]
     assert found[-1]["Retry-After"] == "600"
     assert banned[0]["limit"] == "drf:banning"
+
+
+@on_every_backend
+def test_without_the_middleware_a_decorator_bans_and_takes_overrides(client: Client) -> None:
+    """The checks keep the configuration fresh themselves (bans, overrides) when
+    RatelimitMiddleware is not installed: Ratelimited is then django-ratelimit's 403."""
+    from ratelimit_app.models import Override
+
+    plain = ["django.contrib.sessions.middleware.SessionMiddleware"]
+    with override_settings(MIDDLEWARE=plain), frozen_clock(T0) as clock:
+        assert [s for s, _ in answers(client, "/decorated/", 3)] == [200, 403, 403]
+        clock.advance(120)  # the window is empty again: the ban holds
+        assert [s for s, _ in answers(client, "/decorated/", 2)] == [403, 403]
+        assert Ban.objects.count() == 1
+        Override.objects.create(limit="banning-view", subject="192.0.2.3", rate="5/m")
+        assert [s for s, _ in answers(client, "/decorated/", 3, ip="192.0.2.3")] == [200] * 3
+
+
+@on_every_backend
+def test_ratelimit_reset_and_usage_show_and_lift_a_ban(client: Client) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0):
+        answers(client, "/login/", 5)
+        shown = StringIO()
+        call_command("ratelimit_usage", "login", "192.0.2.1", "--json", stdout=shown)
+        assert '"ban_seconds": 3600' in shown.getvalue()
+        table = StringIO()
+        call_command("ratelimit_usage", "login", "192.0.2.1", stdout=table)
+        assert "Banned until 2027-01-15T09:00:00+00:00 (a ban of 3600 s)" in table.getvalue()
+        call_command("ratelimit_reset", "login", "192.0.2.1", stdout=StringIO())
+        assert not Ban.objects.exists()
+        assert answers(client, "/login/", 1) == [(200, 0)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -112,7 +113,7 @@ Examples:
             shown: Any = usages[0][2]
             if len(usages) > 1:
                 shown = [{"name": named.name, **usage} for named, _, usage in usages]
-            self.stdout.write(json.dumps(shown, indent=2))
+            self.stdout.write(json.dumps(shown, indent=2, default=_isoformat))
             return
         for named, where, usage in usages:
             self.show(named, where, usage)
@@ -124,7 +125,14 @@ Examples:
         self.stdout.write(self.heading(named, found))
         for line in table(usage):
             self.stdout.write(line)
-        if usage["should_limit"]:
+        if usage.get("banned_until") is not None:
+            where = " on every path" if usage.get("ban_site") else ""
+            self.stdout.write(
+                f"Banned{where} until {_isoformat(usage['banned_until'])} (a ban of "
+                f"{usage['ban_seconds']} s); ratelimit_reset lifts it.",
+                self.style.ERROR,
+            )
+        elif usage["should_limit"]:
             self.stdout.write(
                 f"Limited by {usage['rate']}: the next request is admitted in "
                 f"{usage['retry_after']} s.",
@@ -144,3 +152,10 @@ Examples:
         if len(found.kinds()) > 1:
             text += " (an IP: the requests that had no value for the key and fell back to it)"
         return text + ":"
+
+
+def _isoformat(value: Any) -> str:
+    """A ban's end (a datetime) as JSON and the table write it."""
+    if isinstance(value, dt.datetime):
+        return value.isoformat(timespec="seconds")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

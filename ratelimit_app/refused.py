@@ -1,0 +1,154 @@
+"""The admin page *Refused lately*: per limit, the subjects refused in the last hour and day.
+
+Read from the rows ``metrics_app`` keeps of each limit's most refused subjects
+(:class:`metrics_app.models.TopKey`, fed by :mod:`ratelimit_app.metrics`): a bounded top-k
+per process, flushed with the metrics, so a flood of distinct subjects costs bounded memory
+and rows. Each subject comes with its counts, first and last refusal, and the admin's
+actions: its usage lookup and reset (where ``RATELIMIT_REFUSED_SUBJECTS`` keeps what they
+need), and the limit's bans.
+
+Served by the rules' admin (``/admin/ratelimit_app/rule/refused/``, linked from the rules
+list), read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.apps import apps
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Max, Min, Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.translation import gettext_lazy as _
+
+from ratelimit_app.conf import read
+from ratelimit_app.metrics import MODES, SERIES_PREFIX, mode, retention_days
+
+#: Subjects shown per limit, most refused in the last day first.
+SHOWN = 25
+HOUR, DAY = 3600, 86400
+
+
+@dataclass
+class Subject:
+    """One refused subject of a limit, as the page shows it."""
+
+    key: str
+    label: str
+    ref: str
+    hour: int
+    day: int
+    first: datetime
+    last: datetime
+
+
+@dataclass
+class Refused:
+    """A limit and its subjects refused in the last day."""
+
+    limit: str
+    subjects: list[Subject] = field(default_factory=list)
+
+
+def refused_lately(now: float, shown: int = SHOWN) -> list[Refused]:
+    """Each limit with subjects refused in the day before ``now``, by name, each with its
+    ``shown`` most refused subjects. A bucket counts in a period when any of it lies in it."""
+    from metrics_app.models import TopKey
+    from metrics_app.storage import TOP_BUCKET
+
+    rows = TopKey.objects.using(_database()).filter(
+        name__startswith=SERIES_PREFIX, start__gt=now - DAY - TOP_BUCKET
+    )
+    names = sorted(set(rows.values_list("name", flat=True)))
+    found = []
+    for name in names:
+        grouped = (
+            rows.filter(name=name)
+            .values("key")
+            .annotate(
+                hour=Sum("count", filter=Q(start__gt=now - HOUR - TOP_BUCKET)),
+                day=Sum("count"),
+                first=Min("first_seen"),
+                last=Max("last_seen"),
+                label=Max("label"),
+                ref=Max("ref"),
+            )
+            .order_by("-day", "-last", "key")[:shown]
+        )
+        subjects = [
+            Subject(
+                g["key"], g["label"], g["ref"], g["hour"] or 0, g["day"], g["first"], g["last"]
+            )
+            for g in grouped
+        ]
+        found.append(Refused(name.removeprefix(SERIES_PREFIX), subjects))
+    return found
+
+
+def _lately() -> list[Refused]:
+    from metrics_app import clock  # the clock the rows were written by
+
+    return refused_lately(clock.now())
+
+
+def _database() -> str:
+    from metrics_app.conf import conf as metrics_conf
+
+    return metrics_conf.DATABASE
+
+
+def _url(name: str) -> str | None:
+    try:
+        return reverse(name)
+    except NoReverseMatch:  # that admin is not registered
+        return None
+
+
+def problems() -> list[str]:
+    """What is wrong with the page's settings, as the page says it."""
+    found = []
+    if read("RATELIMIT_REFUSED_SUBJECTS") not in MODES:
+        found.append(
+            _("RATELIMIT_REFUSED_SUBJECTS is %(value)r, not one of %(modes)s: subjects hidden.")
+            % {"value": read("RATELIMIT_REFUSED_SUBJECTS"), "modes": ", ".join(MODES)}
+        )
+    if retention_days() != read("RATELIMIT_REFUSED_RETENTION"):
+        found.append(
+            _(
+                "RATELIMIT_REFUSED_RETENTION is %(value)r, not a number of days from 1 to 3650: "
+                "rows are kept %(days)s days."
+            )
+            % {"value": read("RATELIMIT_REFUSED_RETENTION"), "days": retention_days()}
+        )
+    return found
+
+
+def page(request: HttpRequest, site: admin.AdminSite, opts: Any) -> HttpResponse:
+    """The page, served by the rules' admin under *Rate limits* (``RuleAdmin.get_urls``):
+    staff with ``ratelimit_app.view_rule`` see it; a project without ``metrics_app`` keeps
+    no rows, and the page says so."""
+    user = request.user
+    if not user.has_perm("ratelimit_app.view_rule"):
+        raise PermissionDenied
+    installed = apps.is_installed("metrics_app")
+    context = {
+        **site.each_context(request),
+        "opts": opts,
+        "title": _("Refused lately"),
+        "installed": installed,
+        "limits": _lately() if installed else [],
+        "usage_url": _url("admin:ratelimit_app_rule_usage"),
+        "bans_url": _url("admin:ratelimit_app_ban_changelist"),
+        "can_look": True,
+        "can_reset": user.has_perm("ratelimit_app.reset_counters"),
+        "can_see_bans": user.has_perm("ratelimit_app.view_ban"),
+        "mode": mode(),
+        "days": retention_days(),
+        "problems": problems(),
+    }
+    return TemplateResponse(request, "admin/ratelimit_app/refused_lately.html", context)
