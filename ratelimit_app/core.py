@@ -72,6 +72,8 @@ def get_usage(
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
     cost: limits.CostSpec = 1,
+    shadow: bool = False,
+    ban: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Usage of a limit for this request, counting it when ``increment`` is true.
 
@@ -83,7 +85,8 @@ def get_usage(
     ``algorithm="leaky_bucket"`` meters a leaky bucket instead of sliding windows: ``rate``
     is the leak rate (one rate) and ``burst`` the capacity (default: the rate's count); the
     dict then also has ``level`` and ``capacity`` (see :func:`usage_dict`). ``cost``: the
-    hits the request counts (as ``@ratelimit`` takes it).
+    hits the request counts, ``shadow``: a dry run, ``ban``: who it refuses too often it
+    bans (each as ``@ratelimit`` takes it).
 
     Under ``RATELIMIT_SHADOW`` (a dry run), ``should_limit`` is False and ``shadow_limited``
     True where the limit would refuse.
@@ -93,15 +96,19 @@ def get_usage(
     if not conf.ENABLE or rate is None:
         return None
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
-    limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost)
-    return limit_usage(request, limit, increment, fail_open)
+    limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost, ban=ban)
+    return limit_usage(request, limit, increment, fail_open, shadow)
 
 
 def limit_usage(
-    request: HttpRequest, limit: Limit, increment: bool, fail_open: bool | None = None
+    request: HttpRequest,
+    limit: Limit,
+    increment: bool,
+    fail_open: bool | None = None,
+    shadow: bool = False,
 ) -> dict[str, Any] | None:
     """:func:`get_usage` for a validated :class:`~ratelimit_app.config.limits.Limit`."""
-    decision = limit_decision(request, limit, increment, fail_open)
+    decision = limit_decision(request, limit, increment, fail_open, shadow)
     if decision is None:
         return None
     if decision.result is None:  # the counters failed, and the limit fails closed
@@ -175,6 +182,8 @@ def is_ratelimited(
     algorithm: str = SLIDING_WINDOW,
     burst: int | None = None,
     cost: limits.CostSpec = 1,
+    shadow: bool = False,
+    ban: dict[str, Any] | None = None,
 ) -> bool:
     """True when the request is over the limit (django-ratelimit's ``is_ratelimited``)."""
     usage = get_usage(
@@ -188,6 +197,8 @@ def is_ratelimited(
         algorithm=algorithm,
         burst=burst,
         cost=cost,
+        shadow=shadow,
+        ban=ban,
     )
     return bool(usage and usage["should_limit"])
 

@@ -268,3 +268,21 @@ def test_ratelimit_reset_and_usage_show_and_lift_a_ban(client: Client) -> None:
         call_command("ratelimit_reset", "login", "192.0.2.1", stdout=StringIO())
         assert not Ban.objects.exists()
         assert answers(client, "/login/", 1) == [(200, 0)]
+
+
+@on_every_backend
+def test_get_usage_and_is_ratelimited_take_a_ban_and_a_dry_run(rf: Any) -> None:
+    request = rf.get("/", REMOTE_ADDR="192.0.2.77")
+    ban = {"after": 2, "within": "1h", "for": "10m"}
+    args: dict[str, Any] = {"key": "ip", "rate": "1/m", "ban": ban, "increment": True}
+    # No middleware: the checks keep the configuration (and its bans) fresh themselves.
+    with override_settings(MIDDLEWARE=[]), frozen_clock(T0) as clock:
+        found = [core.get_usage(request, "g-banning", **args) for _ in range(3)]
+        assert [u["should_limit"] for u in found if u] == [False, True, True]
+        assert found[2] is not None and found[2]["retry_after"] == 600
+        clock.advance(120)
+        assert core.is_ratelimited(request, "g-banning", **args)  # banned, the window empty
+        dry = {**args, "ban": None, "shadow": True}
+        usages = [core.get_usage(request, "g-dry", **dry) for _ in range(2)]
+    assert usages[1] is not None and not usages[1]["should_limit"]
+    assert usages[1]["shadow_limited"]

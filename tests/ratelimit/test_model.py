@@ -1,32 +1,37 @@
 """Every backend against the model: a hypothesis state machine on real servers.
 
-The reference is pure: :mod:`ratelimit_app.algorithms.windows` (which buckets a check writes and
-reads,
-how the values read make a usage) and :mod:`ratelimit_app.algorithms.gcra` (the leaky bucket). The
-**model** is a plain dict of bucket counters and leaky-bucket TATs that carries those plans
-itself: it applies a plan's writes, take-backs and reads to the dict and evaluates with the
-same pure functions, following what :func:`~ratelimit_app.engine.check_many` does around the
-backend (a second round trip that takes refused hits back and reads the fine buckets of the
-limited checks). :class:`LimiterMachine` sends the same random requests to
-``check_many`` on a backend and to the model, and every result must be equal: counts,
-``limited``, ``remaining``, ``retry_after`` and ``reset`` of every rate (exactly: both sides
-feed the same integers to the same functions), and a leaky bucket's state.
+The reference is pure: :mod:`ratelimit_app.algorithms.windows` (which buckets a check writes
+and reads, how the values read make a usage) and :mod:`ratelimit_app.algorithms.gcra` (the
+leaky bucket). The **model** is a plain dict of bucket counters and leaky-bucket TATs that
+carries those plans itself: it applies a plan's writes, take-backs and reads to the dict and
+evaluates with the same pure functions, following what :func:`~ratelimit_app.engine.check_many`
+does around the backend (a second round trip that takes refused hits back, reads the fine
+buckets of the limited checks and counts the strikes of limits that ban).
+:class:`LimiterMachine` sends the same random requests to ``check_many`` on a backend and to
+the model, and every result must be equal: counts, ``limited``, ``remaining``,
+``retry_after`` and ``reset`` of every rate (exactly: both sides feed the same integers to
+the same functions), a leaky bucket's state, ``struck`` (the refusal's strike brought its
+subject to the ban); and the refusal memory must hold exactly the refusals the model says
+are remembered (never one of a limit that bans: each must reach its strike).
 
 An example has one to three limits (each a group of its own, so examples never share
-counters: a sliding window of one to three rates, or a leaky bucket with or without a
-burst; counts up to 12, windows from 10 s to an hour, a day in the long run) and three
-subjects, and runs on one bucket layout (uniform with 60, 6 or 1 buckets a window, or
-hierarchical). Its steps are requests (one to three limits, each for one subject, counted or
-a look, of a cost mostly 1, sometimes 2 to 5 and sometimes above every limit, repeated up
-to 13 times), with each take-back policy of ``check_many`` (the refused hits; everything
-when one is refused, as blocking middleware rules do; nothing, as failure counting does)
-and with or without exact waits; up to two resets (:func:`core.reset
+counters: a sliding window of one to three rates, with or without a ban of 1 to 3 strikes;
+a leaky bucket with or without a burst; or an in-flight limit, a window as long as its lease
+whose refusals wait a second; counts up to 12, windows and leases from 10 s to an hour, a
+day in the long run) and three subjects, and runs on one bucket layout (uniform with 60, 6
+or 1 buckets a window, or hierarchical). Its steps are requests (one to three limits, each
+for one subject, counted or a look, of a cost mostly 1, sometimes 2 to 5 and sometimes above
+every limit, repeated up to 13 times), with each take-back policy of ``check_many`` (the
+refused hits; everything when one is refused, as blocking middleware rules do; nothing, as
+failure counting does) and with or without exact waits; places given back (``take_back`` of
+an admitted in-flight check, as the adapters do when its response is done; sometimes a place
+given back already, which takes nothing more); up to two resets (:func:`core.reset
 <ratelimit_app.core.reset>`, which calls ``Backend.delete``; the model forgets the subject
-whole, so a bucket the reset missed is a mismatch); and clock moves on the
-limiter's frozen clock: inside a bucket, onto (and a millisecond either side of) the edges
-of fine and coarse buckets, of the hierarchical levels and of whole windows, by the last
-``retry_after`` or ``reset`` (the moments a hit leaves a window), and far past every TTL.
-A backend error, even one ``check_many`` swallows (a failed take-back), fails the run.
+whole, so a bucket the reset missed is a mismatch); and clock moves on the limiter's frozen
+clock: inside a bucket, onto (and a millisecond either side of) the edges of fine and coarse
+buckets, of the hierarchical levels and of whole windows, by the last ``retry_after`` or
+``reset`` (the moments a hit leaves a window), and far past every TTL. A backend error, even
+one ``check_many`` swallows (a failed take-back), fails the run.
 
 **Time and TTLs.** The limiter's clock is frozen and moves by the steps; a server's TTLs run
 in real seconds. The two are reconciled as follows.
@@ -90,13 +95,15 @@ from hypothesis.stateful import (
 
 from ratelimit_app import ALL
 from ratelimit_app.algorithms import gcra, windows
-from ratelimit_app.algorithms.gcra import LEAKY_BUCKET, SLIDING_WINDOW
-from ratelimit_app.algorithms.rates import Rate, parse
+from ratelimit_app.algorithms.bans import BanSpec
+from ratelimit_app.algorithms.gcra import IN_FLIGHT, LEAKY_BUCKET, SLIDING_WINDOW
+from ratelimit_app.algorithms.rates import MAX_LEASE, Rate, Slots, parse
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.core import reset, scope
-from ratelimit_app.engine import Check, Result, check_many
+from ratelimit_app.engine import REFUSALS, Check, Result, check_many, refusal_key, take_back
+from ratelimit_app.engine.checking import STRIKES
 from ratelimit_app.keys import namespace
-from ratelimit_app.testing import FrozenClock, frozen_clock
+from ratelimit_app.testing import FrozenClock, forget_refusals, frozen_clock
 from tests.conftest import start_or_skip
 
 FUZZ = os.environ.get("BUCKETRY_FUZZ", "").strip().lower() in {"1", "true", "yes"}
@@ -136,6 +143,8 @@ MAX_RESETS = 2
 #: plus a margin for the time a check takes.
 WALL_SLACK = 1.5
 LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+#: What a refusal of an in-flight limit says to wait, whatever its window (``Retry-After: 1``).
+IN_FLIGHT_WAIT = 1.0
 #: Numbers the examples of a session (their servers are the session's own).
 _examples = itertools.count()
 
@@ -159,6 +168,12 @@ class ModelResult:
     namespace: str
     usages: list[windows.Usage]
     meter: gcra.State | None = None
+    #: The plan of the hit it still holds (a counted check's, None once taken back).
+    plan: windows.Plan | None = None
+    #: Its refusal brought its subject to its limit's ban.
+    struck: bool = False
+    #: Its refusal is remembered (the engine's refusal memory).
+    remembered: bool = False
 
     @property
     def limited(self) -> bool:
@@ -228,15 +243,39 @@ class Model:
         now = time.monotonic()
         return any(e.wall_deadline <= now and t < e.expires for e in self.entries.values())
 
-    def count(self, c: Check, ns: str, p: windows.Plan, t: float) -> ModelResult:
-        """A sliding window's check of plan ``p``: its writes raised by the cost when it
-        counts, then its reads evaluated."""
-        if c.increment:
+    def tally(
+        self, ns: str, p: windows.Plan, t: float, increment: bool, cost: int
+    ) -> list[windows.Usage]:
+        """Plan ``p``'s writes raised by ``cost`` when it counts, then its reads evaluated."""
+        if increment:
             for suffix, ttl in p.writes:
                 entry = self.get(ns, suffix, t) or self.put(ns, suffix, 0, t, ttl)
-                entry.value += c.cost
+                entry.value += cost
         values = [self.value(ns, s, t) for s in p.reads]
-        return ModelResult(ns, windows.evaluate(p, values, t, counted=c.increment, cost=c.cost))
+        return windows.evaluate(p, values, t, counted=increment, cost=cost)
+
+    def count(self, c: Check, ns: str, t: float) -> ModelResult:
+        """A sliding window's check, or an in-flight one (a window as long as the lease,
+        whose refusal waits :data:`IN_FLIGHT_WAIT`: a place frees when a response ends)."""
+        p = windows.plan(c.rates, t, self.per_window, self.hierarchical)
+        usages = self.tally(ns, p, t, c.increment, c.cost)
+        if c.algorithm == IN_FLIGHT and any(u.limited for u in usages):
+            wait = IN_FLIGHT_WAIT
+            usages = [u._replace(retry_after=wait, reset=wait) if u.limited else u for u in usages]
+        return ModelResult(ns, usages, plan=p if c.increment else None)
+
+    def strike(self, c: Check, t: float) -> bool:
+        """Count one refusal of ``c`` toward its ban: True when it brings its subject there."""
+        assert c.ban is not None
+        p = windows.plan((c.ban.strikes,), t, self.per_window, self.hierarchical)
+        ns = namespace(c.scope + STRIKES, *c.subject)
+        return self.tally(ns, p, t, True, 1)[0].count >= c.ban.after
+
+    def release(self, c: Check, r: ModelResult, t: float) -> None:
+        """Give back the place ``r`` holds (its response is done), once."""
+        if r.plan is not None:
+            self.uncount(r.namespace, r.plan, c.cost, t)
+            r.plan = None
 
     def uncount(self, ns: str, p: windows.Plan, cost: int, t: float) -> None:
         """A take-back of ``cost`` from each write of ``p``: a bucket that is gone stays
@@ -290,40 +329,61 @@ class Model:
         self, checks: Sequence[Check], policy: Policy, exact: bool, t: float
     ) -> list[ModelResult]:
         """What ``check_many`` returns, on the dict."""
+        results, admitted = self.first_trip(checks, t)
+        limited = {i for i, r in enumerate(results) if r.limited}
+        if not limited:
+            return results
+        undo = {i for i in policy(checks, results) if checks[i].increment}
+        coarse = self.hierarchical or windows.coarse_factor(self.per_window) > 1
+        # A refused sliding window reads its fine buckets to time its wait exactly.
+        timed = set()
+        if exact and coarse and not self.hierarchical:
+            timed = {i for i in limited if checks[i].algorithm == SLIDING_WINDOW}
+        for i in sorted(undo | timed):
+            r = results[i]
+            if i in undo and r.plan is not None:
+                self.uncount(r.namespace, r.plan, checks[i].cost, t)
+                r.plan = None
+            if i in timed:
+                self.time_wait(checks[i], r, t)
+        for i in sorted(undo.intersection(admitted)):
+            self.unmeter(checks[i], results[i].namespace, admitted[i], t)
+        for i in sorted(limited):
+            exact_wait = checks[i].algorithm != SLIDING_WINDOW or i in timed or not coarse
+            self.refused(checks[i], results[i], exact_wait, t)
+        return results
+
+    def time_wait(self, c: Check, r: ModelResult, t: float) -> None:
+        """A refusal's waits timed exactly, from its fine buckets."""
+        detail = windows.plan(c.rates, t, self.per_window, fine_only=True)
+        values = [self.value(r.namespace, s, t) for s in detail.reads]
+        r.usages = windows.refine(r.usages, detail, values, t, c.cost)
+
+    def first_trip(
+        self, checks: Sequence[Check], t: float
+    ) -> tuple[list[ModelResult], dict[int, int]]:
+        """Each check's result, and the TAT each leaky bucket that admitted stored."""
         results: list[ModelResult] = []
-        plans: dict[int, windows.Plan] = {}
         admitted: dict[int, int] = {}
         for i, c in enumerate(checks):
             ns = namespace(c.scope, *c.subject)
             if c.algorithm == LEAKY_BUCKET:
                 result, written = self.meter(c, ns, t)
-                results.append(result)
                 if written is not None:
                     admitted[i] = written
-                continue
-            p = plans[i] = windows.plan(c.rates, t, self.per_window, self.hierarchical)
-            results.append(self.count(c, ns, p, t))
-        limited = {i for i, r in enumerate(results) if r.limited}
-        if not limited:
-            return results
-        undo = {i for i in policy(checks, results) if checks[i].increment}
-        exact = exact and not self.hierarchical and windows.coarse_factor(self.per_window) > 1
-        detail = {
-            i: windows.plan(checks[i].rates, t, self.per_window, fine_only=True)
-            for i in limited.intersection(plans)
-            if exact
-        }
-        for i in sorted(undo.intersection(plans) | set(detail)):
-            ns, cost = results[i].namespace, checks[i].cost
-            if i in undo:
-                self.uncount(ns, plans[i], cost, t)
-            if i in detail:
-                values = [self.value(ns, s, t) for s in detail[i].reads]
-                usages = windows.refine(results[i].usages, detail[i], values, t, cost)
-                results[i].usages = usages
-        for i in sorted(undo.intersection(admitted)):
-            self.unmeter(checks[i], results[i].namespace, admitted[i], t)
-        return results
+            else:
+                result = self.count(c, ns, t)
+            results.append(result)
+        return results, admitted
+
+    def refused(self, c: Check, r: ModelResult, exact_wait: bool, t: float) -> None:
+        """A refusal's strike (a counted check of a limit that bans), and whether it is
+        remembered: a counted refusal whose wait is exact and not 0, of no limit that bans
+        (each of its refusals must reach its strike)."""
+        if c.ban is not None and c.increment:
+            r.struck = self.strike(c, t)
+        wait = max((u.retry_after for u in r.usages if u.limited), default=0.0)
+        r.remembered = c.increment and c.ban is None and exact_wait and wait > 0
 
 
 def observed(result: Result | ModelResult) -> tuple[Any, ...]:
@@ -340,7 +400,7 @@ def observed(result: Result | ModelResult) -> tuple[Any, ...]:
     if state is not None:
         meter = (state.admitted, state.limited, state.level, state.remaining)
         meter += (state.retry_after, state.empty_in)
-    return (result.namespace, result.limited, usages, meter)
+    return (result.namespace, result.limited, usages, meter, result.struck)
 
 
 # -- the machine --------------------------------------------------------------------------------
@@ -348,16 +408,18 @@ def observed(result: Result | ModelResult) -> tuple[Any, ...]:
 
 @dataclass(frozen=True)
 class Limit:
-    """One limit of an example: a group of its own, its rates, its algorithm."""
+    """One limit of an example: a group of its own, its rates (an in-flight limit's
+    :class:`Slots`), its algorithm, and the ban of a sliding window (None: none)."""
 
     group: str
-    text: str
+    rates: tuple[Rate, ...]
     algorithm: str
     burst: int | None
+    ban: BanSpec | None = None
 
     @property
-    def rates(self) -> tuple[Rate, ...]:
-        return parse(self.text)
+    def text(self) -> str:
+        return ";".join(r.text for r in self.rates)
 
     def check(self, ip: str, increment: bool, cost: int = 1) -> Check:
         return Check(
@@ -368,6 +430,7 @@ class Limit:
             self.algorithm,
             self.burst,
             cost,
+            self.ban,
         )
 
 
@@ -378,11 +441,29 @@ counts = st.integers(0, 3) | st.just(9) | st.integers(10, 12)
 #: Requests repeated a few times, or enough to fill a limit around 10 in one bucket.
 repeats = st.integers(1, 3) | st.integers(10, 13)
 rate = st.builds(Rate, counts, st.sampled_from(WINDOWS))
-sliding = st.tuples(
-    st.lists(rate, min_size=1, max_size=3, unique=True), st.just(SLIDING_WINDOW), st.none()
+#: A ban's strikes: 1 to 3 refusals within a window (the ban's own length is not the
+#: engine's business: it is imposed above ``check_many``).
+ban_specs = st.builds(
+    lambda after, within: BanSpec(after, within, 60, 60),
+    st.integers(1, 3),
+    st.sampled_from(WINDOWS),
 )
-leaky = st.tuples(rate.map(lambda r: [r]), st.just(LEAKY_BUCKET), st.none() | counts.filter(bool))
-limit_specs = st.lists(st.one_of(sliding, leaky), min_size=1, max_size=3)
+#: (rates, algorithm, burst, ban).
+sliding = st.tuples(
+    st.lists(rate, min_size=1, max_size=3, unique=True),
+    st.just(SLIDING_WINDOW),
+    st.none(),
+    st.none() | ban_specs,
+)
+leaky = st.tuples(
+    rate.map(lambda r: [r]), st.just(LEAKY_BUCKET), st.none() | counts.filter(bool), st.none()
+)
+#: Leases from 10 s, as windows (a lease is the window of its places' hits).
+slots = st.builds(
+    Slots, counts.filter(bool), st.sampled_from([w for w in WINDOWS if w <= MAX_LEASE])
+)
+in_flight = st.tuples(slots.map(lambda s: [s]), st.just(IN_FLIGHT), st.none(), st.none())
+limit_specs = st.lists(st.one_of(sliding, leaky, in_flight), min_size=1, max_size=3)
 #: A request's cost: mostly 1, sometimes 2 to 5, sometimes above every limit (counts and
 #: bursts are at most 12).
 costs = st.sampled_from((1,) * 14 + (2, 3, 4, 5, 13, 30))
@@ -419,6 +500,9 @@ class LimiterMachine(RuleBasedStateMachine):
         self.model = Model(60, False)
         self.clock: FrozenClock | None = None
         self.last: list[ModelResult] = []
+        #: The places admitted in-flight checks took, given back or not: (check, its result,
+        #: the model's).
+        self.held: list[tuple[Check, Result, ModelResult]] = []
         self.resets = 0
         self.failures: list[logging.LogRecord] = []
 
@@ -429,16 +513,19 @@ class LimiterMachine(RuleBasedStateMachine):
     )
     def start(
         self,
-        specs: list[tuple[list[Rate], str, int | None]],
+        specs: list[tuple[list[Rate], str, int | None, BanSpec | None]],
         layout: tuple[bool, int],
         start: int,
     ) -> None:
         hierarchical, per_window = layout
         run = next(_examples)  # fresh groups: no counter of another example is read
-        self.limits = [
-            Limit(f"model-{run}-{n}", ";".join(r.text for r in rates), algorithm, burst)
-            for n, (rates, algorithm, burst) in enumerate(specs)
-        ]
+        self.limits = []
+        for n, (rates, algorithm, burst, ban) in enumerate(specs):
+            # Rates as a decorator's text gives them (sorted; the scope spells them in order).
+            given = (
+                tuple(rates) if algorithm == IN_FLIGHT else parse(";".join(r.text for r in rates))
+            )
+            self.limits.append(Limit(f"model-{run}-{n}", given, algorithm, burst, ban))
         self.model = Model(per_window, hierarchical)
         self.stack.enter_context(mock.patch.object(windows, "HIERARCHICAL", hierarchical))
         self.stack.enter_context(mock.patch.object(windows, "BUCKETS_PER_WINDOW", per_window))
@@ -450,6 +537,7 @@ class LimiterMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.stack.close()
+        forget_refusals()  # this example's (the suite keeps the memory on)
 
     @property
     def now(self) -> float:
@@ -491,15 +579,14 @@ class LimiterMachine(RuleBasedStateMachine):
             else:
                 got = check_many(checks, take_back=given, exact=exact)
             self.no_backend_failure()  # first: a swallowed failure also changes the results
-            assert [observed(r) for r in got] == [observed(r) for r in expected], (
-                f"request {attempt + 1} of {times} at t={self.now!r}"
-            )
+            where = f"request {attempt + 1} of {times} at t={self.now!r}"
+            assert [observed(r) for r in got] == [observed(r) for r in expected], where
+            assert self._remembered(checks, got) == [r.remembered for r in expected], where
             self.last = expected
-            for c, r in zip(checks, expected, strict=True):
-                kind = "counted" if c.increment else "look"
-                event(f"{c.algorithm} {kind}: {'limited' if r.limited else 'admitted'}")
-                if c.cost > 1:
-                    event(f"a cost of {'2 to 5' if c.cost <= 5 else 'over the limit'}")
+            for c, g, r in zip(checks, got, expected, strict=True):
+                if c.algorithm == IN_FLIGHT and not r.limited and r.plan is not None:
+                    self.held.append((c, g, r))
+                _tell(c, r)
             if any(r.limited for r in expected):
                 event(f"a refusal, take-back policy {policy!r}")
             if any(e.value >= 10 for e in self.model.entries.values()):
@@ -507,10 +594,33 @@ class LimiterMachine(RuleBasedStateMachine):
         if self.model.digits_dropped:
             event("a take-back dropped a digit (memcached pads the count)")
 
-    @precondition(lambda self: self.resets < MAX_RESETS)
+    def _remembered(self, checks: Sequence[Check], got: Sequence[Result]) -> list[bool]:
+        """For each check, whether the refusal memory holds its result just returned."""
+        found = [REFUSALS.recall(refusal_key(c), self.now) for c in checks]
+        return [f is not None and f[1][1] is r for f, r in zip(found, got, strict=True)]
+
+    @precondition(lambda self: self.held)
+    @rule(index=st.integers(0, 12))
+    def release(self, index: int) -> None:
+        """The response of an admitted in-flight request is done: its place is given back,
+        as the adapters give it (``take_back``). A place given back already may be given
+        again (a stream closed after an error): nothing more is taken."""
+        self._discard_if_outlived()
+        check, got, expected = self.held[index % len(self.held)]
+        event("a place given back" + (" again" if expected.plan is None else ""))
+        take_back([check], [got])
+        self.model.release(check, expected, self.now)
+
+    @property
+    def resettable(self) -> list[Limit]:
+        """The limits ``core.reset`` can name by a decorator's arguments (not in-flight)."""
+        return [limit for limit in self.limits if limit.algorithm != IN_FLIGHT]
+
+    @precondition(lambda self: self.resets < MAX_RESETS and self.resettable)
     @rule(index=st.integers(0, 2), ip=st.sampled_from(SUBJECTS))
     def reset_subject(self, index: int, ip: str) -> None:
-        limit = self.limits[index % len(self.limits)]
+        limits = self.resettable
+        limit = limits[index % len(limits)]
         self._discard_if_outlived()
         self.resets += 1
         assert reset(
@@ -563,6 +673,16 @@ class LimiterMachine(RuleBasedStateMachine):
             assert self.clock is not None
             self.clock.set(target)
             event(f"clock move: {move}")
+
+
+def _tell(c: Check, r: ModelResult) -> None:
+    """The events of one check (``--hypothesis-show-statistics``)."""
+    kind = "counted" if c.increment else "look"
+    event(f"{c.algorithm} {kind}: {'limited' if r.limited else 'admitted'}")
+    if c.cost > 1:
+        event(f"a cost of {'2 to 5' if c.cost <= 5 else 'over the limit'}")
+    if c.ban is not None and r.limited and c.increment:
+        event(f"a strike{' that bans' if r.struck else ''}")
 
 
 class _Collect(logging.Handler):
@@ -660,8 +780,8 @@ def test_the_model_expires_what_no_plan_reads_again() -> None:
     """The model alone: counters and TATs a check wrote are gone from the dict once the
     clock is past their TTLs, and a reset forgets a subject whole."""
     model = Model(60, False)
-    limit = Limit("model-alone", "2/m;5/h", SLIDING_WINDOW, None)
-    meter = Limit("model-alone-meter", "2/m", LEAKY_BUCKET, None)
+    limit = Limit("model-alone", parse("2/m;5/h"), SLIDING_WINDOW, None)
+    meter = Limit("model-alone-meter", parse("2/m"), LEAKY_BUCKET, None)
     checks = [limit.check(SUBJECTS[0], True), meter.check(SUBJECTS[0], True)]
     for _ in range(3):
         results = model.check_many(checks, refused_counted, True, T0)
