@@ -27,7 +27,7 @@ from django.contrib.admin.widgets import AdminTextareaWidget
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import Promise
@@ -268,7 +268,32 @@ class RuleAdmin(EscapedHelp):
             self.admin_site.admin_view(self.refused_view),
             name="ratelimit_app_rule_refused",
         )
-        return [usage, lately, *super().get_urls()]
+        banning = path(
+            "ban/", self.admin_site.admin_view(self.ban_view), name="ratelimit_app_rule_ban"
+        )
+        return [usage, lately, banning, *super().get_urls()]
+
+    def ban_view(self, request: HttpRequest) -> HttpResponse:
+        """Ban a subject of a limit now (the *ban* button of *Refused lately*): a POST of the
+        limit, the subject and the hours; needs ``ratelimit_app.add_ban``."""
+        if request.method != "POST" or not request.user.has_perm("ratelimit_app.add_ban"):
+            raise PermissionDenied
+        limit, subject = request.POST.get("rule", ""), request.POST.get("subject", "")
+        try:
+            hours = int(request.POST.get("hours", "1"))
+            until = operations.ban(limit, subject, hours * 3600, request, str(request.user))
+        except (ValueError, BackendError) as exc:
+            messages.error(request, str(exc))
+        else:
+            if until is None:
+                messages.error(request, _("Not a value this rule's key can have."))
+            else:
+                messages.success(
+                    request,
+                    _("Banned %(subject)s from %(limit)s until %(until)s.")
+                    % {"subject": subject, "limit": limit, "until": f"{until:%Y-%m-%d %H:%M} UTC"},
+                )
+        return HttpResponseRedirect(reverse("admin:ratelimit_app_rule_refused"))
 
     def refused_view(self, request: HttpRequest) -> HttpResponse:
         """*Refused lately* (:mod:`ratelimit_app.refused`)."""

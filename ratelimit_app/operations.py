@@ -34,6 +34,7 @@ __all__ = [
     "Named",
     "Target",
     "UnknownLimit",
+    "ban",
     "find_limit",
     "find_limits",
     "lookup",
@@ -324,9 +325,27 @@ def reset(
         ns = namespace(found.scope, kind, value)
         for start in range(0, len(suffixes), RESET_BATCH):
             backend.delete(ns, suffixes[start : start + RESET_BATCH])
-        if found.limit.ban is not None:  # and its ban, with the memory of earlier ones
+        if found.limit.ban is not None or store.banning:  # its ban, and the memory of it
             bans.lift(found.limit.group, (kind, value))
     return True
+
+
+def ban(
+    rule_or_group: LimitName, subject: str, seconds: int, request: Any = None, by: str = ""
+) -> Any:
+    """Ban one subject of a limit for ``seconds`` now, as a person decides it (the admin's
+    *Refused lately*): its requests to that limit are refused until then, in every process
+    within a second; a reset lifts it. Returns the ban's end (an aware datetime), or None
+    for an empty or invalid subject. Arguments as for :func:`target`; ``by``: who, for the
+    log."""
+    if type(seconds) is not int or not 0 < seconds <= rates.MAX_SECONDS:
+        raise ValueError(f"A ban lasts from 1 second to 366 days, not {seconds!r}.")
+    found = target(rule_or_group, subject)
+    if found is None:
+        return None
+    name = rule_or_group if isinstance(rule_or_group, str) else found.limit.group
+    subject_of = (found.limit.kind, found.value)
+    return bans.ban_now(name, found.limit.group, subject_of, seconds, request, by)
 
 
 def lookup(
@@ -355,7 +374,7 @@ def lookup(
     results = check_many(found.checks())
     busiest = max(results, key=lambda r: r.binding().count)  # the first on a tie: its own
     usage = usage_dict(busiest)
-    if found.limit.ban is not None:
+    if store.banning:  # a limit's ban, or one a person made
         for place in found.subjects():
             ban = bans.find(found.limit.group, place)
             if ban is not None:

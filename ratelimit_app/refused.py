@@ -147,6 +147,8 @@ def page(request: HttpRequest, site: admin.AdminSite, opts: Any) -> HttpResponse
         "can_look": True,
         "can_reset": user.has_perm("ratelimit_app.reset_counters"),
         "can_see_bans": user.has_perm("ratelimit_app.view_ban"),
+        "can_ban": user.has_perm("ratelimit_app.add_ban"),
+        "ban_url": _url("admin:ratelimit_app_rule_ban"),
         "mode": mode(),
         "days": retention_days(),
         "problems": problems(),

@@ -28,7 +28,17 @@ from ratelimit_app.engine.result import Result
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.signals import subject_banned
 
-__all__ = ["SITE_SCOPE", "ban_key", "banned", "find", "impose", "lift", "refused", "site_wait"]
+__all__ = [
+    "SITE_SCOPE",
+    "ban_key",
+    "ban_now",
+    "banned",
+    "find",
+    "impose",
+    "lift",
+    "refused",
+    "site_wait",
+]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -51,10 +61,10 @@ def refused(
     found: list[Result | None] = []
     hit = False
     for group, c in zip(groups, checks, strict=True):
-        spec = c.ban
-        until = None
-        if spec is not None:
-            until = held.get(ban_key(group, spec.site, c.subject))
+        spec = c.ban  # (a limit without one may hold a ban a person made in the admin)
+        until = held.get(ban_key(group, False, c.subject))
+        if until is None and spec is not None and spec.site:
+            until = held.get(ban_key(group, True, c.subject))
         if until is None or until <= now:
             found.append(None)
             continue
@@ -92,27 +102,68 @@ def impose(limit: str, group: str, check: Check, request: Any = None) -> float:
         logger.error("ratelimit: could not ban a subject of %r: %s", limit, exc)
         return 0.0
     if new:
-        store.bump()
-        logger.warning(
-            "ratelimit: %s banned %s %s for %ds, until %s%s",
-            limit,
-            check.subject[0],
-            key,
-            seconds,
-            until.isoformat(timespec="seconds"),
-            " on every path" if spec.site else "",
-        )
-        subject_banned.send(
-            sender=Check,
-            limit=limit,
-            key=key,
-            kind=check.subject[0],
-            until=until,
-            seconds=seconds,
-            site=spec.site,
-            request=getattr(request, "_request", request),
-        )
+        _announce(limit, key, check.subject[0], until, seconds, spec.site, request)
     return float(seconds)
+
+
+def _announce(
+    limit: str,
+    key: str,
+    kind: str,
+    until: dt.datetime,
+    seconds: int,
+    site: bool,
+    request: Any,
+    by: str = "",
+) -> None:
+    """A new ban: every process told (the version bumped), a log line, the signal."""
+    store.bump()
+    logger.warning(
+        "ratelimit: %s banned %s %s for %ds, until %s%s%s",
+        limit,
+        kind,
+        key,
+        seconds,
+        until.isoformat(timespec="seconds"),
+        " on every path" if site else "",
+        f" (by {by})" if by else "",
+    )
+    subject_banned.send(
+        sender=Check,
+        limit=limit,
+        key=key,
+        kind=kind,
+        until=until,
+        seconds=seconds,
+        site=site,
+        request=getattr(request, "_request", request),
+    )
+
+
+def ban_now(
+    limit: str, group: str, subject: tuple[str, str], seconds: int, request: Any, by: str
+) -> dt.datetime:
+    """Ban ``subject`` from the limit of ``group`` (named ``limit``) for ``seconds``, at
+    once, as a person decided it in the admin (``by``): a ban like a limit's, lifted the
+    same way; it replaces one in force. Returns its end."""
+    from ratelimit_app.models import Ban
+
+    now = _now()
+    until = now + dt.timedelta(seconds=seconds)
+    key = ban_key(group, False, subject)
+    fields = {
+        "limit": limit,
+        "site": False,
+        "kind": subject[0],
+        "label": subject[1] if subject[0] == "ip" else "",
+        "seconds": seconds,
+        "banned_at": now,
+        "until": until,
+        "remembered_until": until,
+    }
+    Ban.objects.update_or_create(key=key, defaults=fields)
+    _announce(limit, key, subject[0], until, seconds, False, request, by)
+    return until
 
 
 def _write(

@@ -262,3 +262,27 @@ def test_a_flood_of_100000_distinct_subjects_stays_within_the_bounds() -> None:
                 metrics_app.flush()
     assert TopKey.objects.filter(name="ratelimit:by-ip").count() <= CAPACITY
     assert TopKey.objects.count() <= CAPACITY
+
+
+def test_a_subject_is_banned_from_the_page(client: Client) -> None:
+    """The page's *ban 1 h* button: the subject's requests to that limit are refused for
+    an hour (a limit without a ban of its own too), and a reset lifts it."""
+    from ratelimit_app.models import Ban
+
+    with override_settings(RATELIMIT_REFUSED_SUBJECTS="full"):
+        hit(client, "/rules/unnamed/", 3, REMOTE_ADDR="203.0.113.66")
+        metrics_app.flush()
+        admin = staff("view_rule", "add_ban", "reset_counters")
+        html = admin.get(PAGE).content.decode()
+        assert "ban 1 h" in html
+        done = admin.post(
+            "/admin/ratelimit_app/rule/ban/",
+            {"rule": "by-ip", "subject": "203.0.113.66", "hours": "1"},
+            follow=True,
+        )
+    assert "Banned 203.0.113.66 from by-ip until" in done.content.decode()
+    ban = Ban.objects.get()
+    assert (ban.limit, ban.label, ban.seconds) == ("by-ip", "203.0.113.66", 3600)
+    refused_now = client.get("/rules/unnamed/", REMOTE_ADDR="203.0.113.66")
+    assert refused_now.status_code == 429 and int(refused_now["Retry-After"]) > 3000
+    assert staff("view_rule").post("/admin/ratelimit_app/rule/ban/", {}).status_code == 403
