@@ -146,22 +146,8 @@ def ban_now(
     """Ban ``subject`` from the limit of ``group`` (named ``limit``) for ``seconds``, at
     once, as a person decided it in the admin (``by``): a ban like a limit's, lifted the
     same way; it replaces one in force. Returns its end."""
-    from ratelimit_app.models import Ban
-
-    now = _now()
-    until = now + dt.timedelta(seconds=seconds)
     key = ban_key(group, False, subject)
-    fields = {
-        "limit": limit,
-        "site": False,
-        "kind": subject[0],
-        "label": subject[1] if subject[0] == "ip" else "",
-        "seconds": seconds,
-        "banned_at": now,
-        "until": until,
-        "remembered_until": until,
-    }
-    Ban.objects.update_or_create(key=key, defaults=fields)
+    until = _store(key, limit, subject, False, _now(), seconds, 0)
     _announce(limit, key, subject[0], until, seconds, False, request, by)
     return until
 
@@ -181,18 +167,36 @@ def _write(
         if row is not None and row.remembered_until > now:
             last, since = row.seconds, (now - row.until).total_seconds()
         seconds = bans.next_seconds(spec, last, since)
-        fields = {
-            "limit": limit,
-            "site": spec.site,
-            "kind": subject[0],
-            "label": subject[1] if subject[0] == "ip" else "",
-            "seconds": seconds,
-            "banned_at": now,
-            "until": now + dt.timedelta(seconds=seconds),
-            "remembered_until": now + dt.timedelta(seconds=seconds + spec.most),
-        }
-        Ban.objects.update_or_create(key=key, defaults=fields)
-    return seconds, fields["until"], True  # type: ignore[return-value]
+        until = _store(key, limit, subject, spec.site, now, seconds, spec.most)
+    return seconds, until, True
+
+
+def _store(
+    key: str,
+    limit: str,
+    subject: tuple[str, str],
+    site: bool,
+    now: dt.datetime,
+    seconds: int,
+    remembered: int,
+) -> dt.datetime:
+    """Write the ban row of ``key``: ``seconds`` from ``now``, remembered ``remembered``
+    seconds past its end (for doubling the next). Returns its end."""
+    from ratelimit_app.models import Ban
+
+    until = now + dt.timedelta(seconds=seconds)
+    fields = {
+        "limit": limit,
+        "site": site,
+        "kind": subject[0],
+        "label": subject[1] if subject[0] == "ip" else "",
+        "seconds": seconds,
+        "banned_at": now,
+        "until": until,
+        "remembered_until": until + dt.timedelta(seconds=remembered),
+    }
+    Ban.objects.update_or_create(key=key, defaults=fields)
+    return until
 
 
 def lift(group: str, subject: tuple[str, str]) -> int:
