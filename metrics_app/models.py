@@ -79,8 +79,9 @@ class FlushLedger(models.Model):
 
 class TopKey(models.Model):
     """One of the most frequent keys of a named stream in a time bucket
-    (:mod:`metrics_app.topk`): its count (an upper bound), when it was first and last seen,
-    and the caller's ``label`` (what a page shows) and ``ref`` (what a page acts on).
+    (:mod:`metrics_app.topk`): its count (a lower bound: the events counted while a sketch
+    held the key), when it was first and last seen, and the caller's ``label`` (what a page
+    shows) and ``ref`` (what a page acts on).
 
     Bounded: each flush keeps the :data:`~metrics_app.topk.CAPACITY` most counted keys of a
     name and bucket, and a row is deleted once ``expires`` has passed."""

@@ -137,7 +137,10 @@ def write_tops(
 ) -> int:
     """Add each named sketch's keys to their bucket's rows (``TopKey``), keep the
     :data:`~metrics_app.topk.CAPACITY` most counted keys of each name and bucket, and delete
-    the rows past their ``expires``, in one transaction. Returns the rows written."""
+    the rows past their ``expires``, in one transaction. Returns the rows written.
+
+    A row adds up the keys' certain counts (``Entry.count``, never above the truth), so a
+    sum over flushes and processes never is either."""
     alias = using or conf.DATABASE
     rows = sorted(
         (name, align(int(e.last), TOP_BUCKET), key, e, keep)

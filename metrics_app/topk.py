@@ -1,11 +1,35 @@
-"""The most frequent keys of a stream in bounded memory: the space-saving sketch.
+"""The most frequent keys of a stream in bounded memory, with counts that never overstate.
 
-A :class:`SpaceSaving` of capacity ``k`` holds at most ``k`` keys. A key it holds is counted;
-a new key, once it is full, takes the place of the least counted one and starts from that
-count (its ``error``: how much of the count may be another key's). So a key seen more than
-``n / k`` times in ``n`` events is always held, a count is never below the key's true count
-and at most ``error`` above it, and a flood of distinct keys (a botnet's addresses) costs
-``k`` entries whatever its size (Metwally, Agrawal and El Abbadi, 2005).
+A :class:`SpaceSaving` of capacity ``k`` holds at most ``k`` keys, each with two numbers:
+``count``, the events counted while the key was held, and ``error``, a bound on its events
+before that. So a key's true count lies in ``[count, count + error]``: ``count`` is what a
+page may show as certain. Its ``weight``, ``count + error``, is never below the true count;
+when a new key finds the sketch full, it takes the place of the held key of least weight
+(among equals, the one left unchanged longest).
+
+Plain space-saving (Metwally, Agrawal and El Abbadi, 2005) gives the new key the evicted
+weight as its error. A flood of keys seen once each then climbs in weight, one step per
+``k`` newcomers, until it pushes out a key seen twenty times, and shows its inherited
+weight as a count. Here the error is the smaller of two upper bounds of the key's earlier
+events: the largest weight evicted so far (space-saving's), and what a :class:`Doorkeeper`
+(a count-min sketch of the evicted keys' counts) remembers of the key. A key never seen
+before enters at weight 1 (bar a collision in the doorkeeper), so a flood of one-off keys
+only takes the places of one-off keys; a key seen before enters above them.
+
+What holds for any stream (``tests/metrics/test_topk.py`` checks it):
+
+* ``count <= true count <= count + error``: a key that came back after an eviction is
+  counted from its return, its earlier events are only bounded;
+* a held key is evicted only when no held key weighs less: a key counted ``c`` times is lost
+  only while every other held key may have been seen ``c`` times or more;
+* the weights add up to at most the ``n`` events, so, as in space-saving, a key seen more
+  than ``n / k`` times is held. (With ``F`` the largest weight evicted and ``T`` the counts
+  evicted, ``T - sum(error) - sum(max(0, F - weight))`` over the held keys starts at 0 and
+  no step lowers it; the held counts and ``T`` add up to ``n``.)
+
+The doorkeeper can only over-count (keys share its cells), which raises a newcomer's weight
+at most to space-saving's: a flood of far more keys than its cells tends to plain
+space-saving.
 
 :class:`Sketches` keeps one sketch per name, at most :data:`MAX_SKETCHES` of them, and hands
 them over whole (:meth:`Sketches.take`) for a flush. Pure: no I/O, no Django, no clock.
@@ -14,6 +38,7 @@ them over whole (:meth:`Sketches.take`) for a flush. Pure: no I/O, no Django, no
 from __future__ import annotations
 
 import heapq
+import random
 import threading
 from dataclasses import dataclass, field
 
@@ -21,12 +46,59 @@ from dataclasses import dataclass, field
 CAPACITY = 100
 #: Sketches a process keeps between flushes; a new name beyond them is dropped.
 MAX_SKETCHES = 200
+#: Cells per row of a doorkeeper (a power of two), and its rows: 16 KiB, made only for a
+#: sketch that had to evict. Collisions stay rare up to a few thousand evictions a flush.
+DOORKEEPER_WIDTH, DOORKEEPER_ROWS = 4096, 4
+
+_MASK = 2**64 - 1
+#: A doorkeeper cell this full says "unknown": it is not counted higher.
+_FULL = 255
+
+
+class Doorkeeper:
+    """Upper bounds of how often keys were seen, in ``rows * width`` bytes whatever the keys:
+    a count-min sketch with conservative update. A key's estimate is the least of its cells,
+    one per row; an addition raises its cells only as far as its estimate needs, so it is
+    never below the key's true additions and sharing cells can only raise it."""
+
+    def __init__(
+        self, width: int = DOORKEEPER_WIDTH, rows: int = DOORKEEPER_ROWS, seed: int | None = None
+    ) -> None:
+        bits = width.bit_length() - 1
+        if width < 1 or width != 1 << bits or bits * rows > 64:
+            raise ValueError(f"width must be a power of two, rows * log2(width) <= 64: {width}")
+        self._offsets = [(64 - bits * (row + 1), row * width) for row in range(rows)]
+        self._mask = width - 1
+        self._cells = bytearray(width * rows)
+        # Each row takes its own bits of Python's hash (keyed per process) times a random odd
+        # factor: which keys share cells differs from one doorkeeper to the next.
+        self._factor = random.Random(seed).getrandbits(64) | 1
+
+    def _slots(self, key: str) -> list[int]:
+        x = ((hash(key) & _MASK) * self._factor) & _MASK
+        mask = self._mask
+        return [((x >> shift) & mask) + offset for shift, offset in self._offsets]
+
+    def estimate(self, key: str) -> int | None:
+        """At least how often ``key`` was added, or None when its cells are too full to say."""
+        cells = self._cells
+        least = min([cells[i] for i in self._slots(key)])
+        return None if least >= _FULL else least
+
+    def add(self, key: str, count: int) -> None:
+        """Add ``count`` sightings of ``key``."""
+        cells, slots = self._cells, self._slots(key)
+        target = min(_FULL, min([cells[i] for i in slots]) + count)
+        for i in slots:
+            if cells[i] < target:
+                cells[i] = target
 
 
 @dataclass(slots=True)
 class Entry:
-    """A key's count (at most ``error`` over its true count), when the sketch first and last
-    saw it, and the caller's ``label`` and ``ref`` (what it shows, what it acts on)."""
+    """A key's ``count`` while held (a lower bound of its true count), ``error`` (its
+    possible events before; see the module docstring), when the sketch first and last saw
+    it, and the caller's ``label`` and ``ref`` (what it shows, what it acts on)."""
 
     count: int
     error: int
@@ -35,6 +107,11 @@ class Entry:
     label: str = ""
     ref: str = ""
 
+    @property
+    def weight(self) -> int:
+        """The most events the key may have had: never below its true count."""
+        return self.count + self.error
+
 
 @dataclass(slots=True)
 class SpaceSaving:
@@ -42,8 +119,15 @@ class SpaceSaving:
 
     capacity: int = CAPACITY
     entries: dict[str, Entry] = field(default_factory=dict)
-    #: ``(count when pushed, order, key)``, one per held key; a count that grew since is
-    #: pushed again when it surfaces, so the top is the least counted key once fresh.
+    #: The largest weight evicted so far: no key that is not held was seen more often.
+    evicted: int = 0
+    #: The evicted keys' counts; made at the first eviction (a sketch that never fills, the
+    #: usual one, has none).
+    doorkeeper: Doorkeeper | None = None
+    #: Its cells per row (tests make it tiny, to make every key share them).
+    doorkeeper_width: int = DOORKEEPER_WIDTH
+    #: ``(weight when pushed, order, key)``, one per held key; a weight that grew since is
+    #: pushed again when it surfaces, so the top is the lightest key once fresh.
     _heap: list[tuple[int, int, str]] = field(default_factory=list)
     _order: int = 0
 
@@ -54,29 +138,36 @@ class SpaceSaving:
             entry.count += count
             entry.last = max(entry.last, t)
             return
-        floor = 0
-        if len(self.entries) >= self.capacity:
-            floor = self._evict()
-        self.entries[key] = Entry(floor + count, floor, t, t, label, ref)
-        self._push(floor + count, key)
+        error = self._evict(key) if len(self.entries) >= self.capacity else 0
+        self.entries[key] = Entry(count, error, t, t, label, ref)
+        self._push(count + error, key)
 
-    def _push(self, count: int, key: str) -> None:
+    def _push(self, weight: int, key: str) -> None:
         self._order += 1
-        heapq.heappush(self._heap, (count, self._order, key))
+        heapq.heappush(self._heap, (weight, self._order, key))
 
-    def _evict(self) -> int:
-        """Forget the least counted key; its count."""
+    def _evict(self, newcomer: str) -> int:
+        """Forget the lightest key, its count kept by the doorkeeper; the most events
+        ``newcomer`` may have had before."""
         while True:
-            count, _, key = heapq.heappop(self._heap)
-            current = self.entries[key].count
-            if current == count:
-                del self.entries[key]
-                return count
-            self._push(current, key)
+            weight, _, key = heapq.heappop(self._heap)
+            entry = self.entries[key]
+            if entry.weight == weight:
+                break
+            self._push(entry.weight, key)
+        del self.entries[key]
+        self.evicted = max(self.evicted, weight)
+        if self.doorkeeper is None:
+            self.doorkeeper = Doorkeeper(self.doorkeeper_width)
+        # Its events before this stay are in the doorkeeper already (added at its last
+        # eviction): add those of this stay.
+        self.doorkeeper.add(key, entry.count)
+        known = self.doorkeeper.estimate(newcomer)
+        return self.evicted if known is None else min(known, self.evicted)
 
     def top(self, n: int | None = None) -> list[tuple[str, Entry]]:
-        """The keys held, most counted first."""
-        ranked = sorted(self.entries.items(), key=lambda item: -item[1].count)
+        """The keys held, most surely counted first (by ``count``, then ``weight``)."""
+        ranked = sorted(self.entries.items(), key=lambda item: (-item[1].count, -item[1].weight))
         return ranked if n is None else ranked[:n]
 
 

@@ -36,6 +36,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app import operations, refused
 from ratelimit_app.config import declared
+from ratelimit_app.engine import bans
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
 from ratelimit_app.models import AccessEntry, Ban, Override, Rule
@@ -419,6 +420,14 @@ class BanAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def delete_model(self, request: HttpRequest, obj: Ban) -> None:
+        """Deleting a ban lifts it (the row stays, ended, until it is pruned): every
+        process reads the change as it reads a new ban's, not every ban again."""
+        bans.lift_rows(Ban.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:
+        bans.lift_rows(queryset)
+
 
 @admin.register(Override)
 class OverrideAdmin(EscapedHelp):
@@ -432,6 +441,15 @@ class OverrideAdmin(EscapedHelp):
     @admin.display(boolean=True, description=_("active"))
     def is_active(self, obj: Override) -> bool:
         return obj.active
+
+    def save_model(self, request: HttpRequest, obj: Override, form: Any, change: bool) -> None:
+        """Save it, and warn (without refusing) of an ``unlimited`` override on a value the
+        request sends: anyone who sends the value escapes the limit
+        (:meth:`Override.warning <ratelimit_app.models.Override.warning>`)."""
+        super().save_model(request, obj, form, change)
+        warning = obj.warning()
+        if warning:
+            messages.warning(request, warning)
 
 
 def getattr_setting(name: str) -> list[str]:

@@ -17,8 +17,9 @@ rule
    that times the wait).
 4. A ``count: "failures"`` rule's hit is provisional: after the view it is taken back
    (:func:`~ratelimit_app.engine.take_back`, one round trip) unless the request failed: a
-   status in ``RATELIMIT_FAILURE_STATUSES`` or ``user_login_failed`` sent during the request
-   (Django's ``LoginView`` answers a wrong password with 200). Counting before the view is
+   status in ``RATELIMIT_FAILURE_STATUSES`` (but the 403 of Django's CSRF check, which tried
+   no password) or ``user_login_failed`` sent during the request (Django's ``LoginView``
+   answers a wrong password with 200). Counting before the view is
    what keeps concurrent attempts within the limit: a rule that only looked before the view
    and counted after it would let any number of parallel attempts through.
 
@@ -49,7 +50,7 @@ from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import bans, enforce
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.exceptions import Ratelimited
-from ratelimit_app.identity import addresses
+from ratelimit_app.identity import addresses, provenance
 
 __all__ = ["RatelimitMiddleware"]
 
@@ -106,12 +107,18 @@ class _Pending:
         #: In-flight places to give back when the response is done.
         self.held = held or []
 
-    def failed(self, response: HttpResponse) -> bool:
-        return self.marker.failed or response.status_code in conf.FAILURE_STATUSES
+    def failed(self, request: HttpRequest, response: HttpResponse) -> bool:
+        """A wrong password (``user_login_failed``), or a failure status, but the 403 of
+        Django's CSRF check: a form another site submitted tried no password."""
+        if self.marker.failed:
+            return True
+        if response.status_code not in conf.FAILURE_STATUSES:
+            return False
+        return not provenance.csrf_refused(request, response)
 
-    def to_take_back(self, response: HttpResponse) -> list[Decision]:
+    def to_take_back(self, request: HttpRequest, response: HttpResponse) -> list[Decision]:
         """The provisional hits to take back: all of them, unless the request failed."""
-        if not self.provisional or self.failed(response):
+        if not self.provisional or self.failed(request, response):
             return []
         return self.provisional
 
@@ -316,20 +323,20 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
 
 
-def _finish(pending: _Pending, response: HttpResponse) -> None:
+def _finish(request: HttpRequest, pending: _Pending, response: HttpResponse) -> None:
     """The round trip after the view (take-backs, places given back) off the event loop;
     :func:`after` then has none left to make."""
     if pending.held:
-        _release(pending, response)
+        _release(request, pending, response)
     else:
-        enforce.take_back(pending.to_take_back(response))
+        enforce.take_back(pending.to_take_back(request, response))
     pending.provisional = pending.held = []
 
 
-def _release(pending: _Pending, response: HttpResponse) -> None:
+def _release(request: HttpRequest, pending: _Pending, response: HttpResponse) -> None:
     """Give back the in-flight places of the request when its response is done, with the
     failure-only hits to take back in the same round trip when it is done already."""
-    failing = pending.to_take_back(response) if pending.provisional else []
+    failing = pending.to_take_back(request, response) if pending.provisional else []
     if getattr(response, "streaming", False):
         enforce.take_back(failing)
         enforce.release_when_done(response, pending.held)
@@ -340,9 +347,9 @@ def _release(pending: _Pending, response: HttpResponse) -> None:
 def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
     """Everything after the view: take back provisional hits, add the RateLimit headers."""
     if pending.held:  # (the common case reads one attribute)
-        _release(pending, response)
+        _release(request, pending, response)
     elif pending.provisional:
-        enforce.take_back(pending.to_take_back(response))
+        enforce.take_back(pending.to_take_back(request, response))
     held = request.__dict__
     if held.get(core.SHOWN) is pending.shown:  # this pass writes: a request passed again
         del held[core.SHOWN]  # starts afresh
@@ -426,7 +433,7 @@ class RatelimitMiddleware:
         with _tracking(pending.marker):
             response = await self.get_response(request)
         if not inline:
-            await sync_to_async(_finish)(pending, response)
+            await sync_to_async(_finish)(request, pending, response)
         return after(request, pending, response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:

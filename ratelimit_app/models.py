@@ -12,14 +12,16 @@ A row is data, not code: its key is a built-in kind and its rate a literal
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import Any, NamedTuple
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured, ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from ratelimit_app import keys
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.config import access, declared, overrides, rules, sources
 
@@ -311,6 +313,9 @@ class Override(Expiring, models.Model):
     )
     note = models.TextField(_("note"), blank=True)
     created = models.DateTimeField(_("created"), auto_now_add=True)
+    #: When it was last saved: every process reads the overrides changed since it last
+    #: looked (:mod:`ratelimit_app.store`), not all of them.
+    changed = models.DateTimeField(_("changed"), auto_now=True, db_index=True)
 
     class Meta:
         verbose_name = _("override")
@@ -329,7 +334,9 @@ class Override(Expiring, models.Model):
 
     def clean(self) -> None:
         """Validate each field, and that ``limit`` can name a limit: a rule of the settings
-        or the database, a DRF scope in force, or else a decorator's group."""
+        or the database, a DRF scope in force, or else a decorator's group. On a limit
+        keyed on the user, a username must be an account's: an override waiting for an
+        account that does not exist goes to whoever signs up with that name first."""
         self.limit, self.subject, self.rate = (
             (v or "").strip() for v in (self.limit, self.subject, self.rate)
         )
@@ -337,19 +344,89 @@ class Override(Expiring, models.Model):
             found = self.parsed()
         except overrides.OverrideError as exc:
             raise _errors(exc) from exc
-        rule = _rule(found.limit)
-        problem = _unknown(found.limit) if rule is None else _unfit(rule, found.rates)
+        known = _known(found.limit)
+        if known is None:
+            problem = _unknown(found.limit)
+        else:
+            problem = _unfit(known, found.rates) or _no_such_user(known, found.subject)
         if problem:
             raise ValidationError(problem)
 
+    def warning(self) -> str | None:
+        """What to tell the person who saved it, though it is valid: an ``unlimited``
+        override on a limit keyed on a value the request sends (an email, a form field, a
+        header) lifts the limit for anyone who sends that value (None: nothing to say)."""
+        try:
+            found = self.parsed()
+        except overrides.OverrideError:
+            return None
+        known = _known(found.limit)
+        if found.rates != overrides.UNLIMITED or known is None or known.key in OWN_KEYS:
+            return None
+        return _(
+            "%(limit)s is keyed on %(key)s, a value the request sends, not the client's "
+            "address or account: anyone who sends '%(subject)s' there is now exempt from it. "
+            "Prefer other rates to 'unlimited', or an override on a limit keyed on the IP "
+            "or the user."
+        ) % {"limit": found.limit, "key": known.key, "subject": found.subject.value}
 
-def _rule(name: str) -> tuple[str, int | None] | None:
-    """The algorithm and burst of the rule named ``name`` (settings or database), if any."""
+
+#: The key kinds whose value is the client's own (its address, its account), not text it
+#: sends: an ``unlimited`` override on another key is a bypass for whoever types the value.
+OWN_KEYS = frozenset(["ip", *overrides.USER_KINDS])
+
+
+class _Known(NamedTuple):
+    """What an override's form checks of the limit it names."""
+
+    algorithm: str
+    burst: int | None
+    #: The key's kind (:func:`ratelimit_app.keys.kind`): what a subject is a value of.
+    key: str
+    #: It limits requests in flight only (no rate): an override, which changes rates, has
+    #: nothing to change.
+    places_only: bool
+
+
+def _known(name: str) -> _Known | None:
+    """The rule named ``name`` (settings or database) or the DRF scope in force, if any."""
     for rule in declared.rules():
         if rule.name == name:
-            return rule.algorithm, rule.burst
-    row = Rule.objects.filter(name=name).values_list("algorithm", "burst").first()
-    return None if row is None else (row[0], row[1])
+            lim = rule.limit
+            places = lim.algorithm == gcra.IN_FLIGHT
+            return _Known(lim.algorithm, lim.burst, keys.kind(lim.key), places)
+    if name.startswith(f"{sources.DRF}:"):
+        scope = sources.limit(name)
+        if scope is None:
+            return None
+        return _Known(scope.algorithm, scope.burst, keys.kind(scope.key), False)
+    row = (
+        Rule.objects.filter(name=name)
+        .values_list("algorithm", "burst", "key", "rate", "concurrent")
+        .first()
+    )
+    if row is None:
+        return None
+    algorithm, burst, key, rate, concurrent = row
+    return _Known(algorithm, burst, key.strip(), not rate.strip() and concurrent is not None)
+
+
+def _no_such_user(known: _Known, subject: overrides.Subject) -> dict[str, str] | None:
+    """Why ``subject`` cannot be a username of a limit keyed on the user (None: it is an
+    account's, or the limit is keyed on something else)."""
+    if known.key not in overrides.USER_KINDS or subject.kind != "value":
+        return None
+    user = get_user_model()
+    if user._default_manager.filter(**{user.USERNAME_FIELD: subject.value}).exists():
+        return None
+    return {
+        "subject": _(
+            "No account has the username '%(name)s' (usernames match exactly, case "
+            "included). Create the account first: an override for a name nobody holds "
+            "goes to whoever signs up with it."
+        )
+        % {"name": subject.value}
+    }
 
 
 def _unknown(name: str) -> dict[str, str] | None:
@@ -374,13 +451,21 @@ def _unknown(name: str) -> dict[str, str] | None:
     return None
 
 
-def _unfit(rule: tuple[str, int | None], found: overrides.Rates) -> dict[str, str] | None:
-    """Why rates ``found`` cannot replace those of a rule of ``rule`` (algorithm, burst)."""
-    algorithm, burst = rule
-    if algorithm != gcra.LEAKY_BUCKET or found == overrides.UNLIMITED:
+def _unfit(known: _Known, found: overrides.Rates) -> dict[str, str] | None:
+    """Why rates ``found`` cannot replace those of the limit ``known``."""
+    if known.places_only:
+        return {
+            "limit": str(
+                _(
+                    "This rule limits requests in flight only; an override changes rates, "
+                    "never the places a subject may hold at once."
+                )
+            )
+        }
+    if known.algorithm != gcra.LEAKY_BUCKET or found == overrides.UNLIMITED:
         return None
     try:
-        gcra.meter(found, burst)
+        gcra.meter(found, known.burst)
     except ImproperlyConfigured as exc:
         return {"rate": str(exc)}
     return None
@@ -403,7 +488,11 @@ class Ban(models.Model):
     seconds = models.PositiveIntegerField(_("seconds"))
     banned_at = models.DateTimeField(_("banned at"))
     until = models.DateTimeField(_("until"), db_index=True)
-    remembered_until = models.DateTimeField(_("remembered until"))
+    #: Deleted once passed (:func:`ratelimit_app.engine.bans.prune`).
+    remembered_until = models.DateTimeField(_("remembered until"), db_index=True)
+    #: When it was last written (made, extended, lifted): every process reads the bans
+    #: changed since it last looked (:mod:`ratelimit_app.store`), not all of them.
+    changed = models.DateTimeField(_("changed"), auto_now=True, db_index=True)
 
     class Meta:
         verbose_name = _("ban")

@@ -26,6 +26,7 @@ from ratelimit_app.config import limits, sources, views
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import REFUSALS, Check, bans, check_many, refusal_key, usage_dict
+from ratelimit_app.engine.checking import STRIKES
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
 
@@ -321,13 +322,26 @@ def reset(
         suffixes += sorted(windows.stored_suffixes(found.rates, now, windows.BUCKETS_PER_WINDOW))
     REFUSALS.forget(refusal_key(c) for c in found.checks())
     backend = get_backend()
+    spec = found.limit.ban
+    strikes = [] if spec is None else _strike_suffixes(spec.strikes)
     for kind, value in found.subjects():
-        ns = namespace(found.scope, kind, value)
-        for start in range(0, len(suffixes), RESET_BATCH):
-            backend.delete(ns, suffixes[start : start + RESET_BATCH])
-        if found.limit.ban is not None or store.banning:  # its ban, and the memory of it
-            bans.lift(found.limit.group, (kind, value))
+        _delete(backend, namespace(found.scope, kind, value), suffixes)
+        if strikes:  # the refusals counted toward its ban: the next ban needs them all
+            _delete(backend, namespace(found.scope + STRIKES, kind, value), strikes)
+        if spec is not None or store.banning:  # its ban, and the memory of it
+            bans.lift(found.scope, (kind, value))
     return True
+
+
+def _strike_suffixes(strikes: rates.Rate) -> list[str]:
+    """The buckets a ban's strikes (``after`` per ``within``) may be counted in now."""
+    return sorted(windows.stored_suffixes((strikes,), clock.now(), windows.BUCKETS_PER_WINDOW))
+
+
+def _delete(backend: Any, ns: str, suffixes: list[str]) -> None:
+    """Delete the buckets ``suffixes`` of namespace ``ns``, a batch a round trip."""
+    for start in range(0, len(suffixes), RESET_BATCH):
+        backend.delete(ns, suffixes[start : start + RESET_BATCH])
 
 
 def ban(
@@ -345,7 +359,7 @@ def ban(
         return None
     name = rule_or_group if isinstance(rule_or_group, str) else found.limit.group
     subject_of = (found.limit.kind, found.value)
-    return bans.ban_now(name, found.limit.group, subject_of, seconds, request, by)
+    return bans.ban_now(name, found.scope, subject_of, seconds, request, by)
 
 
 def lookup(
@@ -376,7 +390,7 @@ def lookup(
     usage = usage_dict(busiest)
     if store.banning:  # a limit's ban, or one a person made
         for place in found.subjects():
-            ban = bans.find(found.limit.group, place)
+            ban = bans.find(found.scope, place)
             if ban is not None:
                 usage.update(banned_until=ban.until, ban_seconds=ban.seconds, ban_site=ban.site)
     return usage

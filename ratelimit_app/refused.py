@@ -3,9 +3,10 @@
 Read from the rows ``metrics_app`` keeps of each limit's most refused subjects
 (:class:`metrics_app.models.TopKey`, fed by :mod:`ratelimit_app.metrics`): a bounded top-k
 per process, flushed with the metrics, so a flood of distinct subjects costs bounded memory
-and rows. Each subject comes with its counts, first and last refusal, and the admin's
-actions: its usage lookup and reset (where ``RATELIMIT_REFUSED_SUBJECTS`` keeps what they
-need), and the limit's bans.
+and rows. Its counts are certain (never above the refusals), so their sums over flushes and
+processes, which rank the subjects here, are too. Each subject comes with its counts, first
+and last refusal, and the admin's actions: its usage lookup and reset (where
+``RATELIMIT_REFUSED_SUBJECTS`` keeps what they need), and the limit's bans.
 
 Served by the rules' admin (``/admin/ratelimit_app/rule/refused/``, linked from the rules
 list), read-only.
@@ -36,7 +37,8 @@ HOUR, DAY = 3600, 86400
 
 @dataclass
 class Subject:
-    """One refused subject of a limit, as the page shows it."""
+    """One refused subject of a limit, as the page shows it: ``hour`` and ``day`` are at
+    most its refusals in the last hour and day (:mod:`metrics_app.topk`)."""
 
     key: str
     label: str

@@ -14,6 +14,11 @@ is the hashed namespace, never the raw IP or email. A dry run's refusal is sent 
 ``ban`` banned a subject (once per ban, not per banned request); ``key`` is the hashed
 subject, ``until`` an aware datetime, ``seconds`` the ban's length (it doubles for a subject
 banned again), ``site`` whether it applies on every path.
+
+``ban_skipped(sender, limit, kind)``: a refusal that would have banned its subject made no
+ban, because the process holds the most bans it keeps
+(:data:`ratelimit_app.engine.bans.MOST`); the limit goes on refusing the subject at its rate.
+The exporters count it.
 """
 
 from __future__ import annotations
@@ -23,3 +28,4 @@ from django.dispatch import Signal
 backend_failed = Signal()
 ratelimited = Signal()
 subject_banned = Signal()
+ban_skipped = Signal()

@@ -22,23 +22,27 @@ refreshes the snapshot on every request; once it holds overrides, ``decide`` doe
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import heapq
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ratelimit_app import clock
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
-from ratelimit_app.config.overrides import OverrideError, Table, compile_table
+from ratelimit_app.config.overrides import OverrideError, Subject, Table
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.identity.namespaces import namespace
@@ -46,9 +50,71 @@ from ratelimit_app.identity.namespaces import namespace
 logger = logging.getLogger("ratelimit_app")
 
 VERSION_KEY = "config-version"
-#: Seconds a process uses its snapshot before it looks at the version counter again: how
+#: Seconds a process uses its snapshot before it looks at the version counters again: how
 #: long an admin change takes to reach every process.
 CONFIG_REFRESH = 1.0
+#: Seconds of changes read again each time (a ban or an override written by a transaction
+#: that committed after a later one: its ``changed`` is older than the newest row read).
+CHANGES_MARGIN = 1.0
+#: Seconds between two full reads of the configuration while the version counters cannot
+#: be read (the counter backend is down): the changes of bans and overrides are read each
+#: second meanwhile.
+BLIND_RELOAD = 30.0
+
+#: The version counters, one key each, read together once a second (one round trip):
+#: :data:`CONFIG` (a rule or a list changed, an override deleted: everything but the bans
+#: is read again), :data:`BANS` (a ban made, extended or lifted: the bans changed since are
+#: read), :data:`OVERRIDES` (an override saved: likewise) and :data:`BANS_DELETED` (a ban
+#: row deleted while in force: the bans are read again).
+CONFIG, BANS, OVERRIDES, BANS_DELETED = 0, 1, 2, 3
+_SUFFIXES = (":h0:0", ":h1:0", ":h2:0", ":h3:0")
+#: Each counter's plan: increment it, read them all (an eviction changes one too: a read).
+VERSION_PLANS = tuple(
+    Plan(writes=((suffix, 400 * 86400),), reads=_SUFFIXES, rates=()) for suffix in _SUFFIXES
+)
+Versions = tuple[int, ...]
+#: The most bans a process holds, about 150 bytes each (15 MB at the bound): at it, the
+#: ended ones are dropped, and no new ban is made until some end
+#: (:func:`ratelimit_app.engine.bans.impose`).
+MOST_BANS = 100_000
+
+
+class HeldBans:
+    """The bans in force that this process holds: hashed key -> Unix time it ends, for a
+    limit's own bans (``rule``) and bans on every path (``site``), and the newest change
+    read (``seen``, an aware datetime: the next read starts there)."""
+
+    __slots__ = ("rule", "seen", "site")
+
+    def __init__(self) -> None:
+        self.rule: dict[str, float] = {}
+        self.site: dict[str, float] = {}
+        self.seen: Any = None
+
+    def __len__(self) -> int:
+        return len(self.rule) + len(self.site)
+
+    def __bool__(self) -> bool:
+        return bool(self.rule or self.site)
+
+    def put(self, rows: Iterable[tuple[str, Any, bool, Any]], now: float) -> None:
+        """Take in ``rows`` of :class:`~ratelimit_app.models.Ban` (key, until, site,
+        changed): a ban in force is held, an ended or lifted one dropped."""
+        for key, until, site, changed in rows:
+            held = self.site if site else self.rule
+            end = until.timestamp()
+            if end > now:
+                held[key] = end
+            else:
+                held.pop(key, None)
+            if self.seen is None or changed > self.seen:
+                self.seen = changed
+
+    def prune(self, now: float) -> None:
+        """Drop the bans that have ended (a look-up ignores them already)."""
+        for held in (self.rule, self.site):
+            for key in [k for k, end in held.items() if end <= now]:
+                del held[key]
 
 
 @dataclass(slots=True)
@@ -58,19 +124,16 @@ class Snapshot:
     rules: RuleSet
     allow: AccessList
     deny: AccessList
-    #: The version key's value this snapshot was loaded at (None: unknown).
-    version: str | None = None
+    #: The version counters' values this snapshot was loaded at (None: unknown).
+    version: Versions | None = None
     #: time.monotonic() of the last look at the version counter.
     checked: float = -math.inf
-    #: Unix time at which the first database entry it holds expires.
+    #: Unix time at which the first allow or deny entry it holds expires (a full read).
     expires: float = math.inf
     #: Rules of the database, as loaded (for the admin).
     db_rules: tuple[CompiledRule, ...] = ()
-    #: The bans in force: hashed subject -> Unix time the ban ends
-    #: (:mod:`ratelimit_app.engine.bans`).
-    bans: dict[str, float] = field(default_factory=dict)
-    #: Whether one of them is site-wide (the middleware then looks at every request).
-    site_bans: bool = False
+    #: The bans in force (:mod:`ratelimit_app.engine.bans`), kept across full reads.
+    bans: HeldBans = field(default_factory=HeldBans)
     #: Whether a request is screened before its rules: lists to match, site-wide bans (set
     #: when the snapshot is put in force, read on every request a rule covers).
     screens: bool = False
@@ -78,21 +141,44 @@ class Snapshot:
     deadline: float = -math.inf
     #: The overrides of the database, compiled (:mod:`ratelimit_app.config.overrides`).
     overrides: Table = field(default_factory=Table)
+    #: What the table holds of each override row: pk -> (limit, subject, Unix end or None).
+    override_rows: dict[Any, tuple[str, Subject, float | None]] = field(default_factory=dict)
+    #: (Unix end, pk) of the overrides that expire, soonest first (a heap).
+    override_ends: list[tuple[float, Any]] = field(default_factory=list)
+    #: The newest ``changed`` of the overrides read (the next read starts there).
+    overrides_seen: Any = None
+    #: time.monotonic() of the last full read.
+    loaded: float = -math.inf
+
+    @property
+    def site_bans(self) -> bool:
+        """Whether a ban on every path is held (the middleware then looks at every request)."""
+        return bool(self.bans.site)
 
     def looked(self, at: float | None = None) -> Snapshot:
         """Mark a look at the version counter: good for :data:`CONFIG_REFRESH` seconds, or
-        until the first entry expires."""
+        until the first entry or override expires."""
         self.checked = time.monotonic() if at is None else at
-        until_expiry = self.expires - time.time()
+        until_expiry = min(self.expires, self._next_override_end()) - time.time()
         self.deadline = self.checked + min(CONFIG_REFRESH, until_expiry)
         return self
 
     def fresh(self) -> bool:
         return time.monotonic() < self.deadline
 
+    def _next_override_end(self) -> float:
+        return self.override_ends[0][0] if self.override_ends else math.inf
+
+    def overrides_due(self, now: float) -> bool:
+        """Whether an override it holds has expired."""
+        return self._next_override_end() <= now
+
 
 _snapshot: Snapshot | None = None
 _loading = threading.Lock()
+#: Held while a thread changes the snapshot in force in place (its bans, its overrides'
+#: table): one at a time; look-ups in other threads go on meanwhile.
+_changing = threading.Lock()
 _warned = False
 #: True while the snapshot in force holds overrides (see the module docstring).
 overriding = False
@@ -131,29 +217,27 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
         forget()
 
 
-def bump() -> None:
-    """A database rule or entry changed: a new version for every process, and this process
-    reloads on its next request."""
+def bump(which: int = CONFIG) -> None:
+    """Something of the database changed: a new version of ``which`` counter
+    (:data:`CONFIG`, :data:`BANS`, :data:`OVERRIDES` or :data:`BANS_DELETED`) for every
+    process, and this process looks on its next request."""
     try:
-        _version_op(increment=True)
+        _version_op(increment=True, which=which)
     except Exception as exc:  # other processes catch up when the cache is back
         logger.warning("ratelimit: could not announce a configuration change: %s", exc)
     if _snapshot is not None:
-        _snapshot.version = None
+        if which == CONFIG:
+            _snapshot.expires = -math.inf  # read everything (the bans but what changed)
         _snapshot.deadline = -math.inf
 
 
-#: The version is a counter in the counter backend (its timeouts and dead-server skipping
-#: apply): one key, incremented by every change; an eviction changes it too (a reload).
-VERSION_PLAN = Plan(writes=((":h0:0", 400 * 86400),), reads=(":h0:0",), rates=())
-
-
-def _version_op(increment: bool) -> str:
+def _version_op(increment: bool, which: int = CONFIG) -> Versions:
     ns = namespace("ratelimit-config", VERSION_KEY, "")
-    return str(get_backend().run(ns, VERSION_PLAN, increment)[0])
+    found = get_backend().run(ns, VERSION_PLANS[which], increment)
+    return tuple(int(v) for v in found)
 
 
-def _read_version() -> str | None:
+def _read_version() -> Versions | None:
     try:
         return _version_op(increment=False)
     except Exception as exc:
@@ -176,20 +260,30 @@ def _refresh(snap: Snapshot | None) -> Snapshot:
         _publish(snap)
         return snap
     version = _read_version()
-    if (
-        snap is not None
-        and version is not None
-        and version == snap.version
-        and time.time() < snap.expires
-    ):
+    if snap is None or not _reads_changes(snap, version):
+        work = partial(_load, version, snap)
+    elif version is not None and version == snap.version and not snap.overrides_due(time.time()):
         return snap.looked()
+    else:
+        work = partial(_sync, snap, version)
     if _in_event_loop():
-        _load_in_background(version)
+        _in_background(work)
         if snap is None:
             snap = settings_only()
             _publish(snap)
         return snap.looked()
-    return _load(version)
+    return work()
+
+
+def _reads_changes(snap: Snapshot, version: Versions | None) -> bool:
+    """Whether ``snap`` can be brought up to ``version`` by reading what changed (bans and
+    overrides), rather than everything: the rules and lists are the same and none of its
+    entries expired (blind, without a version: for :data:`BLIND_RELOAD` seconds)."""
+    if snap.version is None or time.time() >= snap.expires:
+        return False
+    if version is None:
+        return time.monotonic() < snap.loaded + BLIND_RELOAD
+    return version[CONFIG] == snap.version[CONFIG]
 
 
 def _in_event_loop() -> bool:
@@ -200,7 +294,8 @@ def _in_event_loop() -> bool:
     return True
 
 
-def _load_in_background(version: str | None) -> None:
+def _in_background(work: Callable[[], Snapshot]) -> None:
+    """Run ``work`` (a read of the database) in a thread, unless one is under way."""
     if not _loading.acquire(blocking=False):
         return  # a load is under way
 
@@ -208,7 +303,7 @@ def _load_in_background(version: str | None) -> None:
         from django.db import connections
 
         try:
-            _load(version)
+            work()
         except Exception:
             logger.exception("ratelimit: could not load the configuration")
         finally:
@@ -218,12 +313,165 @@ def _load_in_background(version: str | None) -> None:
     threading.Thread(target=run, name="ratelimit-config", daemon=True).start()
 
 
-def _load(version: str | None) -> Snapshot:
-    """Settings and database, merged; the database's problems never stop the settings."""
+def _sync(snap: Snapshot, version: Versions | None) -> Snapshot:
+    """Bring ``snap`` up to ``version`` by reading the bans and overrides changed since it
+    last read them (each a query on an index, only when its counter moved; both when the
+    counters cannot be read). Costs what changed, not what is in force."""
+    if not _changing.acquire(blocking=False):
+        return snap  # another thread is bringing it up to date
+    try:
+        return _synced(snap, version)
+    finally:
+        _changing.release()
+
+
+def _synced(snap: Snapshot, version: Versions | None) -> Snapshot:
+    checked = time.monotonic()
+    old = snap.version
+    try:
+        if _deleted(version, old):
+            snap.bans = _all_bans()
+        elif _moved(version, old, BANS):
+            _read_bans(snap.bans)
+        if _moved(version, old, OVERRIDES):
+            _read_overrides(snap)
+        if snap.overrides_due(time.time()):
+            _expire_overrides(snap)
+    except Exception as exc:  # the database went away: the snapshot stays as it is
+        logger.warning("ratelimit: could not read the changed bans and overrides: %s", exc)
+        return snap.looked(checked)
+    if version is not None:
+        snap.version = version
+    _prune()
+    _publish(snap.looked(checked))
+    return snap
+
+
+def _moved(version: Versions | None, old: Versions | None, which: int) -> bool:
+    """Whether counter ``which`` moved from ``old`` to ``version`` (or either is unknown)."""
+    return version is None or old is None or version[which] != old[which]
+
+
+def _deleted(version: Versions | None, old: Versions | None) -> bool:
+    """Whether a ban in force was deleted between ``old`` and ``version`` (both known)."""
+    return version is not None and old is not None and version[BANS_DELETED] != old[BANS_DELETED]
+
+
+def _all_bans() -> HeldBans:
+    """Every ban in force, read afresh."""
+    held = HeldBans()
+    _read_bans(held, everything=True)
+    return held
+
+
+def _read_bans(held: HeldBans, everything: bool = False) -> None:
+    """Take the bans changed since ``held`` last read into it (``everything``: those in
+    force); at :data:`~ratelimit_app.engine.bans.MOST`, the ended ones are dropped first."""
+    from django.utils import timezone
+
+    from ratelimit_app.models import Ban
+
+    now = clock.now()  # (a ban's end is on the limiter's clock: frozen in tests)
+    rows = Ban.objects.all()
+    if everything or held.seen is None:
+        rows = rows.filter(until__gt=dt.datetime.fromtimestamp(now, dt.UTC))
+    else:
+        rows = rows.filter(changed__gte=held.seen - dt.timedelta(seconds=CHANGES_MARGIN))
+    held.put(rows.values_list("key", "until", "site", "changed"), now)
+    if everything and held.seen is None:
+        held.seen = timezone.now()
+    if len(held) >= MOST_BANS:
+        held.prune(now)
+
+
+def _read_overrides(snap: Snapshot) -> None:
+    """Take the overrides changed since ``snap`` last read them into its table."""
+    from ratelimit_app.models import Override
+
+    rows = Override.objects.all()
+    if snap.overrides_seen is not None:
+        rows = rows.filter(changed__gte=snap.overrides_seen - dt.timedelta(seconds=CHANGES_MARGIN))
+    now = time.time()
+    for row in rows:
+        if snap.overrides_seen is None or row.changed > snap.overrides_seen:
+            snap.overrides_seen = row.changed
+        _take_override(snap, row, now)
+
+
+def _take_override(snap: Snapshot, row: Any, now: float) -> None:
+    """Put one :class:`~ratelimit_app.models.Override` row in ``snap``'s table (replacing
+    what the row held before; an expired or invalid one only leaves)."""
+    held = snap.override_rows.pop(row.pk, None)
+    if held is not None:
+        snap.overrides.drop(held[0], held[1])
+    end = None if row.expires is None else row.expires.timestamp()
+    if end is not None and end <= now:
+        return
+    try:
+        found = row.parsed()
+    except OverrideError as exc:  # saved before a validation changed
+        logger.error("ratelimit: override %s: %s (left out)", row.pk, exc)
+        return
+    snap.overrides.put(found, mask_ip)
+    snap.override_rows[row.pk] = (found.limit, found.subject, end)
+    if end is not None:
+        heapq.heappush(snap.override_ends, (end, row.pk))
+
+
+def _expire_overrides(snap: Snapshot) -> None:
+    """Take the overrides that have expired out of ``snap``'s table."""
+    now = time.time()
+    ends = snap.override_ends
+    while ends and ends[0][0] <= now:
+        end, pk = heapq.heappop(ends)
+        held = snap.override_rows.get(pk)
+        if held is not None and held[2] == end:
+            del snap.override_rows[pk]
+            snap.overrides.drop(held[0], held[1])
+
+
+def _prune() -> None:
+    """Delete the ban rows whose memory has passed, at most once a minute per process."""
+    try:
+        prune_bans()
+    except Exception as exc:  # a read-only replica, a locked database: next time
+        logger.debug("ratelimit: could not delete old ban rows: %s", exc)
+
+
+#: Ban rows deleted per call of :func:`prune_bans` (an index range: a millisecond or so).
+PRUNE_BATCH = 1000
+#: Seconds between two prunes by one process.
+PRUNE_EVERY = 60.0
+_pruned = -math.inf
+
+
+def prune_bans(force: bool = False) -> int:
+    """Delete the ban rows whose memory has passed (``max`` after their end), at most
+    :data:`PRUNE_BATCH` a call and, unless ``force``, once every :data:`PRUNE_EVERY`
+    seconds per process: the number deleted. Called when a ban is made
+    (:mod:`ratelimit_app.engine.bans`) and as a process looks for changes."""
+    global _pruned
+    from ratelimit_app.models import Ban
+
+    if not force and time.monotonic() < _pruned + PRUNE_EVERY:
+        return 0
+    _pruned = time.monotonic()
+    now = dt.datetime.fromtimestamp(clock.now(), dt.UTC)
+    old = Ban.objects.filter(remembered_until__lte=now).order_by("remembered_until")
+    ids = list(old.values_list("pk", flat=True)[:PRUNE_BATCH])
+    if not ids:
+        return 0
+    deleted, _ = Ban.objects.filter(pk__in=ids).delete()
+    return deleted
+
+
+def _load(version: Versions | None, previous: Snapshot | None = None) -> Snapshot:
+    """Settings and database, merged; the database's problems never stop the settings.
+    The bans held by ``previous`` are kept (and brought up to ``version``)."""
     global _warned
     from django.utils import timezone
 
-    from ratelimit_app.models import AccessEntry, Ban, Override
+    from ratelimit_app.models import AccessEntry
     from ratelimit_app.models import Rule as RuleRow
 
     checked = time.monotonic()
@@ -231,8 +479,9 @@ def _load(version: str | None) -> Snapshot:
     try:
         rows = list(RuleRow.objects.filter(enabled=True))
         entries = _unexpired(AccessEntry.objects.all(), now)
-        held = _unexpired(Override.objects.all(), now)
-        banned = list(Ban.objects.filter(until__gt=now).values_list("key", "until", "site"))
+        snap = _merged(rows, entries, version)
+        _read_overrides(snap)
+        _keep_bans(snap, previous, version)
     except Exception as exc:  # not migrated, no database access: the settings apply
         if not _warned:
             logger.warning("ratelimit: database rules and lists not read: %s", exc)
@@ -241,6 +490,28 @@ def _load(version: str | None) -> Snapshot:
         snap.version = version
         _publish(snap.looked(checked))
         return snap
+    snap.loaded = checked
+    _publish(snap.looked(checked))
+    return snap
+
+
+def _keep_bans(snap: Snapshot, previous: Snapshot | None, version: Versions | None) -> None:
+    """``snap``'s bans: ``previous``'s, brought up to ``version``, or read afresh."""
+    old = None if previous is None else previous.version
+    if previous is None or _deleted(version, old):
+        snap.bans = _all_bans()
+    else:
+        snap.bans = previous.bans
+        if _moved(version, old, BANS):
+            with _changing:
+                _read_bans(snap.bans)
+
+
+def _merged(rows: list[Any], entries: list[Any], version: Versions | None) -> Snapshot:
+    """A snapshot of the settings' rules and lists with the database's ``rows`` (rules) and
+    ``entries`` (allow and deny)."""
+    from ratelimit_app.models import AccessEntry
+
     settings_rules = declared.rules()
     taken = {rule.name for rule in settings_rules}
     db_rules = []
@@ -262,35 +533,17 @@ def _load(version: str | None) -> Snapshot:
         declared.access_list("RATELIMIT_DENY"),
         [e.value for e in entries if e.list == AccessEntry.DENY],
     )
-    ends = [e.expires for e in entries] + [o.expires for o in held] + [b[1] for b in banned]
-    expiries = [end.timestamp() for end in ends if end is not None]
-    snap = Snapshot(
+    expiries = [e.expires.timestamp() for e in entries if e.expires is not None]
+    return Snapshot(
         RuleSet((*settings_rules, *db_rules)),
         allow,
         deny,
         version,
         expires=min(expiries, default=math.inf),
         db_rules=tuple(db_rules),
-        overrides=_overrides(held),
-        bans={key: until.timestamp() for key, until, _ in banned},
-        site_bans=any(site for _, _, site in banned),
     )
-    _publish(snap.looked(checked))
-    return snap
 
 
 def _unexpired(rows: Iterable[Any], now: Any) -> list[Any]:
-    """The rows (allow/deny entries, overrides) that have not expired at ``now``."""
+    """The rows (allow/deny entries) that have not expired at ``now``."""
     return [row for row in rows if row.expires is None or row.expires > now]
-
-
-def _overrides(rows: list[Any]) -> Table:
-    """The overrides of ``rows`` (:class:`~ratelimit_app.models.Override`), compiled; an
-    invalid one is logged and left out."""
-    found = []
-    for row in rows:
-        try:
-            found.append(row.parsed())
-        except OverrideError as exc:  # saved before a validation changed
-            logger.error("ratelimit: override %s: %s (left out)", row.pk, exc)
-    return compile_table(found, mask_ip)

@@ -26,11 +26,13 @@ from typing import Any, Protocol
 
 from ratelimit_app.backends.base import Backend
 from ratelimit_app.engine import checking, enforce
+from ratelimit_app.signals import ban_skipped
 
 __all__ = [
     "BACKEND_BUCKETS",
     "BACKEND_ERRORS",
     "BACKEND_SECONDS",
+    "BANS_SKIPPED",
     "REQUESTS",
     "Telemetry",
     "backend_kind",
@@ -43,6 +45,9 @@ logger = logging.getLogger("ratelimit_app")
 REQUESTS = "bucketry_ratelimit_requests_total"
 BACKEND_SECONDS = "bucketry_ratelimit_backend_seconds"
 BACKEND_ERRORS = "bucketry_ratelimit_backend_errors_total"
+#: Refusals that would have banned their subject, but the process held the most bans it
+#: keeps (:data:`ratelimit_app.engine.bans.MOST`): no ban was made.
+BANS_SKIPPED = "bucketry_ratelimit_bans_skipped_total"
 #: A check's round trip, in seconds: from a memcached reply on loopback (0.1 ms) to a
 #: backend at its timeout (the default socket timeout is 0.1 s).
 BACKEND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -73,6 +78,8 @@ class Sink(Protocol):
 
     def trip(self, backend: str) -> tuple[Timing, Count]: ...
 
+    def skipped(self, limit: str) -> Count: ...
+
 
 class Prometheus:
     """The instruments in prometheus-client's default registry (made once per process: a
@@ -93,6 +100,9 @@ class Prometheus:
         self.errors = Counter(
             BACKEND_ERRORS, "Rate-limit checks whose counters failed.", ["backend"]
         )
+        self.skipped_bans = Counter(
+            BANS_SKIPPED, "Bans not made: the process held the most bans it keeps.", ["limit"]
+        )
 
     def decision(self, limit: str, decision: str) -> Count:
         return self.requests.labels(limit, decision).inc
@@ -100,6 +110,9 @@ class Prometheus:
     def trip(self, backend: str) -> tuple[Timing, Count]:
         errors = self.errors.labels(backend)
         return self.seconds.labels(backend).observe, errors.inc
+
+    def skipped(self, limit: str) -> Count:
+        return self.skipped_bans.labels(limit).inc
 
 
 class OpenTelemetry:
@@ -138,6 +151,11 @@ class OpenTelemetry:
         self.errors = meter.create_counter(
             BACKEND_ERRORS, unit="1", description="Rate-limit checks whose counters failed."
         )
+        self.skipped_bans = meter.create_counter(
+            BANS_SKIPPED,
+            unit="1",
+            description="Bans not made: the process held the most bans it keeps.",
+        )
 
     def decision(self, limit: str, decision: str) -> Count:
         with self._lock:
@@ -158,6 +176,9 @@ class OpenTelemetry:
             lambda seconds: later((record, seconds, attributes)),
             functools.partial(self.errors.add, 1, attributes),
         )
+
+    def skipped(self, limit: str) -> Count:
+        return functools.partial(self.skipped_bans.add, 1, {"limit": limit})
 
 
 #: Round trips waiting to be recorded in an OpenTelemetry histogram: an SDK's ``record``
@@ -244,6 +265,11 @@ class Telemetry:
             for error in bound[1]:
                 error()
 
+    def ban_skipped(self, sender: Any = None, limit: str = "", **kwargs: Any) -> None:
+        """:data:`~ratelimit_app.signals.ban_skipped`: a ban not made (rare: no binding)."""
+        for s in self.sinks:
+            s.skipped(label(limit))()
+
     @staticmethod
     def _bind(cache: dict[Any, Any], key: Any, value: Any) -> Any:
         if len(cache) < MAX_BOUND:
@@ -287,5 +313,6 @@ def connect() -> Telemetry | None:
         telemetry = Telemetry(sinks)
         enforce.OBSERVERS.append(telemetry.observe)
         checking.TRIPS.append(telemetry.trip)
+        ban_skipped.connect(telemetry.ban_skipped, weak=False, dispatch_uid=BANS_SKIPPED)
         _connected.append(telemetry)
         return telemetry

@@ -35,6 +35,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "algorithms.windows": 1,
         "algorithms.gcra": 1,
         "identity.addresses": 1,
+        "identity.provenance": 0,
         "identity.namespaces": 1,
         "keys": 1,
         "config.limits": 2,

@@ -166,8 +166,9 @@ def record(
 def record_top(name: str, key: str, label: str = "", ref: str = "", *, keep: float) -> None:
     """Count one event of ``key`` among the most frequent keys of ``name`` (a bounded
     sketch per name, :mod:`metrics_app.topk`), written at the next flush as ``TopKey`` rows
-    that are deleted ``keep`` seconds after. ``label`` is what a page shows of the key,
-    ``ref`` what it acts on. Thread-safe, no I/O."""
+    that are deleted ``keep`` seconds after; a row's count is never above the key's true
+    count. ``label`` is what a page shows of the key, ``ref`` what it acts on. Thread-safe,
+    no I/O."""
     buffer = _buffer
     if not buffer.started:
         buffer.start()

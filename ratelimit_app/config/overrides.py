@@ -16,8 +16,13 @@ The most specific override wins: an exact value, then the network with the longe
 prefix, then a group. A user in several groups with overrides gets the most generous of
 them: ``unlimited``, else the rates whose tightest rate allows the most in the long run.
 
-Pure logic: validation and a table compiled once per configuration snapshot
-(:mod:`ratelimit_app.store`); answering for a subject costs dictionary lookups.
+A username matches exactly, as Django's authentication compares it (``PARTNER`` is not
+``partner``); only the email keys fold case.
+
+Pure logic: validation and a table compiled per configuration snapshot
+(:mod:`ratelimit_app.store`) and changed in place one override at a time
+(:meth:`Table.put`, :meth:`Table.drop`); answering for a subject costs dictionary lookups,
+for a network one per prefix length the limit's networks have.
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ __all__ = [
     "UNLIMITED",
     "Override",
     "OverrideError",
+    "Subject",
     "Table",
     "compile_table",
     "parse",
+    "parse_subject",
 ]
 
 Rates = tuple[rates.Rate, ...]
@@ -194,9 +201,23 @@ def generosity(found: Rates) -> float:
     return min(r.count / r.seconds for r in found)
 
 
+#: Each prefix length's netmask as an integer, by address size in bits (IPv4 32, IPv6 128).
+_NETMASKS = {
+    bits: tuple(((1 << bits) - 1) ^ ((1 << (bits - p)) - 1) for p in range(bits + 1))
+    for bits in (32, 128)
+}
+#: The networks of one prefix length: the network address as an integer -> its rates.
+Networks = dict[int, Rates]
+
+
 @dataclass(slots=True)
 class LimitOverrides:
-    """One limit's overrides, by what they match."""
+    """One limit's overrides, by what they match.
+
+    Several subjects may name one key of :attr:`folded` (``Alice@x.org`` and ``alice@x.org``)
+    or of :attr:`hosts` (two IPv6 addresses of one /64): the one put last applies, and
+    dropping it brings back the one put before (:attr:`sharers` remembers them).
+    """
 
     #: Values as :func:`ratelimit_app.keys.normalize_value` cleans them, and case folded
     #: (for the email keys, which fold case).
@@ -205,22 +226,45 @@ class LimitOverrides:
     #: Networks as the IP keys store an address (masked): a network within one mask is the
     #: masked address its clients are counted under.
     hosts: dict[str, Rates] = field(default_factory=dict)
-    #: Wider networks, longest prefix first.
-    networks: list[tuple[addresses.IPNetwork, Rates]] = field(default_factory=list)
+    #: Wider networks, by address size in bits: for each prefix length present, longest
+    #: first, its netmask and its networks. A look-up masks the address once per prefix
+    #: length (33 for IPv4, 129 for IPv6 at most), whatever the number of networks.
+    networks: dict[int, tuple[tuple[int, Networks], ...]] = field(default_factory=dict)
     groups: dict[str, Rates] = field(default_factory=dict)
+    #: (bits, prefix length) -> the networks of :attr:`networks` of that length.
+    by_prefix: dict[tuple[int, int], Networks] = field(default_factory=dict)
+    #: (``folded`` or ``hosts``, key) -> {subject text: rates} of the subjects naming the
+    #: key, in the order they were put.
+    sharers: dict[tuple[str, str], dict[str, Rates]] = field(default_factory=dict)
+    #: A network subject's text -> the key of :attr:`hosts` it was put under.
+    hosted: dict[str, str] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.values or self.hosts or self.networks or self.groups)
 
 
 #: The user's group names, asked for only when a group override could apply.
 GroupNames = Callable[[], Iterable[str]]
 #: The signed-in user's username (None: anonymous), asked for user subjects only.
 Username = Callable[[], str | None]
+#: How the IP keys store an address (:func:`ratelimit_app.identity.addresses.mask_ip`).
+Mask = Callable[[str], str | None]
 
 
 @dataclass(slots=True)
 class Table:
-    """The overrides in force, compiled: answers for a limit and a subject."""
+    """The overrides in force, compiled: answers for a limit and a subject.
+
+    Changed in place one override at a time (:meth:`put`, :meth:`drop`: constant time,
+    whatever the number of overrides); each change bumps :attr:`version`, so whoever
+    remembers answers knows when to forget them. A change is a few dictionary assignments
+    a look-up in another thread sees before or after, never half made; changes themselves
+    are made by one thread at a time (the caller's lock).
+    """
 
     by_limit: dict[str, LimitOverrides] = field(default_factory=dict)
+    #: Bumped by every :meth:`put` and :meth:`drop` (after the change is made).
+    version: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.by_limit)
@@ -242,14 +286,42 @@ class Table:
         table = found.folded if keys.is_email_kind(kind) else found.values
         return table.get(value), False
 
+    def put(self, override: Override, mask: Mask) -> None:
+        """Add ``override``, or replace the one of its limit and subject (in place: a
+        look-up meanwhile finds the old rates or the new)."""
+        found = self.by_limit.get(override.limit)
+        if found is None:
+            found = LimitOverrides()
+        _add(found, override, mask)
+        self.by_limit[override.limit] = found
+        self.version += 1
+
+    def drop(self, limit: str, subject: Subject) -> bool:
+        """Remove the override of ``limit`` for ``subject`` (:func:`parse_subject` of its
+        text); False when there was none."""
+        found = self.by_limit.get(limit)
+        if found is None or not _remove(found, subject):
+            return False
+        if not found:
+            del self.by_limit[limit]
+        self.version += 1
+        return True
+
 
 def _by_address(found: LimitOverrides, value: str) -> Rates | None:
     exact = found.hosts.get(value)
     if exact is not None or not found.networks:
         return exact
     address = addresses.parse_address(value)
-    for network, rates_ in found.networks:
-        if address is not None and address in network:
+    if address is None:
+        return None
+    wide = found.networks.get(address.max_prefixlen)
+    if wide is None:
+        return None
+    number = int(address)
+    for netmask, networks in wide:  # longest prefix first
+        rates_ = networks.get(number & netmask)
+        if rates_ is not None:
             return rates_
     return None
 
@@ -257,11 +329,11 @@ def _by_address(found: LimitOverrides, value: str) -> Rates | None:
 def _by_user(
     found: LimitOverrides, username: Username, groups: GroupNames
 ) -> tuple[Rates | None, bool]:
-    name = username() if found.values or found.folded else None
+    # A username matches as Django's authentication compares it: exactly (after the
+    # normalisation every key value gets), never case folded: ``PARTNER`` is not ``partner``.
+    name = username() if found.values else None
     if name is not None:
         exact = found.values.get(keys.normalize_value("", name) or "")
-        if exact is None:
-            exact = found.folded.get(keys.normalize_email(name) or "")
         if exact is not None:
             return exact, False
     if not found.groups:
@@ -270,38 +342,118 @@ def _by_user(
     return (max(matched, key=generosity) if matched else None), True
 
 
-def compile_table(overrides: Iterable[Override], mask: Callable[[str], str | None]) -> Table:
+def compile_table(overrides: Iterable[Override], mask: Mask) -> Table:
     """A :class:`Table` of ``overrides`` (later ones replace earlier ones of the same limit
     and subject). ``mask``: how the IP keys store an address
     (:func:`ratelimit_app.identity.addresses.mask_ip`)."""
     table = Table()
     for o in overrides:
-        found = table.by_limit.setdefault(o.limit, LimitOverrides())
-        kind, value, network = o.subject
-        if kind == "group":
-            found.groups[value] = o.rates
-        elif kind == "value":
-            found.values[value] = o.rates
-            folded = keys.normalize_email(value)
-            if folded is not None:
-                found.folded[folded] = o.rates
-        elif network is not None:
-            _add_network(found, network, o.rates, mask)
-    for found in table.by_limit.values():
-        found.networks.sort(key=lambda item: -item[0].prefixlen)
+        table.put(o, mask)
     return table
 
 
-def _add_network(
-    found: LimitOverrides,
-    network: addresses.IPNetwork,
-    rates_: Rates,
-    mask: Callable[[str], str | None],
+def _add(found: LimitOverrides, o: Override, mask: Mask) -> None:
+    """Put ``o`` into ``found``, replacing the override of its subject there."""
+    kind, value, network = o.subject
+    if kind == "group":
+        found.groups[value] = o.rates
+    elif kind == "value":
+        found.values[value] = o.rates
+        folded = keys.normalize_email(value)
+        if folded is not None:
+            _share(found, found.folded, ("folded", folded), value, o.rates)
+    elif network is not None:
+        # A network the IP mask covers whole is one subject (its masked address); a wider
+        # one is matched by its prefix.
+        masked = mask(str(network.network_address))
+        before = found.hosted.get(value)
+        if masked is not None and masked == mask(str(network.broadcast_address)):
+            if before is None:  # (it was a wider network under another mask, or new)
+                _drop_network(found, network)
+            elif before != masked:
+                _unshare(found, found.hosts, ("hosts", before), value)
+            found.hosted[value] = masked
+            _share(found, found.hosts, ("hosts", masked), value, o.rates)
+        else:
+            if before is not None:
+                del found.hosted[value]
+                _unshare(found, found.hosts, ("hosts", before), value)
+            _add_network(found, network, o.rates)
+
+
+def _remove(found: LimitOverrides, subject: Subject) -> bool:
+    """Take the override of ``subject`` out of ``found``; False when it holds none."""
+    kind, value, network = subject
+    if kind == "group":
+        return found.groups.pop(value, None) is not None
+    if kind == "value":
+        if found.values.pop(value, None) is None:
+            return False
+        folded = keys.normalize_email(value)
+        if folded is not None:
+            _unshare(found, found.folded, ("folded", folded), value)
+        return True
+    masked = found.hosted.pop(value, None)
+    if masked is not None:
+        _unshare(found, found.hosts, ("hosts", masked), value)
+        return True
+    return network is not None and _drop_network(found, network)
+
+
+def _share(
+    found: LimitOverrides, table: dict[str, Rates], key: tuple[str, str], name: str, r: Rates
 ) -> None:
-    """A network the IP mask covers whole is one subject (its masked address); a wider one
-    is matched by containment."""
-    masked = mask(str(network.network_address))
-    if masked is not None and masked == mask(str(network.broadcast_address)):
-        found.hosts[masked] = rates_
+    """``table[key]`` is ``r``, put by subject ``name`` (now the last to name it)."""
+    names = found.sharers.setdefault(key, {})
+    names.pop(name, None)
+    names[name] = r
+    table[key[1]] = r
+
+
+def _unshare(
+    found: LimitOverrides, table: dict[str, Rates], key: tuple[str, str], name: str
+) -> None:
+    """Subject ``name`` no longer names ``table[key]``: the subject put before it does, or
+    none."""
+    names = found.sharers.get(key)
+    if names is None or names.pop(name, None) is None:
+        return
+    if names:
+        table[key[1]] = names[next(reversed(names))]
     else:
-        found.networks.append((network, rates_))
+        del found.sharers[key]
+        del table[key[1]]
+
+
+def _add_network(found: LimitOverrides, network: addresses.IPNetwork, r: Rates) -> None:
+    bits, prefix = network.max_prefixlen, network.prefixlen
+    networks = found.by_prefix.get((bits, prefix))
+    if networks is None:
+        networks = found.by_prefix[(bits, prefix)] = {}
+        _reorder(found, bits)  # a prefix length more: at most 129 of them
+    networks[int(network.network_address)] = r
+
+
+def _drop_network(found: LimitOverrides, network: addresses.IPNetwork) -> bool:
+    bits, prefix = network.max_prefixlen, network.prefixlen
+    networks = found.by_prefix.get((bits, prefix))
+    if networks is None or networks.pop(int(network.network_address), None) is None:
+        return False
+    if not networks:
+        del found.by_prefix[(bits, prefix)]
+        _reorder(found, bits)
+    return True
+
+
+def _reorder(found: LimitOverrides, bits: int) -> None:
+    """Make the look-up order of ``bits``-bit networks again (a new tuple, so a look-up
+    under way goes on with the old one)."""
+    order = tuple(
+        (_NETMASKS[bits][p], found.by_prefix[(b, p)])
+        for b, p in sorted(found.by_prefix, key=lambda bp: -bp[1])
+        if b == bits
+    )
+    if order:
+        found.networks[bits] = order
+    else:
+        found.networks.pop(bits, None)

@@ -1,19 +1,32 @@
-"""Bans as the limiter keeps them: written once per ban, read from the configuration
-snapshot.
+"""Bans as the limiter keeps them: a row written once per ban, held by every process.
 
 A limit with a ``ban`` (:mod:`ratelimit_app.algorithms.bans`) counts its refusals of each
 subject in the refusal's own second round trip (:mod:`ratelimit_app.engine.checking`); the
 refusal that brings them to ``after`` calls :func:`impose`. A ban is a row of
-:class:`~ratelimit_app.models.Ban` whose creation bumps the configuration's version, so every
-process holds it in its snapshot within a second (:mod:`ratelimit_app.store`): a banned
-request is refused from the snapshot, with no round trip and no query, and a subject never
-banned costs nothing more. The subject is stored hashed (:func:`ban_key`), as its counters
-are; only an address is kept in clear, for the admin.
+:class:`~ratelimit_app.models.Ban`; every process reads the rows changed since it last looked
+(:mod:`ratelimit_app.store`, within a second) into its :class:`~ratelimit_app.store.HeldBans`,
+so a banned request is refused from memory, with no round trip and no query, and a new ban
+costs each process one small query, whatever the number of bans in force.
+
+Keys: a limit's ban of a subject is kept under the subject's own counter namespace (the
+limit's scope, hashed with the subject: :func:`ban_key`), which the request's check computes
+anyway, so looking for one costs a dictionary look-up; a ban on every path is kept under
+:func:`site_key` of the address, a keyed hash cheaper than the counters' one, computed for
+every request while any such ban is in force. A process holds at most :data:`MOST` bans;
+past it, no new ban is made (logged once, signalled as
+:data:`~ratelimit_app.signals.ban_skipped` for the exporters) and the limit goes on refusing
+the subject at its rate: no ban in force is ever dropped early to make room.
+
+Rows keep the subject hashed; the admin's label follows ``RATELIMIT_REFUSED_SUBJECTS`` (an
+address as its /24 or /64 by default, nothing when hashed), and a row is deleted once its
+memory of the ban (``max`` past its end) has passed (:func:`prune`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import ipaddress
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -23,48 +36,62 @@ from django.db import transaction
 from ratelimit_app import clock, store
 from ratelimit_app.algorithms import bans, windows
 from ratelimit_app.algorithms.bans import BanSpec
+from ratelimit_app.conf import conf, read
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
+from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
-from ratelimit_app.signals import subject_banned
+from ratelimit_app.signals import ban_skipped, subject_banned
+from ratelimit_app.store import prune_bans as prune
 
 __all__ = [
-    "SITE_SCOPE",
+    "MOST",
     "ban_key",
     "ban_now",
     "banned",
     "find",
     "impose",
     "lift",
+    "prune",
     "refused",
+    "site_key",
     "site_wait",
 ]
 
 logger = logging.getLogger("ratelimit_app")
 
-#: The scope of site-wide bans' keys (a limit's own bans: ``"ban:<limit name>"``).
-SITE_SCOPE = "ban:site"
+#: The most bans a process holds (:data:`ratelimit_app.store.MOST_BANS`). Past it no new
+#: ban is made until some end; the limits go on refusing at their rates.
+MOST = store.MOST_BANS
+#: Whether this process has logged that it holds :data:`MOST` bans (once, until below).
+_full_logged = False
 
 
-def ban_key(group: str, site: bool, subject: tuple[str, str]) -> str:
-    """The hashed key a ban of ``subject`` (kind, value) by the limit of ``group`` (a rule's
-    ``rule:<name>``, a decorator's group, ``drf:<scope>``) is kept under."""
-    return namespace(SITE_SCOPE if site else "ban:" + group, *subject)
+def ban_key(scope: str, subject: tuple[str, str]) -> str:
+    """The key a ban of ``subject`` (kind, value) by a limit is kept under: the subject's
+    counter namespace in the limit's ``scope`` (a check's ``scope``)."""
+    return namespace(scope, *subject)
 
 
-def refused(
-    groups: Sequence[str], checks: Sequence[Check], now: float
-) -> list[Result | None] | None:
-    """The banned results of a request's checks (each limit that bans, by its ``groups``),
-    from the snapshot; None when none of its subjects is banned."""
+def site_key(address: str) -> str:
+    """The key a ban of ``address`` (as the IP keys store it) on every path is kept under:
+    a keyed BLAKE2b of it, salted from ``SECRET_KEY`` like every key."""
+    salt = conf.SALT.encode()
+    digest = hashlib.blake2b(address.encode(), key=salt, digest_size=16, person=b"bucketry-ban")
+    return "{" + digest.hexdigest() + "}"
+
+
+def refused(checks: Sequence[Check], now: float) -> list[Result | None] | None:
+    """The banned results of a request's checks, from the bans this process holds (no
+    round trip, no query); None when none of its subjects is banned."""
     held = store.current().bans
+    rule, site = held.rule, held.site
     found: list[Result | None] = []
     hit = False
-    for group, c in zip(groups, checks, strict=True):
-        spec = c.ban  # (a limit without one may hold a ban a person made in the admin)
-        until = held.get(ban_key(group, False, c.subject))
-        if until is None and spec is not None and spec.site:
-            until = held.get(ban_key(group, True, c.subject))
+    for c in checks:
+        until = rule.get(namespace(c.scope, *c.subject)) if rule else None
+        if until is None and site and c.ban is not None and c.ban.site and c.subject[0] == "ip":
+            until = site.get(site_key(c.subject[1]))
         if until is None or until <= now:
             found.append(None)
             continue
@@ -74,8 +101,9 @@ def refused(
 
 
 def site_wait(subject: tuple[str, str], now: float) -> float | None:
-    """Seconds a site-wide ban of ``subject`` (an address) lasts yet, or None."""
-    until = store.current().bans.get(namespace(SITE_SCOPE, *subject))
+    """Seconds a ban of ``subject`` (an address) on every path lasts yet, or None."""
+    site = store.current().bans.site
+    until = site.get(site_key(subject[1])) if site else None
     return None if until is None or until <= now else until - now
 
 
@@ -87,23 +115,43 @@ def banned(c: Check, wait: float) -> Result:
     return found
 
 
-def impose(limit: str, group: str, check: Check, request: Any = None) -> float:
-    """Ban ``check``'s subject by its limit's ban (``limit``: its name, ``group``: its
-    limit's group), once (a process that finds it banned already, by a concurrent refusal
-    elsewhere, leaves it): send :data:`~ratelimit_app.signals.subject_banned` and log it.
-    Returns the ban's seconds. A database that cannot be written is logged: the refusals go
-    on counting."""
+def impose(limit: str, check: Check, request: Any = None) -> float:
+    """Ban ``check``'s subject by its limit's ban (``limit``: its name), once (a process
+    that finds it banned already, by a concurrent refusal elsewhere, leaves it): send
+    :data:`~ratelimit_app.signals.subject_banned` and log it. Returns the ban's seconds
+    (0: none made). A database that cannot be written is logged: the refusals go on
+    counting. A process that holds :data:`MOST` bans makes none."""
     spec = check.ban
     assert spec is not None
-    key = ban_key(group, spec.site, check.subject)
+    if _full(limit, check.subject[0]):
+        return 0.0
+    site = spec.site and check.subject[0] == "ip"
+    key = site_key(check.subject[1]) if site else ban_key(check.scope, check.subject)
     try:
-        seconds, until, new = _write(limit, spec, key, check.subject)
+        seconds, until, new = _write(limit, spec, key, check.subject, site)
     except Exception as exc:  # no database, a table not migrated: counting goes on
         logger.error("ratelimit: could not ban a subject of %r: %s", limit, exc)
         return 0.0
     if new:
-        _announce(limit, key, check.subject[0], until, seconds, spec.site, request)
+        _announce(limit, key, check.subject[0], until, seconds, site, request)
     return float(seconds)
+
+
+def _full(limit: str, kind: str) -> bool:
+    """True when this process holds :data:`MOST` bans: logged once, signalled each time."""
+    global _full_logged
+    if len(store.current().bans) < MOST:
+        _full_logged = False
+        return False
+    if not _full_logged:
+        _full_logged = True
+        logger.error(
+            "ratelimit: %d bans in force, the most a process holds: no new ban until some "
+            "end (the limits still refuse at their rates)",
+            MOST,
+        )
+    ban_skipped.send(sender=Check, limit=limit, kind=kind)
+    return True
 
 
 def _announce(
@@ -116,8 +164,8 @@ def _announce(
     request: Any,
     by: str = "",
 ) -> None:
-    """A new ban: every process told (the version bumped), a log line, the signal."""
-    store.bump()
+    """A new ban (every process is told by the row's ``post_save``): a log line, the
+    signal."""
     logger.warning(
         "ratelimit: %s banned %s %s for %ds, until %s%s%s",
         limit,
@@ -141,19 +189,19 @@ def _announce(
 
 
 def ban_now(
-    limit: str, group: str, subject: tuple[str, str], seconds: int, request: Any, by: str
+    limit: str, scope: str, subject: tuple[str, str], seconds: int, request: Any, by: str
 ) -> dt.datetime:
-    """Ban ``subject`` from the limit of ``group`` (named ``limit``) for ``seconds``, at
-    once, as a person decided it in the admin (``by``): a ban like a limit's, lifted the
-    same way; it replaces one in force. Returns its end."""
-    key = ban_key(group, False, subject)
+    """Ban ``subject`` from the limit named ``limit`` (its counters' ``scope``) for
+    ``seconds``, at once, as a person decided it in the admin (``by``): a ban like a
+    limit's, lifted the same way; it replaces one in force. Returns its end."""
+    key = ban_key(scope, subject)
     until = _store(key, limit, subject, False, _now(), seconds, 0)
     _announce(limit, key, subject[0], until, seconds, False, request, by)
     return until
 
 
 def _write(
-    limit: str, spec: BanSpec, key: str, subject: tuple[str, str]
+    limit: str, spec: BanSpec, key: str, subject: tuple[str, str], site: bool
 ) -> tuple[int, dt.datetime, bool]:
     """Create or extend the ban row: (its seconds, its end, whether this call banned)."""
     from ratelimit_app.models import Ban
@@ -167,7 +215,8 @@ def _write(
         if row is not None and row.remembered_until > now:
             last, since = row.seconds, (now - row.until).total_seconds()
         seconds = bans.next_seconds(spec, last, since)
-        until = _store(key, limit, subject, spec.site, now, seconds, spec.most)
+        until = _store(key, limit, subject, site, now, seconds, spec.most)
+    prune()
     return seconds, until, True
 
 
@@ -189,7 +238,7 @@ def _store(
         "limit": limit,
         "site": site,
         "kind": subject[0],
-        "label": subject[1] if subject[0] == "ip" else "",
+        "label": label(*subject),
         "seconds": seconds,
         "banned_at": now,
         "until": until,
@@ -199,24 +248,64 @@ def _store(
     return until
 
 
-def lift(group: str, subject: tuple[str, str]) -> int:
-    """Lift the bans of ``subject`` by the limit of ``group`` (and its site-wide one): the
-    number lifted. Its memory of earlier bans goes too (the next ban is a first one)."""
+#: What a ban row's label shows of an address, by ``RATELIMIT_REFUSED_SUBJECTS`` (the
+#: *Refused lately* page shows the same): the address, its /24 or /64, or nothing.
+SHOWN_PREFIX = {4: 24, 6: 64}
+
+
+def label(kind: str, value: str) -> str:
+    """What a ban row keeps in clear of its subject, for the admin: an address as
+    ``RATELIMIT_REFUSED_SUBJECTS`` shows it (``"full"``: as the key stores it;
+    ``"masked"``, the default: its /24 or /64; ``"hashed"`` or anything else: nothing);
+    nothing of any other kind (an email, a user, a header are kept hashed only)."""
+    how = read("RATELIMIT_REFUSED_SUBJECTS")
+    if kind != "ip" or how not in ("full", "masked"):
+        return ""
+    address = addresses.parse_address(value)
+    if address is None:
+        return ""
+    if how == "full":
+        return value
+    return str(ipaddress.ip_network((address, SHOWN_PREFIX[address.version]), strict=False))
+
+
+def lift(scope: str, subject: tuple[str, str]) -> int:
+    """Lift the bans of ``subject`` by the limit of counters' ``scope`` (and its ban on
+    every path, when an address): the number lifted. Its memory of earlier bans goes too
+    (the next ban is a first one). The rows are kept, ended, until :func:`prune` deletes
+    them, so every process reads the change like a new ban's."""
     from ratelimit_app.models import Ban
 
-    keys = [ban_key(group, False, subject), ban_key(group, True, subject)]
-    deleted, _ = Ban.objects.filter(key__in=keys).delete()
-    if deleted:
-        store.bump()
-    return deleted
+    keys = [ban_key(scope, subject)]
+    if subject[0] == "ip":
+        keys.append(site_key(subject[1]))
+    now = _now()
+    lifted = Ban.objects.filter(key__in=keys, remembered_until__gt=now).update(
+        until=now, remembered_until=now, changed=dt.datetime.now(dt.UTC)
+    )
+    if lifted:
+        store.bump(store.BANS)
+    return lifted
 
 
-def find(group: str, subject: tuple[str, str]) -> Any | None:
-    """The ban of ``subject`` by the limit of ``group`` in force (a
-    :class:`~ratelimit_app.models.Ban`), site-wide or not, or None."""
+def lift_rows(rows: Any) -> int:
+    """Lift the bans of ``rows`` (a queryset of :class:`~ratelimit_app.models.Ban`, such as
+    the admin's selection) and forget them: as :func:`lift`."""
+    now = _now()
+    lifted: int = rows.update(until=now, remembered_until=now, changed=dt.datetime.now(dt.UTC))
+    if lifted:
+        store.bump(store.BANS)
+    return lifted
+
+
+def find(scope: str, subject: tuple[str, str]) -> Any | None:
+    """The ban of ``subject`` by the limit of counters' ``scope`` in force (a
+    :class:`~ratelimit_app.models.Ban`), on every path or not, or None."""
     from ratelimit_app.models import Ban
 
-    keys = [ban_key(group, False, subject), ban_key(group, True, subject)]
+    keys = [ban_key(scope, subject)]
+    if subject[0] == "ip":
+        keys.append(site_key(subject[1]))
     return Ban.objects.filter(key__in=keys, until__gt=_now()).first()
 
 

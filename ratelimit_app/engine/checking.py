@@ -19,6 +19,7 @@ from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, Moment, Step
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.identity.provenance import page_sent
 from ratelimit_app.signals import backend_failed
 
 logger = logging.getLogger("ratelimit_app")
@@ -35,6 +36,7 @@ def check_many(
     take_back: TakeBack = _limited_counted,
     exact: bool = True,
     at: float | None = None,
+    request: Any = None,
 ) -> list[Result]:
     """Check several subjects in one backend round trip.
 
@@ -44,7 +46,9 @@ def check_many(
     exactly. Refusals whose waits are exact are remembered (:mod:`.memory`). Raises
     ``BackendError``, and ``ImproperlyConfigured`` for a leaky bucket whose rates (from a
     callable) or burst do not make one. ``at``: the time of the check (default: now), for a
-    caller with a clock of its own (DRF's ``timer``).
+    caller with a clock of its own (DRF's ``timer``). ``request``: the request checked, if
+    any; a refusal of it that a page made the browser send is no strike toward a ban
+    (:func:`~ratelimit_app.identity.provenance.page_sent`).
     """
     moment = Moment(clock.now() if at is None else at)
     steps: list[Step] = []
@@ -71,7 +75,7 @@ def check_many(
     # trip for admitted hits and never lenient under concurrency.
     for i in take_back(checks, results):
         steps[i].take_back()
-    return _second_trip(get_backend(), steps, exact, moment)
+    return _second_trip(get_backend(), steps, exact, moment, request)
 
 
 #: Functions told of every check's round trip, ``fn(backend, seconds, failed)``: the
@@ -100,14 +104,16 @@ def _tell(backend: Backend, seconds: float, failed: bool) -> None:
             TRIPS.remove(fn)
 
 
-def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Moment) -> list[Result]:
+def _second_trip(
+    backend: Backend, steps: list[Step], exact: bool, moment: Moment, request: Any = None
+) -> list[Result]:
     """The take-backs and exact reads of a call where someone was refused, and the count
     of each refusal of a limit that bans (its strike), in one round trip."""
     sent = [(s, op) for s in steps if (op := s.follow_up(exact)) is not None]
-    struck = _struck(steps)
+    struck = _struck(steps, request)
     strikes = [_strike(s.check, moment) for s in struck]
-    # A refusal of a limit that bans is not remembered: each one must reach its count.
-    timed = [s for s in steps if s.check.ban is None and s.exact_wait()]
+    # A strike is not remembered: each one must reach its count.
+    timed = [s for s in steps if (s.check.ban is None or s not in struck) and s.exact_wait()]
     if sent or strikes:
         try:
             ops = [op for _, op in sent] + [op for op, _ in strikes]
@@ -128,9 +134,18 @@ def _second_trip(backend: Backend, steps: list[Step], exact: bool, moment: Momen
 STRIKES = "\x00strikes"
 
 
-def _struck(steps: list[Step]) -> list[Step]:
-    """The counted refusals of limits that ban: each is a strike."""
-    return [s for s in steps if s.check.ban is not None and s.check.increment and s.result.limited]
+def _struck(steps: list[Step], request: Any) -> list[Step]:
+    """The counted refusals of limits that ban, but those a page made the browser send
+    (a stranger's page would get its readers banned): each is a strike. A site-wide ban
+    counts only what the client asked for itself (``strict``)."""
+    found = []
+    for s in steps:
+        spec = s.check.ban
+        if spec is None or not s.check.increment or not s.result.limited:
+            continue
+        if not page_sent(request, spec.site):
+            found.append(s)
+    return found
 
 
 def _count_strikes(

@@ -210,7 +210,8 @@ def decide(
     """Decide ``decisions`` (each limit of ``request`` that applies) in one round trip, or
     from the refusal memory; send ``ratelimited`` for each counted refusal (``sender``: the
     adapter, as :mod:`ratelimit_app.signals` documents). ``at``: the time of the check, for
-    a caller with a clock of its own (DRF's ``timer``)."""
+    a caller with a clock of its own (DRF's ``timer``). A refusal of a request a page made
+    the browser send is no strike toward a ban (:mod:`ratelimit_app.identity.provenance`)."""
     if not conf.MIDDLEWARE_INSTALLED:  # the middleware keeps the configuration fresh
         store.current()  # (overrides and bans; at most a look a second at its version)
     if store.overriding:  # per-subject overrides (an unlimited one leaves its limit out)
@@ -226,7 +227,7 @@ def decide(
     remembered = results is not None
     if results is None:
         try:
-            results = check_many(checks, partial(_take_back, decisions), at=at)
+            results = check_many(checks, partial(_take_back, decisions), at=at, request=request)
         except BackendError as exc:
             return _failed(decisions, exc)
     shown = []
@@ -267,7 +268,7 @@ def _answered(
     configuration snapshot), or refused from the refusal memory; else None."""
     results: Sequence[Result | None] | None = None
     if store.banning:
-        results = _banned(decisions, checks, at)
+        results = bans.refused(checks, clock.now() if at is None else at)
     if results is None and REFUSALS.entries:
         results = _recall(decisions, checks, at)
     return results
@@ -333,7 +334,7 @@ def _refusal(request: Any, d: Decision) -> bool:
     result, check = d.result, d.check
     dry = d.dry_run()
     if result is not None and result.struck and check.increment and not dry:
-        seconds = bans.impose(d.name or d.limit.group, d.limit.group, check, request)
+        seconds = bans.impose(d.name or d.limit.group, check, request)
         if seconds:
             d.result = bans.banned(check, seconds)
     if not dry:
@@ -342,15 +343,6 @@ def _refusal(request: Any, d: Decision) -> bool:
     if check.increment:
         _log_shadowed(request, d)
     return False
-
-
-def _banned(
-    decisions: Sequence[Decision], checks: list[Check], at: float | None
-) -> list[Result | None] | None:
-    """The results of a request whose subject a limit has banned (from the snapshot, no
-    round trip), else None."""
-    groups = [d.limit.group for d in decisions]
-    return bans.refused(groups, checks, clock.now() if at is None else at)
 
 
 def _recall(

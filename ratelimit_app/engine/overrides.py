@@ -8,7 +8,13 @@ rates and the scope of those rates (:meth:`Limit.scope_for
 are apart from its counters under the limit's own rates. An ``unlimited`` override takes the
 decision out of the request: it is admitted and counts nothing.
 
-The answer for a check is remembered (:data:`MEMO` of them, forgotten with the snapshot), so
+An override changes rates, never places: a decision of an in-flight limit (a rule's
+``concurrent``, filed under the rule's name beside its rate limit) is left as it is, so a
+subject given ``600/h`` or ``unlimited`` still holds at most ``concurrent`` places at once.
+
+The answer for a check is remembered (:data:`MEMO` of them, forgotten with the snapshot's
+table or when the table changes in place: :attr:`Table.version
+<ratelimit_app.config.overrides.Table.version>`), so
 a subject's requests share one replaced :class:`Check` object, as the engine's memos expect.
 An answer that depended on the user's groups is asked again after :data:`GROUPS_FOR`
 seconds, and a user's groups cost one query per :data:`GROUPS_FOR` seconds at most, only
@@ -26,6 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ratelimit_app import store
 from ratelimit_app.algorithms import gcra
+from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.config.overrides import UNLIMITED, Table
 
@@ -44,10 +51,11 @@ _LIFTED: Any = object()
 class _Memo:
     """The answers for the snapshot's table, and users' group names."""
 
-    __slots__ = ("answers", "groups", "table")
+    __slots__ = ("answers", "groups", "of")
 
     def __init__(self) -> None:
-        self.table: Table | None = None
+        #: The table and its version the answers are for.
+        self.of: tuple[Table | None, int] = (None, 0)
         #: (limit name, check) -> (replaced check, the check, or _LIFTED; ask again after).
         self.answers: dict[tuple[str, Check], tuple[Any, float]] = {}
         #: user primary key -> (group names, ask again after).
@@ -71,8 +79,8 @@ D = TypeVar("D", bound=Decided)
 
 def forget() -> None:
     """Forget every answer and group (tests; a snapshot change does it by itself)."""
-    _memo.table = None
-    _memo.answers.clear()
+    _memo.of = (None, 0)
+    _memo.answers = {}
     _memo.groups.clear()
 
 
@@ -80,17 +88,16 @@ def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
     """``decisions`` with the overrides in force: a replaced check where a subject has
     other rates, and without the decisions an ``unlimited`` override lifts."""
     table = store.current().overrides
-    if _memo.table is not table:
-        _memo.answers.clear()
-        _memo.table = table
+    answers = _answers(table)
     kept: list[D] | None = None
     for i, d in enumerate(decisions):
         name = d.name or d.limit.group
-        if name not in table.by_limit:
+        # An in-flight decision shares its rule's name: an override is not about it.
+        if name not in table.by_limit or d.check.algorithm == IN_FLIGHT:
             if kept is not None:
                 kept.append(d)
             continue
-        answer = _answer(request, table, name, d)
+        answer = _answer(request, table, answers, name, d)
         if answer is _LIFTED:
             if kept is None:
                 kept = list(decisions[:i])
@@ -101,11 +108,28 @@ def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
     return decisions if kept is None else kept
 
 
-def _answer(request: Any, table: Table, name: str, d: Decided) -> Any:
-    """The check ``d`` is decided with (or :data:`_LIFTED`), remembered."""
+def _answers(table: Table) -> dict[tuple[str, Check], tuple[Any, float]]:
+    """The answers remembered for ``table`` as it is now: new ones when it is another
+    table, or it changed in place. A new dict, not a cleared one: a thread still answering
+    from the table as it was files its answer where no one looks any more."""
+    answers, seen, version = _memo.answers, _memo.of, table.version
+    if seen[0] is not table or seen[1] != version:
+        answers = _memo.answers = {}
+        _memo.of = (table, version)
+    return answers
+
+
+def _answer(
+    request: Any,
+    table: Table,
+    answers: dict[tuple[str, Check], tuple[Any, float]],
+    name: str,
+    d: Decided,
+) -> Any:
+    """The check ``d`` is decided with (or :data:`_LIFTED`), remembered in ``answers``."""
     check = d.check
     key = (name, check)
-    found = _memo.answers.get(key)
+    found = answers.get(key)
     if found is not None and (found[1] == 0.0 or found[1] > time.monotonic()):
         return found[0]
     kind, value = check.subject
@@ -118,7 +142,6 @@ def _answer(request: Any, table: Table, name: str, d: Decided) -> Any:
         answer = _LIFTED
     else:
         answer = _replaced(d, check, rates)
-    answers = _memo.answers
     if len(answers) >= MEMO:
         answers.clear()
     answers[key] = (answer, time.monotonic() + GROUPS_FOR if by_groups else 0.0)

@@ -3,17 +3,20 @@ and a DRF throttle's ``ban``, on local memory, real memcached and real Redis."""
 
 from __future__ import annotations
 
+import datetime as dt
+import io
 import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from ratelimit_app import core, store
+from ratelimit_app import clock, core, store
 from ratelimit_app.algorithms import bans
 from ratelimit_app.config import rules
 from ratelimit_app.decorators import ratelimit
@@ -179,8 +182,35 @@ def test_a_reset_lifts_a_ban(client: Client) -> None:
     with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0):
         assert answers(client, "/login/", 5)[-1] == (429, 3600)
         assert core.reset("login", "192.0.2.1")
-        assert not Ban.objects.exists()
+        assert not in_force()
         assert answers(client, "/login/", 1) == [(200, 0)]
+
+
+def in_force() -> list[Ban]:
+    """The ban rows in force or remembered (a lifted one is kept, ended, until pruned)."""
+    now = dt.datetime.fromtimestamp(clock.now(), dt.UTC)
+    return list(Ban.objects.filter(remembered_until__gt=now))
+
+
+@pytest.mark.parametrize("how", ["operations", "command"])
+@on_every_backend
+def test_a_reset_forgets_the_strikes_and_the_escalation(client: Client, how: str) -> None:
+    """docs/operators: after a reset "the next ban is a first one", and it needs every
+    strike again: two refusals after a reset are no ban, the third is one of the first
+    length (not twice the last)."""
+    with override_settings(RATELIMIT_RULES=[rule()]), frozen_clock(T0) as at:
+        assert answers(client, "/login/", 5)[-1] == (429, 3600)
+        at.advance(3601)  # the ban ended, its memory (and the strikes' window) did not
+        forget_refusals()
+        if how == "command":
+            call_command("ratelimit_reset", "login", "192.0.2.1", stdout=io.StringIO())
+        else:
+            assert core.reset("login", "192.0.2.1")
+        forget_refusals()
+        found = answers(client, "/login/", 4)
+        assert [status for status, _ in found] == [200, 200, 429, 429]
+        assert found[-1][1] <= 61 and not in_force()  # refused at 2/m, not banned
+        assert answers(client, "/login/", 1)[-1] == (429, 3600)  # a first ban again
 
 
 @on_every_backend
@@ -266,7 +296,7 @@ def test_ratelimit_reset_and_usage_show_and_lift_a_ban(client: Client) -> None:
         call_command("ratelimit_usage", "login", "192.0.2.1", stdout=table)
         assert "Banned until 2027-01-15T09:00:00+00:00 (a ban of 3600 s)" in table.getvalue()
         call_command("ratelimit_reset", "login", "192.0.2.1", stdout=StringIO())
-        assert not Ban.objects.exists()
+        assert not in_force()
         assert answers(client, "/login/", 1) == [(200, 0)]
 
 

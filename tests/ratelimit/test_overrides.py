@@ -260,6 +260,42 @@ class TestModel:
         with pytest.raises(ValidationError, match="already exists"):
             override("db-rule", " 192.0.2.1 ", "1/m")  # stripped: the same subject
 
+    def test_a_username_must_be_an_accounts(self) -> None:
+        """Issue 35, item 9: an override for a name nobody holds would go to whoever signs
+        up with it; the name is compared as Django's log-in compares it, case included."""
+        with pytest.raises(ValidationError) as caught:
+            override("api", "partner", "10000/h")
+        assert "No account has the username 'partner'" in caught.value.message_dict["subject"][0]
+        user("PARTNER")
+        with pytest.raises(ValidationError, match="No account has the username"):
+            override("api", "partner", "10000/h")
+        user("partner")
+        override("api", "partner", "10000/h")
+        # Not a username: a network, a group; or a limit whose key is no user's.
+        override("api", OFFICE, "unlimited")
+        override("api", "group:nobody-yet", "9/m")
+        override("login", "ghost", "9/m")
+        override("tests.views.hello", "ghost", "9/m")  # a decorator's group: key unknown
+
+    def test_user_keyed_database_rules_and_drf_scopes_need_an_account(self) -> None:
+        import ratelimit_app.throttling  # noqa: F401 (registers the DRF scopes)
+
+        Rule.objects.create(name="db-user", path="/x/", key="user_or_ip", rate="5/m")
+        with pytest.raises(ValidationError, match="No account has the username 'ghost'"):
+            override("db-user", "ghost", "9/m")
+        override("db-user", "192.0.2.1", "9/m")
+        with override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"user": "5/m"}}):
+            with pytest.raises(ValidationError, match="No account has the username 'ghost'"):
+                override("drf:user", "ghost", "10000/h")
+            user("ghost")
+            override("drf:user", "ghost", "10000/h")
+
+    def test_a_rule_of_places_only_takes_no_override(self) -> None:
+        Rule.objects.create(name="places", path="/p/", key="ip", rate="", concurrent=2)
+        with pytest.raises(ValidationError) as caught:
+            override("places", "192.0.2.1", "unlimited")
+        assert "requests in flight only" in caught.value.message_dict["limit"][0]
+
     def test_rule_cost_and_dry_run(self) -> None:
         rule = Rule(name="r", path="/x/", key="ip", rate="5/m")
         assert "cost" not in rule.as_dict() and "shadow" not in rule.as_dict()
@@ -288,6 +324,7 @@ class TestAdmin:
         )
         assert answer.status_code == 200  # the form again, with its errors
         assert b"host bits set" in answer.content and b"Invalid rate" in answer.content
+        user("partner")
         answer = admin.post(
             "/admin/ratelimit_app/override/add/",
             {"limit": "api", "subject": "partner", "rate": "10000/h"},
@@ -296,9 +333,43 @@ class TestAdmin:
         listed = admin.get("/admin/ratelimit_app/override/").content.decode()
         assert "partner" in listed and "10000/h" in listed and "icon-yes" in listed
 
+    def test_unlimited_on_a_value_the_request_sends_warns(self, admin: Client) -> None:
+        """Issue 35, item 9: anyone who types the value escapes the limit; the form saves
+        it, and says so."""
+        signup = {"name": "signup", "path": "/signup/", "key": "post:email", "rate": "2/m"}
+        with override_settings(RATELIMIT_RULES=[API, LOGIN, signup]):
+            answer = admin.post(
+                "/admin/ratelimit_app/override/add/",
+                {"limit": "signup", "subject": "ceo@example.com", "rate": "unlimited"},
+                follow=True,
+            )
+            shown = [(m.level_tag, str(m)) for m in answer.context["messages"]]
+            assert Override.objects.filter(limit="signup").exists()  # saved all the same
+            assert any(
+                tag == "warning" and "keyed on post:email" in text and "anyone who sends" in text
+                for tag, text in shown
+            ), shown
+            for rate, limit in (("50/m", "signup"), ("unlimited", "login")):
+                answer = admin.post(
+                    "/admin/ratelimit_app/override/add/",
+                    {"limit": limit, "subject": "other@example.com", "rate": rate},
+                    follow=True,
+                )
+                assert answer.status_code == 200
+                assert not [m for m in answer.context["messages"] if m.level_tag == "warning"]
+
+    def test_the_form_refuses_a_username_nobody_holds(self, admin: Client) -> None:
+        answer = admin.post(
+            "/admin/ratelimit_app/override/add/",
+            {"limit": "api", "subject": "partner", "rate": "10000/h"},
+        )
+        assert answer.status_code == 200 and b"No account has the username" in answer.content
+        assert not Override.objects.exists()
+
     def test_overrides_are_listed_beside_their_rule(self, admin: Client) -> None:
         rule = Rule.objects.create(name="db-rule", path="/x/", key="ip", rate="5/m")
         mine = override("db-rule", OFFICE, "unlimited")
+        user("partner")
         override("api", "partner", "10000/h")
         listed = admin.get("/admin/ratelimit_app/rule/").content.decode()
         assert f"/admin/ratelimit_app/override/{mine.pk}/change/" in listed
@@ -320,12 +391,20 @@ def statuses(client: Client, path: str, n: int, **extra: Any) -> list[int]:
 @pytest.mark.usefixtures("site")
 class TestAtWork:
     def test_a_partner_account_gets_10000_an_hour(self, backend_kind: str) -> None:
-        override("api", "partner", "10000/h")
         partner, other = signed_in(user("partner")), signed_in(user("someone"))
+        override("api", "partner", "10000/h")
         assert statuses(partner, "/rules/named/", 5) == [200] * 5
         assert statuses(other, "/rules/named/", 3) == [200, 200, 429]
         headers = partner.get("/rules/named/").headers
         assert '"api:10000/h"' in headers["RateLimit-Policy"]
+
+    def test_a_username_in_other_case_is_another_account(self, backend_kind: str) -> None:
+        """Issue 35, item 8: ``PARTNER`` is not ``partner`` (Django's log-in tells them
+        apart), so it does not get partner's rates."""
+        partner, shouty = signed_in(user("partner")), signed_in(user("PARTNER"))
+        override("api", "partner", "10000/h")
+        assert statuses(partner, "/rules/named/", 4) == [200] * 4
+        assert statuses(shouty, "/rules/named/", 3) == [200, 200, 429]
 
     def test_the_office_network_is_exempt_from_the_login_rule(self, backend_kind: str) -> None:
         override("login", OFFICE, "unlimited")
@@ -382,10 +461,10 @@ class TestAtWork:
             rate = "2/m"
 
         with override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"partners": "2/m"}}):
+            partner, other = user("partner"), user("other")
             override("drf:partners", "partner", "10000/h")
             store.current()
             view = api_view(Throttle)
-            partner, other = user("partner"), user("other")
             assert [get(view, user=partner).status_code for _ in range(4)] == [200] * 4
             assert [get(view, user=other).status_code for _ in range(3)] == [200, 200, 429]
 
@@ -398,7 +477,7 @@ class TestAtWork:
         client = Client()
         assert statuses(client, "/rules/unnamed/", 3, REMOTE_ADDR="192.0.2.1")[-1] == 429
         assert statuses(client, "/rules/unnamed/", 3, REMOTE_ADDR="192.0.2.2") == [200] * 3
-        assert store.current().expires == pytest.approx(soon.timestamp())
+        assert store.current().override_ends[0][0] == pytest.approx(soon.timestamp())
 
     def test_a_change_reaches_the_process_without_restart(self, backend_kind: str) -> None:
         client = Client()
@@ -417,9 +496,9 @@ class TestAtWork:
             assert not store.overriding
 
     def test_no_query_per_request(self, backend_kind: str, django_assert_num_queries: Any) -> None:
+        gold, partner = signed_in(user("gold", "premium")), signed_in(user("partner"))
         override("api", "group:premium", "50/m")
         override("api", "partner", "50/m")
-        gold, partner = signed_in(user("gold", "premium")), signed_in(user("partner"))
         gold.get("/rules/named/")  # loads the configuration, and gold's groups
         partner.get("/rules/named/")
         # Left: the session and user the auth middleware reads, nothing of ours.
@@ -434,8 +513,8 @@ class TestAtWork:
                 gold.get("/rules/named/")
 
     def test_one_check_object_per_subject(self, backend_kind: str) -> None:
-        override("api", "partner", "50/m")
         partner = user("partner")
+        override("api", "partner", "50/m")
         store.current()
         lim = store.current().rules.by_name["api"].limit
         rf = RequestFactory()
@@ -492,6 +571,9 @@ def test_the_demo_seeds_the_three_examples() -> None:
 
     assert seed_overrides() == 3
     assert seed_overrides() == 0  # once
+    # The partner account is the demo's, not whoever signs up first as "partner".
+    partner = User.objects.get(username="partner")
+    assert not partner.has_usable_password()
     for row in Override.objects.all():
         assert row.parsed().limit in {limit for limit, *_ in EXAMPLES}
     assert Group.objects.filter(name="premium").exists()

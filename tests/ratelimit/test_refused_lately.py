@@ -5,6 +5,7 @@ signal's receiver in :mod:`ratelimit_app.metrics`) and the admin page."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -262,6 +263,80 @@ def test_a_flood_of_100000_distinct_subjects_stays_within_the_bounds() -> None:
                 metrics_app.flush()
     assert TopKey.objects.filter(name="ratelimit:by-ip").count() <= CAPACITY
     assert TopKey.objects.count() <= CAPACITY
+
+
+ATTACKER = "203.0.113.66"
+
+
+def flood(order: str, one_offs: int, refusals: int = 20, first: int = 0) -> list[str]:
+    """The addresses refused, in order: ``refusals`` of :data:`ATTACKER` and ``one_offs``
+    others refused once each (numbered from ``first``), the attacker first, after the flood,
+    or spread evenly through it."""
+    crowd = [f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}" for i in range(first, first + one_offs)]
+    if order == "attacker first":
+        return [ATTACKER] * refusals + crowd
+    if order == "flood first":
+        return crowd + [ATTACKER] * refusals
+    step = one_offs // refusals
+    stream = []
+    for i in range(refusals):
+        stream += [*crowd[i * step : (i + 1) * step], ATTACKER]
+    return stream + crowd[refusals * step :]
+
+
+def refuse_all(addresses: list[str]) -> None:
+    """Refuse each address once under ``by-ip``, as the ``ratelimited`` signal does."""
+    factory = RequestFactory()
+    for address in addresses:
+        request = factory.get("/rules/unnamed/", REMOTE_ADDR=address)
+        metrics._remember(
+            None, group="g", subject="{" + address + "}", request=request, rule="by-ip"
+        )
+
+
+def shown_subjects() -> list[tuple[str, int, int]]:
+    """``(key, last hour, last day)`` of each ``by-ip`` subject the page lists, in order."""
+    page = staff("view_rule").get(PAGE)
+    (limit,) = page.context["limits"]
+    return [(s.key, s.hour, s.day) for s in limit.subjects]
+
+
+@pytest.mark.parametrize("order", ["attacker first", "flood first", "interleaved"])
+def test_a_subject_refused_20_times_is_listed_through_2500_refused_once(order: str) -> None:
+    """Issue 35: plain space-saving lost the attacker among 2,500 subjects refused once in
+    one flush, and listed 25 of them as refused 26 times. Counts are now never above the
+    truth, and the attacker comes first (its first refusal is forgotten when it is spread
+    thinner than the sketch's 100 places: only its return is certain)."""
+    stream = flood(order, 2500)
+    with override_settings(RATELIMIT_REFUSED_SUBJECTS="full"), frozen_clock(T0):
+        refuse_all(stream)
+        metrics_app.flush()
+        listed = shown_subjects()
+    true = Counter("{" + address + "}" for address in stream)
+    key, hour, day = listed[0]
+    assert key == "{" + ATTACKER + "}"
+    assert hour == day and (19 if order == "interleaved" else 20) <= day <= 20
+    assert all(day <= true[key] for key, _, day in listed)
+    assert [day for _, _, day in listed[1:]] == [1] * (len(listed) - 1)
+
+
+def test_the_attacker_stays_first_across_flushes_of_one_offs() -> None:
+    """Four flushes, each 5 refusals of the attacker among 625 subjects refused once: the
+    page adds up each flush's certain counts (16 to 20), and the table's bound (100 rows a
+    limit and bucket) keeps the attacker."""
+    stream: list[str] = []
+    with override_settings(RATELIMIT_REFUSED_SUBJECTS="full"), frozen_clock(T0):
+        for flush in range(4):
+            part = flood("interleaved", 625, refusals=5, first=flush * 625)
+            stream += part
+            refuse_all(part)
+            metrics_app.flush()
+        listed = shown_subjects()
+    true = Counter("{" + address + "}" for address in stream)
+    key, _, day = listed[0]
+    assert key == "{" + ATTACKER + "}" and 16 <= day <= 20
+    assert all(day <= true[key] for key, _, day in listed)
+    assert TopKey.objects.filter(name="ratelimit:by-ip").count() <= CAPACITY
 
 
 def test_a_subject_is_banned_from_the_page(client: Client) -> None:

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.http import HttpRequest, HttpResponse
@@ -435,3 +436,23 @@ def test_an_opentelemetry_round_trip_is_queued_not_recorded_on_the_request(
     core.get_usage(rf.get("/"), "g-queued", key="ip", rate="5/m", increment=True)
     assert len(telemetry._LATER) == before + 1
     assert telemetry.record_queued() >= 1 and not telemetry._LATER
+
+
+@pytest.mark.django_db
+def test_a_ban_not_made_at_the_bound_is_counted(client: Client, deltas: Deltas, name: str) -> None:
+    """A process that holds the most bans it keeps makes no more (docs/operators, "Bans"):
+    each refusal that would have banned is counted in ``bucketry_ratelimit_bans_skipped``."""
+    from ratelimit_app import store
+    from ratelimit_app.engine import bans
+    from ratelimit_app.telemetry import BANS_SKIPPED
+
+    ban = {"after": 1, "within": "1h", "for": "10m"}
+    deltas.mark(BANS_SKIPPED, limit=name)
+    with (
+        override_settings(RATELIMIT_RULES=[rule(name, rate="1/m", ban=ban)]),
+        frozen_clock(T0),
+        mock.patch.object(bans, "MOST", 0),
+    ):
+        store.forget()
+        assert statuses(client, "/api/", 3) == [200, 429, 429]
+    assert deltas.of(BANS_SKIPPED, limit=name) == (2.0, 2.0)
