@@ -13,6 +13,7 @@ import time
 from bench.claims import (
     accuracy,
     big_bodies,
+    crowd_controls,
     drf_throttle,
     leaky_bucket,
     load,
@@ -56,6 +57,14 @@ def main(argv: list[str] | None = None) -> None:
     # `make servers`): 3 rounds of 10 s per case, or 1 round of 2 s with --quick.
     load_rounds, load_seconds, load_warmup = (1, 2, 1) if args.quick else (3, 10, 3)
     print(load.render(load.run(load_rounds, load_seconds, load_warmup)), end="\n\n")
+    # Bans and overrides by the hundred thousand: instructions under valgrind, then wall time.
+    if args.quick:
+        crowd = crowd_controls.run(
+            sizes=crowd_controls.QUICK_SIZES, changes=crowd_controls.QUICK_CHANGES
+        )
+    else:
+        crowd = crowd_controls.run()
+    print(crowd_controls.render(crowd), end="\n\n")
     metrics.main()
     print(f"\n(all benchmarks: {time.monotonic() - started:.0f} s)")
 

@@ -103,18 +103,82 @@ gc.enable()
 mc.stop()
 """
 
+#: The end of :data:`CHILD` (the warm-up and the counted requests) ...
+_COUNTED = """for _ in range(WARMUP):
+    get(path)
+now["step"] = 0.0005
+gc.collect()
+gc.disable()
+for _ in range(n):
+    get(path)
+gc.enable()
+mc.stop()
+"""
+#: ... and what replaces it in a run with a set-up, new clients or late counting (the
+#: existing cases run :data:`CHILD` as it is, so their counts stay what they were).
+_COUNTED_WITH_OPTIONS = """import subprocess
+if SETUP:  # the caller's set-up (a database's rows in force, ...), once before the warm-up
+    exec(SETUP)
+if CLIENTS:  # every request from a new client, through the trusted proxy: 10.0.0.1, ...
+    clients = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in itertools.count(1))
+    for _ in range(WARMUP):
+        get(path, client=next(clients))
+    if LATE:  # counting starts here (the process so far ran uninstrumented, much faster)
+        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
+            capture_output=True)
+    now["step"] = 0.0005
+    gc.collect()
+    gc.disable()
+    for _ in range(n):
+        get(path, client=next(clients))
+    gc.enable()
+else:
+    for _ in range(WARMUP):
+        get(path)
+    if LATE:
+        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
+            capture_output=True)
+    now["step"] = 0.0005
+    gc.collect()
+    gc.disable()
+    for _ in range(n):
+        get(path)
+    gc.enable()
+mc.stop()
+"""
+assert CHILD.endswith(_COUNTED)
+
 
 def count(
-    tree: Path, env: dict[str, str], case: str, n: int, out_dir: str, warmup: int = WARMUP
+    tree: Path,
+    env: dict[str, str],
+    case: str,
+    n: int,
+    out_dir: str,
+    warmup: int = WARMUP,
+    setup: str = "",
+    clients: bool = False,
+    late: bool = False,
 ) -> int:
-    """Instructions of one run of ``case`` with ``n`` counted requests, in ``tree``."""
+    """Instructions of one run of ``case`` with ``n`` counted requests, in ``tree``.
+
+    ``setup``: Python run in the child once, after Django's set-up and before the warm-up
+    (its names: ``get``, ``app``, ``now``...); ``clients``: every request (warm-up
+    included) from a new client address, 10.0.0.1 counting up, in X-Forwarded-For;
+    ``late``: count from the end of the warm-up only (``callgrind --instr-atstart=no``, then
+    ``callgrind_control -i on``): the start, the set-up and the warm-up run several times
+    faster, and the count is of the same work plus a constant."""
     out = os.path.join(out_dir, f"callgrind.{case}.{n}")
     child = f"T0 = {T0!r}\nWARMUP = {warmup}\nPATHS = {CASES!r}\n" + CHILD
+    if setup or clients or late:
+        options = f"SETUP = {setup!r}\nCLIENTS = {clients!r}\nLATE = {late!r}\n"
+        child = child.replace(_COUNTED, options + _COUNTED_WITH_OPTIONS)
     run = subprocess.run(
         [
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
+            *(["--instr-atstart=no"] if late else []),
             sys.executable,
             "-c",
             child,
@@ -135,12 +199,20 @@ def count(
 
 
 def per_request(
-    tree: Path, env: dict[str, str], case: str, out_dir: str, sizes: tuple[int, int, int]
+    tree: Path,
+    env: dict[str, str],
+    case: str,
+    out_dir: str,
+    sizes: tuple[int, int, int],
+    setup: str = "",
+    clients: bool = False,
+    late: bool = False,
 ) -> float:
-    """Instructions one request of ``case`` costs in ``tree`` (``sizes``: N1, N2, warm-up)."""
+    """Instructions one request of ``case`` costs in ``tree`` (``sizes``: N1, N2, warm-up;
+    ``setup``, ``clients`` and ``late`` as for :func:`count`)."""
     n1, n2, warmup = sizes
-    more = count(tree, env, case, n2, out_dir, warmup)
-    return (more - count(tree, env, case, n1, out_dir, warmup)) / (n2 - n1)
+    more = count(tree, env, case, n2, out_dir, warmup, setup, clients, late)
+    return (more - count(tree, env, case, n1, out_dir, warmup, setup, clients, late)) / (n2 - n1)
 
 
 def run(

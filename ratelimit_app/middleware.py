@@ -47,7 +47,7 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import bans, enforce
+from ratelimit_app.engine import enforce
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.identity import addresses, provenance
@@ -144,14 +144,17 @@ def _listed(
 
 
 def _decisions(
-    request: HttpRequest, rules: Sequence[CompiledRule], current: store.Snapshot
+    request: HttpRequest,
+    rules: Sequence[CompiledRule],
+    current: store.Snapshot,
+    subjects: Subjects,
 ) -> tuple[list[Decision], list[Decision]] | HttpResponse:
     """The decision of each rule that applies (a callable rate may say none) and those of
     the failure-only rules among them, or the 403 of an email on the deny list. An email is
     a claim the request makes, not the client's identity: an allowed one lifts the rules
-    keyed on it, not the others."""
+    keyed on it, not the others. ``subjects``: the request's subjects found so far, by key
+    (rules keyed alike, two on the IP, count one value)."""
     emails = current.allow.emails or current.deny.emails
-    subjects: Subjects = {}  # rules keyed alike (two on the IP) count one value
     found = []
     failing = []
     for rule in rules:
@@ -206,11 +209,12 @@ def before(
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
     if current is None:
         current = store.current()
+    subjects: Subjects = {}  # each key's subject, found once (the screen's address too)
     if current.screens:  # lists or site-wide bans (no call without)
-        screened = _screened(request, current, rules)
+        screened = _screened(request, current, rules, subjects)
         if screened is not None:
             return None if screened is _ALLOWED else screened
-    found = _decisions(request, rules, current)
+    found = _decisions(request, rules, current, subjects)
     if isinstance(found, HttpResponse):
         return found
     decisions, failing = found
@@ -237,26 +241,37 @@ def before(
 
 
 def _screened(
-    request: HttpRequest, current: store.Snapshot, rules: Sequence[CompiledRule]
+    request: HttpRequest,
+    current: store.Snapshot,
+    rules: Sequence[CompiledRule],
+    subjects: Subjects,
 ) -> HttpResponse | None:
     """The lists' answer (:func:`_listed`), else the 429 of an address banned on every
-    path, else None."""
+    path, else None. The address found is kept in ``subjects`` for the rules keyed on it.
+    A ban on every path is found by the address itself (unsealed from its row by
+    :mod:`ratelimit_app.store`): a dictionary look-up, no hash."""
     allow, deny = current.allow, current.deny
     if allow.networks or allow.users or deny.networks or deny.users:
         listed = _listed(request, current, rules)
         if listed is not None:
             return listed
-    return _site_banned(request) if current.site_bans else None
-
-
-def _site_banned(request: HttpRequest) -> HttpResponse | None:
-    """The 429 of a client whose address a limit banned on every path, or None."""
-    try:
-        subject = keys.subject("ip", "", request)
-    except Exception:  # no address: the rules say what to do
+    if not current.site_bans:
         return None
-    wait = bans.site_wait(subject, clock.now())
-    if wait is None:
+    subject = subjects.get("ip")
+    if subject is None:
+        try:
+            subject = subjects["ip"] = keys.subject("ip", "", request)
+        except Exception:  # no address: the rules say what to do
+            return None
+    until = current.bans.site.get(subject[1])
+    return None if until is None else _site_banned(request, until)
+
+
+def _site_banned(request: HttpRequest, until: float) -> HttpResponse | None:
+    """The 429 of a client whose address a limit banned on every path until ``until``
+    (None once it has ended)."""
+    wait = until - clock.now()
+    if wait <= 0:
         return None
     usage = {"retry_after": max(1, math.ceil(wait))}
     return responses.too_many_requests(request, conf.EXCEPTION_CLASS(), usage=usage)

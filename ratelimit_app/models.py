@@ -483,8 +483,11 @@ class Ban(models.Model):
     #: the request, or from what a person types, never stored in clear.
     key = models.CharField(_("key"), max_length=100, unique=True)
     kind = models.CharField(_("kind"), max_length=100)
-    #: What the admin shows of the subject: an address as the key masks it, else nothing.
+    #: What the admin shows of the subject (``RATELIMIT_REFUSED_SUBJECTS``), else nothing.
     label = models.CharField(_("subject"), max_length=100, blank=True)
+    #: A ban on every path: its address sealed (:mod:`ratelimit_app.identity.sealing`), so
+    #: each process finds a request's ban by its address, without a hash per request.
+    sealed = models.CharField(_("sealed address"), max_length=200, blank=True, editable=False)
     seconds = models.PositiveIntegerField(_("seconds"))
     banned_at = models.DateTimeField(_("banned at"))
     until = models.DateTimeField(_("until"), db_index=True)

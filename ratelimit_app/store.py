@@ -43,9 +43,11 @@ from ratelimit_app.conf import affects_limiter, conf
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
 from ratelimit_app.config.overrides import OverrideError, Subject, Table
+from ratelimit_app.config.overrides import parse as parse_override
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.identity.sealing import unseal
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -80,16 +82,19 @@ MOST_BANS = 100_000
 
 
 class HeldBans:
-    """The bans in force that this process holds: hashed key -> Unix time it ends, for a
-    limit's own bans (``rule``) and bans on every path (``site``), and the newest change
-    read (``seen``, an aware datetime: the next read starts there)."""
+    """The bans in force that this process holds, each with the Unix time it ends: a
+    limit's own bans by hashed key (``rule``: a check's namespace), bans on every path by
+    the address itself (``site``: unsealed from the row), and the newest change read
+    (``seen``, an aware datetime: the next read starts there)."""
 
-    __slots__ = ("rule", "seen", "site")
+    __slots__ = ("pruned", "rule", "seen", "site")
 
     def __init__(self) -> None:
         self.rule: dict[str, float] = {}
         self.site: dict[str, float] = {}
         self.seen: Any = None
+        #: time.monotonic() of the last :meth:`prune`.
+        self.pruned = -math.inf
 
     def __len__(self) -> int:
         return len(self.rule) + len(self.site)
@@ -97,11 +102,18 @@ class HeldBans:
     def __bool__(self) -> bool:
         return bool(self.rule or self.site)
 
-    def put(self, rows: Iterable[tuple[str, Any, bool, Any]], now: float) -> None:
+    def put(self, rows: Iterable[tuple[str, Any, bool, Any, str]], now: float) -> None:
         """Take in ``rows`` of :class:`~ratelimit_app.models.Ban` (key, until, site,
-        changed): a ban in force is held, an ended or lifted one dropped."""
-        for key, until, site, changed in rows:
-            held = self.site if site else self.rule
+        changed, sealed): a ban in force is held, an ended or lifted one dropped. A ban on
+        every path whose address cannot be unsealed (sealed under another ``SECRET_KEY``)
+        is left out, as its hashed key would not match either."""
+        for key, until, site, changed, sealed in rows:
+            held = self.rule
+            if site:
+                address = unseal(sealed)
+                if address is None:
+                    continue
+                held, key = self.site, address
             end = until.timestamp()
             if end > now:
                 held[key] = end
@@ -111,7 +123,11 @@ class HeldBans:
                 self.seen = changed
 
     def prune(self, now: float) -> None:
-        """Drop the bans that have ended (a look-up ignores them already)."""
+        """Drop the bans that have ended (a look-up ignores them already): a pass over
+        them all, so at most once every :data:`PRUNE_EVERY` seconds."""
+        if time.monotonic() < self.pruned + PRUNE_EVERY:
+            return
+        self.pruned = time.monotonic()
         for held in (self.rule, self.site):
             for key in [k for k, end in held.items() if end <= now]:
                 del held[key]
@@ -134,26 +150,24 @@ class Snapshot:
     db_rules: tuple[CompiledRule, ...] = ()
     #: The bans in force (:mod:`ratelimit_app.engine.bans`), kept across full reads.
     bans: HeldBans = field(default_factory=HeldBans)
-    #: Whether a request is screened before its rules: lists to match, site-wide bans (set
-    #: when the snapshot is put in force, read on every request a rule covers).
+    #: Whether a ban on every path is held (the middleware then looks at every request),
+    #: and whether a request is screened before its rules: lists to match, bans on every
+    #: path (both set when the snapshot is put in force or brought up to date).
+    site_bans: bool = False
     screens: bool = False
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
     deadline: float = -math.inf
     #: The overrides of the database, compiled (:mod:`ratelimit_app.config.overrides`).
     overrides: Table = field(default_factory=Table)
-    #: What the table holds of each override row: pk -> (limit, subject, Unix end or None).
-    override_rows: dict[Any, tuple[str, Subject, float | None]] = field(default_factory=dict)
+    #: What the table holds of each override row: pk -> (limit, subject, Unix end or None,
+    #: the row's ``changed``).
+    override_rows: dict[Any, tuple[str, Subject, float | None, Any]] = field(default_factory=dict)
     #: (Unix end, pk) of the overrides that expire, soonest first (a heap).
     override_ends: list[tuple[float, Any]] = field(default_factory=list)
     #: The newest ``changed`` of the overrides read (the next read starts there).
     overrides_seen: Any = None
     #: time.monotonic() of the last full read.
     loaded: float = -math.inf
-
-    @property
-    def site_bans(self) -> bool:
-        """Whether a ban on every path is held (the middleware then looks at every request)."""
-        return bool(self.bans.site)
 
     def looked(self, at: float | None = None) -> Snapshot:
         """Mark a look at the version counter: good for :data:`CONFIG_REFRESH` seconds, or
@@ -180,6 +194,9 @@ _loading = threading.Lock()
 #: table): one at a time; look-ups in other threads go on meanwhile.
 _changing = threading.Lock()
 _warned = False
+#: The snapshot in force (None: none yet), read without a call by the layers of a request
+#: that looked at the version already (the middleware, or ``enforce.decide``).
+in_force: Snapshot | None = None
 #: True while the snapshot in force holds overrides (see the module docstring).
 overriding = False
 #: True while the snapshot in force holds bans.
@@ -188,13 +205,14 @@ banning = False
 
 def _publish(snap: Snapshot | None) -> None:
     """Put ``snap`` in force (None: none, load on the next request)."""
-    global _snapshot, overriding, banning
-    _snapshot = snap
+    global _snapshot, in_force, overriding, banning
+    _snapshot = in_force = snap
     overriding = snap is not None and bool(snap.overrides)
     banning = snap is not None and bool(snap.bans)
     if snap is not None:
         allow, deny = snap.allow, snap.deny
         lists = allow.networks or allow.users or deny.networks or deny.users
+        snap.site_bans = bool(snap.bans.site)
         snap.screens = bool(lists or snap.site_bans)
 
 
@@ -372,50 +390,69 @@ def _read_bans(held: HeldBans, everything: bool = False) -> None:
     from ratelimit_app.models import Ban
 
     now = clock.now()  # (a ban's end is on the limiter's clock: frozen in tests)
-    rows = Ban.objects.all()
-    if everything or held.seen is None:
+    started = timezone.now()
+    rows = Ban.objects.order_by()  # (no ordering: an index range, not a sort)
+    everything = everything or held.seen is None
+    if everything:
         rows = rows.filter(until__gt=dt.datetime.fromtimestamp(now, dt.UTC))
     else:
         rows = rows.filter(changed__gte=held.seen - dt.timedelta(seconds=CHANGES_MARGIN))
-    held.put(rows.values_list("key", "until", "site", "changed"), now)
-    if everything and held.seen is None:
-        held.seen = timezone.now()
+    held.put(rows.values_list("key", "until", "site", "changed", "sealed"), now)
+    if everything and (held.seen is None or held.seen < started):
+        held.seen = started  # (rows changed long ago: the next read starts now, not then)
     if len(held) >= MOST_BANS:
         held.prune(now)
 
 
+#: What is read of an override row.
+OVERRIDE_FIELDS = ("pk", "limit", "subject", "rate", "expires", "changed")
+OverrideRow = tuple[Any, str, str, str, Any, Any]
+
+
 def _read_overrides(snap: Snapshot) -> None:
     """Take the overrides changed since ``snap`` last read them into its table."""
+    from django.utils import timezone
+
     from ratelimit_app.models import Override
 
-    rows = Override.objects.all()
-    if snap.overrides_seen is not None:
+    started = timezone.now()
+    rows = Override.objects.order_by()
+    everything = snap.overrides_seen is None
+    if not everything:
         rows = rows.filter(changed__gte=snap.overrides_seen - dt.timedelta(seconds=CHANGES_MARGIN))
     now = time.time()
-    for row in rows:
-        if snap.overrides_seen is None or row.changed > snap.overrides_seen:
-            snap.overrides_seen = row.changed
+    for row in rows.values_list(*OVERRIDE_FIELDS):
+        changed = row[5]
+        if snap.overrides_seen is None or changed > snap.overrides_seen:
+            snap.overrides_seen = changed
         _take_override(snap, row, now)
+    if everything and (snap.overrides_seen is None or snap.overrides_seen < started):
+        snap.overrides_seen = started  # (the next read starts now)
 
 
-def _take_override(snap: Snapshot, row: Any, now: float) -> None:
-    """Put one :class:`~ratelimit_app.models.Override` row in ``snap``'s table (replacing
-    what the row held before; an expired or invalid one only leaves)."""
-    held = snap.override_rows.pop(row.pk, None)
+def _take_override(snap: Snapshot, row: OverrideRow, now: float) -> None:
+    """Put one override row (:data:`OVERRIDE_FIELDS`) in ``snap``'s table, replacing what
+    the row held before (an expired or invalid one only leaves; one read again unchanged,
+    within :data:`CHANGES_MARGIN`, is left as it is)."""
+    pk, limit, subject, rate, expires, changed = row
+    held = snap.override_rows.get(pk)
+    if held is not None and held[3] == changed:
+        return
     if held is not None:
+        del snap.override_rows[pk]
         snap.overrides.drop(held[0], held[1])
-    end = None if row.expires is None else row.expires.timestamp()
+    end = None if expires is None else expires.timestamp()
     if end is not None and end <= now:
         return
     try:
-        found = row.parsed()
+        found = parse_override(limit, subject, rate)
     except OverrideError as exc:  # saved before a validation changed
-        logger.error("ratelimit: override %s: %s (left out)", row.pk, exc)
+        logger.error("ratelimit: override %s: %s (left out)", pk, exc)
         return
     snap.overrides.put(found, mask_ip)
-    snap.override_rows[row.pk] = (found.limit, found.subject, end)
+    snap.override_rows[pk] = (found.limit, found.subject, end, changed)
     if end is not None:
-        heapq.heappush(snap.override_ends, (end, row.pk))
+        heapq.heappush(snap.override_ends, (end, pk))
 
 
 def _expire_overrides(snap: Snapshot) -> None:
@@ -446,9 +483,10 @@ _pruned = -math.inf
 
 
 def prune_bans(force: bool = False) -> int:
-    """Delete the ban rows whose memory has passed (``max`` after their end), at most
-    :data:`PRUNE_BATCH` a call and, unless ``force``, once every :data:`PRUNE_EVERY`
-    seconds per process: the number deleted. Called when a ban is made
+    """Delete the ban rows whose memory has passed (``max`` after their end), and the
+    oldest ended ones past :data:`MOST_BANS` of them (so the table holds at most twice that),
+    at most :data:`PRUNE_BATCH` of each a call and, unless ``force``, once every
+    :data:`PRUNE_EVERY` seconds per process: the number deleted. Called when a ban is made
     (:mod:`ratelimit_app.engine.bans`) and as a process looks for changes."""
     global _pruned
     from ratelimit_app.models import Ban
@@ -459,6 +497,10 @@ def prune_bans(force: bool = False) -> int:
     now = dt.datetime.fromtimestamp(clock.now(), dt.UTC)
     old = Ban.objects.filter(remembered_until__lte=now).order_by("remembered_until")
     ids = list(old.values_list("pk", flat=True)[:PRUNE_BATCH])
+    # Ended bans remembered past the most a process holds: the oldest are forgotten (their
+    # next ban is a first one), so a botnet cannot grow the table without bound.
+    ended = Ban.objects.filter(until__lte=now, remembered_until__gt=now).order_by("-until")
+    ids += ended.values_list("pk", flat=True)[MOST_BANS : MOST_BANS + PRUNE_BATCH]
     if not ids:
         return 0
     deleted, _ = Ban.objects.filter(pk__in=ids).delete()

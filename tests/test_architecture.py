@@ -36,6 +36,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "algorithms.gcra": 1,
         "identity.addresses": 1,
         "identity.provenance": 0,
+        "identity.sealing": 0,
         "identity.namespaces": 1,
         "keys": 1,
         "config.limits": 2,

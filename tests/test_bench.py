@@ -14,6 +14,7 @@ from bench import common, instructions
 from bench.claims import (
     accuracy,
     big_bodies,
+    crowd_controls,
     drf_throttle,
     figures,
     leaky_bucket,
@@ -312,6 +313,30 @@ def test_instructions_are_counted_per_request() -> None:
     assert 100_000 < cost < 10_000_000  # a whole request through Django: not 0, not a crash
     text = instructions.render(counts, None)
     assert "rules-refused" in text and "instructions" in text
+
+
+@pytest.mark.slow
+def test_crowd_controls_bench_counts_and_times() -> None:
+    """A tiny run of bench/claims/crowd_controls.py: instructions under real valgrind in the
+    three states (rows written, loaded, every request from a new address), and new bans and
+    overrides timed in a process holding rows (each change checked in force: the banned
+    subject refused, the overridden one given the override's rate)."""
+    if find_binary("valgrind") is None:
+        missing = MissingServerBinary("valgrind", PACKAGES["valgrind"])
+        if in_ci():
+            pytest.fail(f"CI=true and {missing}", pytrace=False)
+        pytest.skip(str(missing))
+    report = crowd_controls.run(bans=200, overrides=20, networks=20, sizes=(2, 6, 3), changes=2)
+    assert list(report.counts) == ["nothing", "crowd", "networks"]
+    for cost in report.counts.values():
+        assert 100_000 < cost < 10_000_000  # a whole request through Django
+    assert [(t.state.bans, t.state.overrides) for t in report.timed] == [(0, 0), (200, 20)]
+    for t in report.timed:
+        assert t.plain_ms > 0 and all(ms > 0 for ms in (*t.ban_ms, *t.override_ms))
+    assert report.timed[1].held > report.timed[0].held  # the rows take memory
+    text = crowd_controls.render(report)
+    assert "200 bans + 20 overrides" in text and "20 overrides on /24 networks" in text
+    assert "<= +10,000" in text and "override: next request" in text
 
 
 @pytest.mark.slow

@@ -39,13 +39,16 @@ from ratelimit_app.algorithms.bans import BanSpec
 from ratelimit_app.conf import conf, read
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
+from ratelimit_app.engine.step import Step
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.identity.sealing import seal
 from ratelimit_app.signals import ban_skipped, subject_banned
 from ratelimit_app.store import prune_bans as prune
 
 __all__ = [
     "MOST",
+    "among",
     "ban_key",
     "ban_now",
     "banned",
@@ -53,9 +56,7 @@ __all__ = [
     "impose",
     "lift",
     "prune",
-    "refused",
     "site_key",
-    "site_wait",
 ]
 
 logger = logging.getLogger("ratelimit_app")
@@ -75,36 +76,32 @@ def ban_key(scope: str, subject: tuple[str, str]) -> str:
 
 def site_key(address: str) -> str:
     """The key a ban of ``address`` (as the IP keys store it) on every path is kept under:
-    a keyed BLAKE2b of it, salted from ``SECRET_KEY`` like every key."""
-    salt = conf.SALT.encode()
-    digest = hashlib.blake2b(address.encode(), key=salt, digest_size=16, person=b"bucketry-ban")
+    a BLAKE2b of it salted from ``SECRET_KEY`` like every key. (Processes find such a ban by
+    its address itself, sealed in its row: no hash per request.)"""
+    salt = conf.SALT.encode()[:16]
+    digest = hashlib.blake2b(address.encode(), digest_size=16, salt=salt, person=b"bucketry-ban")
     return "{" + digest.hexdigest() + "}"
 
 
-def refused(checks: Sequence[Check], now: float) -> list[Result | None] | None:
-    """The banned results of a request's checks, from the bans this process holds (no
-    round trip, no query); None when none of its subjects is banned."""
-    held = store.current().bans
+def among(steps: Sequence[Step], now: float) -> list[Result | None] | None:
+    """The banned results of a request's checks, made into ``steps`` (their namespaces are
+    the bans' keys), from the bans this process holds: no round trip, no query, no hash but
+    an address's while a ban on every path is in force. None when none is banned."""
+    snap = store.in_force  # (the request's first layer looked at the version)
+    held = (snap or store.current()).bans
     rule, site = held.rule, held.site
-    found: list[Result | None] = []
-    hit = False
-    for c in checks:
-        until = rule.get(namespace(c.scope, *c.subject)) if rule else None
-        if until is None and site and c.ban is not None and c.ban.site and c.subject[0] == "ip":
-            until = site.get(site_key(c.subject[1]))
-        if until is None or until <= now:
-            found.append(None)
-            continue
-        hit = True
-        found.append(banned(c, until - now))
-    return found if hit else None
-
-
-def site_wait(subject: tuple[str, str], now: float) -> float | None:
-    """Seconds a ban of ``subject`` (an address) on every path lasts yet, or None."""
-    site = store.current().bans.site
-    until = site.get(site_key(subject[1])) if site else None
-    return None if until is None or until <= now else until - now
+    found: list[Result | None] | None = None
+    for i, s in enumerate(steps):  # on every request while bans are held: plain look-ups
+        until = rule.get(s.namespace)
+        if until is None and site:
+            c = s.check
+            if c.ban is not None and c.ban.site and c.subject[0] == "ip":
+                until = site.get(c.subject[1])
+        if until is not None and until > now:
+            if found is None:
+                found = [None] * len(steps)
+            found[i] = banned(s.check, until - now)
+    return found
 
 
 def banned(c: Check, wait: float) -> Result:
@@ -239,6 +236,7 @@ def _store(
         "site": site,
         "kind": subject[0],
         "label": label(*subject),
+        "sealed": seal(subject[1]) if site else "",
         "seconds": seconds,
         "banned_at": now,
         "until": until,

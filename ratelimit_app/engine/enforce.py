@@ -5,8 +5,10 @@ throttles each say which limits apply (a :class:`Decision` each, made from the l
 :meth:`~ratelimit_app.config.limits.Limit.check`) and call :func:`decide`, which
 
 1. answers from the refusal memory when a limit refused this subject lately (no round trip),
-2. else checks every limit in one round trip (:func:`ratelimit_app.engine.check_many`); a
-   request that a blocking limit refuses counts in none of them,
+2. else answers from the bans this process holds when a limit banned its subject (no round
+   trip), or checks every limit in one round trip
+   (:func:`ratelimit_app.engine.checking.check_unless_banned`); a request that a blocking
+   limit refuses counts in none of them,
 3. reports a backend failure,
 4. sends :data:`~ratelimit_app.signals.ratelimited` for each counted limit over its limit,
 
@@ -23,7 +25,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ratelimit_app import clock, store
+from ratelimit_app import store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import MAX_COUNT
 from ratelimit_app.conf import conf
@@ -32,7 +34,6 @@ from ratelimit_app.engine import (
     REFUSALS,
     Result,
     bans,
-    check_many,
     overrides,
     recall_many,
     report_failure,
@@ -40,6 +41,7 @@ from ratelimit_app.engine import (
 )
 from ratelimit_app.engine import charge as charge_checks
 from ratelimit_app.engine import take_back as take_back_hits
+from ratelimit_app.engine.checking import check_unless_banned
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.signals import ratelimited
 
@@ -222,12 +224,14 @@ def decide(
     for d in decisions:  # loops, not comprehensions (each a function call): every request
         checks.append(d.check)
     results: Sequence[Result | None] | None = None
-    if store.banning or REFUSALS.entries:  # (no call without bans or refusals)
-        results = _answered(decisions, checks, at)
+    if REFUSALS.entries:  # (no call without refusals)
+        results = _recall(decisions, checks, at)
     remembered = results is not None
-    if results is None:
+    if results is None:  # checked, unless banned (then answered without a round trip)
         try:
-            results = check_many(checks, partial(_take_back, decisions), at=at, request=request)
+            results, remembered = check_unless_banned(
+                checks, partial(_take_back, decisions), at, request
+            )
         except BackendError as exc:
             return _failed(decisions, exc)
     shown = []
@@ -259,19 +263,6 @@ def decide(
     if held is not None:
         held.setdefault(DECIDED, []).append(verdict)
     return verdict
-
-
-def _answered(
-    decisions: Sequence[Decision], checks: list[Check], at: float | None
-) -> Sequence[Result | None] | None:
-    """The results of a request answered without a round trip: banned (from the
-    configuration snapshot), or refused from the refusal memory; else None."""
-    results: Sequence[Result | None] | None = None
-    if store.banning:
-        results = bans.refused(checks, clock.now() if at is None else at)
-    if results is None and REFUSALS.entries:
-        results = _recall(decisions, checks, at)
-    return results
 
 
 def _failed(decisions: Sequence[Decision], exc: BackendError) -> Verdict:

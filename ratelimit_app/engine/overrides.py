@@ -12,13 +12,14 @@ An override changes rates, never places: a decision of an in-flight limit (a rul
 ``concurrent``, filed under the rule's name beside its rate limit) is left as it is, so a
 subject given ``600/h`` or ``unlimited`` still holds at most ``concurrent`` places at once.
 
-The answer for a check is remembered (:data:`MEMO` of them, forgotten with the snapshot's
-table or when the table changes in place: :attr:`Table.version
-<ratelimit_app.config.overrides.Table.version>`), so
-a subject's requests share one replaced :class:`Check` object, as the engine's memos expect.
-An answer that depended on the user's groups is asked again after :data:`GROUPS_FOR`
-seconds, and a user's groups cost one query per :data:`GROUPS_FOR` seconds at most, only
-for a limit that has group overrides.
+The table is asked on every request of a limit that has overrides: a dictionary look-up or
+a few (one a prefix length for networks), so a crowd of subjects seen once costs the same as
+one subject seen often, and nothing is remembered of a subject without an override. A
+replaced check is remembered (:data:`MEMO` of them, forgotten with the snapshot's table or
+when the table changes in place: :attr:`Table.version
+<ratelimit_app.config.overrides.Table.version>`), so a subject's requests share one replaced
+:class:`Check` object, as the engine's memos expect. A user's groups cost one query per
+:data:`GROUPS_FOR` seconds at most, only for a limit that has group overrides.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from ratelimit_app import store
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.config.limits import Check, Limit
-from ratelimit_app.config.overrides import UNLIMITED, Table
+from ratelimit_app.config.overrides import UNLIMITED, USER_KINDS, Table
 
 __all__ = ["apply", "forget"]
 
@@ -42,7 +43,7 @@ logger = logging.getLogger("ratelimit_app")
 
 #: Replaced checks remembered (limit and check -> answer); starts over when full.
 MEMO = 4096
-#: Seconds a user's group names (and the answers they gave) are used before asking again.
+#: Seconds a user's group names are used before asking again.
 GROUPS_FOR = 60.0
 #: The answer of an ``unlimited`` override.
 _LIFTED: Any = object()
@@ -57,7 +58,7 @@ class _Memo:
         #: The table and its version the answers are for.
         self.of: tuple[Table | None, int] = (None, 0)
         #: (limit name, check) -> (replaced check, the check, or _LIFTED; ask again after).
-        self.answers: dict[tuple[str, Check], tuple[Any, float]] = {}
+        self.answers: dict[tuple[str, Check], Check] = {}
         #: user primary key -> (group names, ask again after).
         self.groups: dict[Any, tuple[frozenset[str], float]] = {}
 
@@ -87,28 +88,47 @@ def forget() -> None:
 def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
     """``decisions`` with the overrides in force: a replaced check where a subject has
     other rates, and without the decisions an ``unlimited`` override lifts."""
-    table = store.current().overrides
-    answers = _answers(table)
+    snap = store.in_force  # (the request's first layer looked at the version)
+    table = (snap or store.current()).overrides
+    by_limit = table.by_limit
     kept: list[D] | None = None
     for i, d in enumerate(decisions):
-        name = d.name or d.limit.group
+        found = by_limit.get(d.name or d.limit.group)
+        check = d.check
         # An in-flight decision shares its rule's name: an override is not about it.
-        if name not in table.by_limit or d.check.algorithm == IN_FLIGHT:
-            if kept is not None:
-                kept.append(d)
-            continue
-        answer = _answer(request, table, answers, name, d)
-        if answer is _LIFTED:
-            if kept is None:
-                kept = list(decisions[:i])
-            continue
-        d.check = answer
+        if found is not None and check.algorithm != IN_FLIGHT:
+            # The crowd's cases inline (one look-up each): an address, a value or an email.
+            kind, value = check.subject
+            if kind == "ip" and not found.networks:
+                rates = found.hosts.get(value)
+            elif kind == "email" or kind.startswith(("email:", "post:", "get:", "header:")):
+                rates = (found.values if kind[0] != "e" else found.folded).get(value)
+            else:
+                rates = _rates(request, table, d.name or d.limit.group, kind, value)
+            if rates is not None:
+                answer = _answer(table, d, rates)
+                if answer is _LIFTED:
+                    if kept is None:
+                        kept = list(decisions[:i])
+                    continue
+                d.check = answer
         if kept is not None:
             kept.append(d)
     return decisions if kept is None else kept
 
 
-def _answers(table: Table) -> dict[tuple[str, Check], tuple[Any, float]]:
+def _rates(request: Any, table: Table, name: str, kind: str, value: str) -> Any:
+    """The rates the table gives ``value`` of ``kind`` under the limit ``name``, or None."""
+    if kind in USER_KINDS:
+        rates, _ = table.lookup(
+            name, kind, value, lambda: _username(request), lambda: _groups(request)
+        )
+    else:
+        rates, _ = table.lookup(name, kind, value, _nobody, _no_groups)
+    return rates
+
+
+def _answers(table: Table) -> dict[tuple[str, Check], Check]:
     """The answers remembered for ``table`` as it is now: new ones when it is another
     table, or it changed in place. A new dict, not a cleared one: a thread still answering
     from the table as it was files its answer where no one looks any more."""
@@ -119,33 +139,28 @@ def _answers(table: Table) -> dict[tuple[str, Check], tuple[Any, float]]:
     return answers
 
 
-def _answer(
-    request: Any,
-    table: Table,
-    answers: dict[tuple[str, Check], tuple[Any, float]],
-    name: str,
-    d: Decided,
-) -> Any:
-    """The check ``d`` is decided with (or :data:`_LIFTED`), remembered in ``answers``."""
-    check = d.check
-    key = (name, check)
-    found = answers.get(key)
-    if found is not None and (found[1] == 0.0 or found[1] > time.monotonic()):
-        return found[0]
-    kind, value = check.subject
-    rates, by_groups = table.lookup(
-        name, kind, value, lambda: _username(request), lambda: _groups(request)
-    )
-    if rates is None:
-        answer: Any = check
-    elif rates == UNLIMITED:
-        answer = _LIFTED
-    else:
-        answer = _replaced(d, check, rates)
-    if len(answers) >= MEMO:
-        answers.clear()
-    answers[key] = (answer, time.monotonic() + GROUPS_FOR if by_groups else 0.0)
+def _answer(table: Table, d: Decided, rates: tuple[Any, ...]) -> Any:
+    """The check ``d`` is decided with under an override of ``rates`` (or :data:`_LIFTED`),
+    remembered for the table as it is now, so a subject's requests share one."""
+    if rates == UNLIMITED:
+        return _LIFTED
+    answers = _answers(table)
+    key = (d.name or d.limit.group, d.check)
+    answer = answers.get(key)
+    if answer is None or answer.rates is not rates:
+        answer = _replaced(d, d.check, rates)
+        if len(answers) >= MEMO:
+            answers.clear()
+        answers[key] = answer
     return answer
+
+
+def _nobody() -> None:
+    return None
+
+
+def _no_groups() -> tuple[str, ...]:
+    return ()
 
 
 def _replaced(d: Decided, check: Check, rates: tuple[Any, ...]) -> Check:

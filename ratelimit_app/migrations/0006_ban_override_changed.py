@@ -19,6 +19,13 @@ class Migration(migrations.Migration):
             name="changed",
             field=models.DateTimeField(auto_now=True, db_index=True, verbose_name="changed"),
         ),
+        migrations.AddField(
+            model_name="ban",
+            name="sealed",
+            field=models.CharField(
+                blank=True, editable=False, max_length=200, verbose_name="sealed address"
+            ),
+        ),
         migrations.AlterField(
             model_name="ban",
             name="remembered_until",

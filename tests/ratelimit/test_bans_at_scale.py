@@ -21,6 +21,7 @@ from django.urls import path
 
 from ratelimit_app import clock, store
 from ratelimit_app.engine import bans
+from ratelimit_app.identity.sealing import unseal
 from ratelimit_app.models import Ban, Override
 from ratelimit_app.signals import ban_skipped
 from ratelimit_app.testing import forget_refusals, frozen_clock
@@ -225,3 +226,41 @@ def test_an_override_saved_elsewhere_costs_one_query_and_expires_without_a_reloa
         with mock.patch("time.time", return_value=soon.timestamp() + 1):
             expired, queries = look()
         assert expired is snap and queries == [] and len(expired.override_rows) == 300
+
+
+def test_the_table_keeps_at_most_the_bound_of_ended_bans_remembered() -> None:
+    """Ended bans whose memory lasts (a day, a week) would grow the table under a botnet:
+    past the most a process holds, the oldest ended ones are forgotten."""
+    with frozen_clock(T0), mock.patch.object(store, "MOST_BANS", 2):
+        now = dt.datetime.fromtimestamp(T0, dt.UTC)
+        rows = ban_rows(4, now)
+        for i, row in enumerate(rows):  # ended 4, 3, 2 and 1 hours ago, remembered a day
+            row.until = now - dt.timedelta(hours=4 - i)
+            row.remembered_until = now + dt.timedelta(days=1)
+        Ban.objects.bulk_create(rows)
+        Ban.objects.bulk_create(ban_rows(3, now + dt.timedelta(hours=1)))  # in force: kept
+        assert store.prune_bans(force=True) == 2
+        kept = set(Ban.objects.values_list("key", flat=True))
+        assert {r.key for r in rows[2:]} <= kept and not {r.key for r in rows[:2]} & kept
+        assert len(kept) == 5
+
+
+@pytest.mark.usefixtures("backend_kind")
+def test_a_ban_on_every_path_is_found_by_its_sealed_address(client: Client) -> None:
+    """A ban on every path is looked for on every request: by the address itself (sealed
+    in its row, unsealed by each process), never by a hash made per request."""
+    site = {**RULE, "ban": {**BAN, "scope": "site"}}
+    with (
+        override_settings(RATELIMIT_RULES=[site], RATELIMIT_REFUSED_SUBJECTS="hashed"),
+        frozen_clock(T0),
+    ):
+        assert [banned(client, "192.0.2.33") for _ in range(2)] == [False, True]
+        row = Ban.objects.get()
+        assert row.site and row.label == "" and "192.0.2.33" not in row.sealed
+        assert unseal(row.sealed) == "192.0.2.33"
+        assert "192.0.2.33" in store.current().bans.site
+        assert client.get("/other/", REMOTE_ADDR="192.0.2.33").status_code == 429
+        assert client.get("/other/", REMOTE_ADDR="192.0.2.34").status_code == 200
+        Ban.objects.update(sealed="v1:" + "00" * 30)  # unreadable (another SECRET_KEY)
+        store.forget()
+        assert not store.current().bans.site
