@@ -10,9 +10,10 @@ costs each process one small query, whatever the number of bans in force.
 
 Keys: a limit's ban of a subject is kept under the subject's own counter namespace (the
 limit's scope, hashed with the subject: :func:`ban_key`), which the request's check computes
-anyway, so looking for one costs a dictionary look-up; a ban on every path is kept under
-:func:`site_key` of the address, a keyed hash cheaper than the counters' one, computed for
-every request while any such ban is in force. A process holds at most :data:`MOST` bans;
+anyway, so looking for one (:func:`among`, in the step that builds the check) costs a
+dictionary look-up; a ban on every path is kept under :func:`site_key` of the address, with
+the address sealed in its row (:mod:`ratelimit_app.identity.sealing`), so every process finds
+it by the address itself, with no hash per request. A process holds at most :data:`MOST` bans;
 past it, no new ban is made (logged once, signalled as
 :data:`~ratelimit_app.signals.ban_skipped` for the exporters) and the limit goes on refusing
 the subject at its rate: no ban in force is ever dropped early to make room.
