@@ -14,7 +14,6 @@ nothing per admitted one. A failure here never fails the request: it is logged.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import Any
 
@@ -23,6 +22,7 @@ from django.http import HttpRequest
 from ratelimit_app import keys, store
 from ratelimit_app.conf import read
 from ratelimit_app.config import sources, views
+from ratelimit_app.identity import addresses
 from ratelimit_app.signals import ratelimited
 
 logger = logging.getLogger("ratelimit_app")
@@ -34,8 +34,6 @@ SHADOW_PREFIX = "ratelimit-shadow:"
 #: What the *Refused lately* page may show of a subject (``RATELIMIT_REFUSED_SUBJECTS``).
 FULL, MASKED, HASHED = "full", "masked", "hashed"
 MODES = (FULL, MASKED, HASHED)
-#: The networks an address is shown in when masked.
-SHOWN_IPV4_PREFIX, SHOWN_IPV6_PREFIX = 24, 64
 
 
 def series_name(limit: str, shadow: bool = False) -> str:
@@ -92,13 +90,8 @@ def _user_name(request: HttpRequest, value: str) -> str | None:
     return str(user.get_username())
 
 
-def masked_ip(value: str) -> str | None:
-    """The /24 (IPv4) or /64 (IPv6) network of an address as the key stores it, or None."""
-    addr = keys.parse_address(value)
-    if addr is None:
-        return None
-    prefix = SHOWN_IPV4_PREFIX if addr.version == 4 else SHOWN_IPV6_PREFIX
-    return str(ipaddress.ip_network((addr, prefix), strict=False))
+#: The /24 (IPv4) or /64 (IPv6) network of an address as the key stores it, or None.
+masked_ip = addresses.shown_network
 
 
 def shown(kind: str, value: str, request: HttpRequest, how: str) -> tuple[str, str]:

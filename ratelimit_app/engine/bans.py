@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import ipaddress
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -247,11 +246,6 @@ def _store(
     return until
 
 
-#: What a ban row's label shows of an address, by ``RATELIMIT_REFUSED_SUBJECTS`` (the
-#: *Refused lately* page shows the same): the address, its /24 or /64, or nothing.
-SHOWN_PREFIX = {4: 24, 6: 64}
-
-
 def label(kind: str, value: str) -> str:
     """What a ban row keeps in clear of its subject, for the admin: an address as
     ``RATELIMIT_REFUSED_SUBJECTS`` shows it (``"full"``: as the key stores it;
@@ -260,12 +254,9 @@ def label(kind: str, value: str) -> str:
     how = read("RATELIMIT_REFUSED_SUBJECTS")
     if kind != "ip" or how not in ("full", "masked"):
         return ""
-    address = addresses.parse_address(value)
-    if address is None:
-        return ""
     if how == "full":
-        return value
-    return str(ipaddress.ip_network((address, SHOWN_PREFIX[address.version]), strict=False))
+        return value if addresses.parse_address(value) is not None else ""
+    return addresses.shown_network(value) or ""  # (as *Refused lately* shows it)
 
 
 def lift(scope: str, subject: tuple[str, str]) -> int:

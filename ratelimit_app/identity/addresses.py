@@ -201,3 +201,17 @@ def _no_address(request: HttpRequest) -> str:
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     if affects_limiter(setting):
         _trusted.clear()
+
+
+#: The networks an address is shown in where only part of it may be (the admin's *Refused
+#: lately* and ban list, by ``RATELIMIT_REFUSED_SUBJECTS = "masked"``).
+SHOWN_IPV4_PREFIX, SHOWN_IPV6_PREFIX = 24, 64
+
+
+def shown_network(value: str) -> str | None:
+    """The /24 (IPv4) or /64 (IPv6) network of an address as the key stores it, or None."""
+    addr = parse_address(value)
+    if addr is None:
+        return None
+    prefix = SHOWN_IPV4_PREFIX if addr.version == 4 else SHOWN_IPV6_PREFIX
+    return str(ipaddress.ip_network((addr, prefix), strict=False))
