@@ -119,31 +119,21 @@ mc.stop()
 _COUNTED_WITH_OPTIONS = """import subprocess
 if SETUP:  # the caller's set-up (a database's rows in force, ...), once before the warm-up
     exec(SETUP)
-if CLIENTS:  # every request from a new client, through the trusted proxy: 10.0.0.1, ...
-    clients = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in itertools.count(1))
-    for _ in range(WARMUP):
-        get(path, client=next(clients))
-    if LATE:  # counting starts here (the process so far ran uninstrumented, much faster)
-        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
-            capture_output=True)
-    now["step"] = 0.0005
-    gc.collect()
-    gc.disable()
-    for _ in range(n):
-        get(path, client=next(clients))
-    gc.enable()
-else:
-    for _ in range(WARMUP):
-        get(path)
-    if LATE:
-        subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
-            capture_output=True)
-    now["step"] = 0.0005
-    gc.collect()
-    gc.disable()
-    for _ in range(n):
-        get(path)
-    gc.enable()
+# With CLIENTS, every request from a new client, through the trusted proxy: 10.0.0.1, ...
+clients = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in itertools.count(1))
+def client():
+    return next(clients) if CLIENTS else None
+for _ in range(WARMUP):
+    get(path, client=client())
+if LATE:  # counting starts here (the process so far ran uninstrumented, much faster)
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
+        capture_output=True)
+now["step"] = 0.0005
+gc.collect()
+gc.disable()
+for _ in range(n):
+    get(path, client=client())
+gc.enable()
 mc.stop()
 """
 assert CHILD.endswith(_COUNTED)
