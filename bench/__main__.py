@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     # Bans and overrides by the hundred thousand: instructions under valgrind, then wall time.
     if args.quick:
         crowd = crowd_controls.run(
-            sizes=crowd_controls.QUICK_SIZES, changes=crowd_controls.QUICK_CHANGES
+            sizes=crowd_controls.QUICK_SIZES, changes=crowd_controls.QUICK_CHANGES, layouts=(0,)
         )
     else:
         crowd = crowd_controls.run()

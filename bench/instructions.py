@@ -53,7 +53,7 @@ T0 = 1_780_000_000.0
 
 #: What runs under valgrind: ``python -c CHILD CASE N``, in the tree to count.
 CHILD = """
-import gc, io, itertools, os, socket, sys
+import gc, io, itertools, os, socket, sys, time
 case, n = sys.argv[1], int(sys.argv[2])
 from tests.servers import start_memcached
 mc = start_memcached()
@@ -116,7 +116,12 @@ mc.stop()
 """
 #: ... and what replaces it in a run with a set-up, new clients or late counting (the
 #: existing cases run :data:`CHILD` as it is, so their counts stay what they were).
-_COUNTED_WITH_OPTIONS = """import subprocess
+_COUNTED_WITH_OPTIONS = """import functools, subprocess, types
+# The configuration's looks (every second) and prunes (every minute) on the bench's clock,
+# not the machine's: under valgrind a second of the machine's is a few dozen requests, more
+# or fewer as the machine is busy, and each look is a round trip.
+from ratelimit_app import store
+store.time = types.SimpleNamespace(time=time.time, monotonic=lambda: now["t"])
 if SETUP:  # the caller's set-up (a database's rows in force, ...), once before the warm-up
     exec(SETUP)
 # With CLIENTS, every request from a new client, through the trusted proxy: 10.0.0.1, ...
@@ -125,18 +130,43 @@ def client():
     return next(clients) if CLIENTS else None
 for _ in range(WARMUP):
     get(path, client=client())
-if LATE:  # counting starts here (the process so far ran uninstrumented, much faster)
+if LATE:  # instrumented from here (the process so far ran uninstrumented, much faster)
     subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
         capture_output=True)
 now["step"] = 0.0005
+# None while counting: a look is a per-second cost (a round trip), not a request's, and
+# where one falls among the counted requests would move the count by thousands.
+frozen = now["t"]
+store.time = types.SimpleNamespace(time=time.time, monotonic=lambda: frozen)
+store.current()  # looked at now: in force, without a look, for the counted requests
 gc.collect()
 gc.disable()
-for _ in range(n):
-    get(path, client=client())
+if LATE:  # counted inside functools.reduce only (--toggle-collect): these requests exactly
+    functools.reduce(lambda _, __: get(path, client=client()), range(n), None)
+else:
+    for _ in range(n):
+        get(path, client=client())
 gc.enable()
 mc.stop()
 """
 assert CHILD.endswith(_COUNTED)
+
+#: The C function a late count is collected in (the interpreter's ``functools.reduce``,
+#: which runs the counted requests and nothing of a request calls).
+_COUNTED_IN = "functools_reduce"
+
+#: Run first in a child of layout ``LAYOUT`` > 0: where the interpreter puts what follows.
+#: CPython finds a type's attribute through a cache of 4,096 slots indexed by the type's
+#: version tag (numbered in the order types are first looked in) and the name's address; two
+#: states of one process that touch other types first, or hold more memory, collide in other
+#: slots, and a request's count moves by up to ten thousand instructions for nothing it does.
+#: A layout shifts both (the tags by types made and looked in, the addresses by objects kept),
+#: so a comparison can take each state's median over several layouts.
+_LAYOUT = """
+_kept = [("x" * (_i % 240), [_i] * (_i % 7)) for _i in range(LAYOUT * 1733)]
+for _i in range(LAYOUT * 389):
+    type(f"_Layout{_i}", (), {"a": _i}).a  # a version tag each, never given again
+"""
 
 
 def count(
@@ -149,26 +179,35 @@ def count(
     setup: str = "",
     clients: bool = False,
     late: bool = False,
+    layout: int = 0,
 ) -> int:
     """Instructions of one run of ``case`` with ``n`` counted requests, in ``tree``.
 
     ``setup``: Python run in the child once, after Django's set-up and before the warm-up
     (its names: ``get``, ``app``, ``now``...); ``clients``: every request (warm-up
     included) from a new client address, 10.0.0.1 counting up, in X-Forwarded-For;
-    ``late``: count from the end of the warm-up only (``callgrind --instr-atstart=no``, then
-    ``callgrind_control -i on``): the start, the set-up and the warm-up run several times
-    faster, and the count is of the same work plus a constant."""
-    out = os.path.join(out_dir, f"callgrind.{case}.{n}")
+    ``late``: count the counted requests only (``callgrind --instr-atstart=no``, then
+    ``callgrind_control -i on`` after the warm-up, and collected inside
+    :data:`_COUNTED_IN` only): the start, the set-up and the warm-up run several times
+    faster, and the count is of those requests exactly; ``layout``: run
+    :data:`_LAYOUT` first with ``LAYOUT = layout`` (0: not)."""
+    out = os.path.join(out_dir, f"callgrind.{case}.{n}" + (f".{layout}" if layout else ""))
     child = f"T0 = {T0!r}\nWARMUP = {warmup}\nPATHS = {CASES!r}\n" + CHILD
     if setup or clients or late:
         options = f"SETUP = {setup!r}\nCLIENTS = {clients!r}\nLATE = {late!r}\n"
         child = child.replace(_COUNTED, options + _COUNTED_WITH_OPTIONS)
+    if layout:
+        child = f"LAYOUT = {layout}\n" + _LAYOUT + child
     run = subprocess.run(
         [
             "valgrind",
             "--tool=callgrind",
             f"--callgrind-out-file={out}",
-            *(["--instr-atstart=no"] if late else []),
+            *(
+                ["--instr-atstart=no", "--collect-atstart=no", f"--toggle-collect={_COUNTED_IN}"]
+                if late
+                else []
+            ),
             sys.executable,
             "-c",
             child,
@@ -197,12 +236,14 @@ def per_request(
     setup: str = "",
     clients: bool = False,
     late: bool = False,
+    layout: int = 0,
 ) -> float:
     """Instructions one request of ``case`` costs in ``tree`` (``sizes``: N1, N2, warm-up;
-    ``setup``, ``clients`` and ``late`` as for :func:`count`)."""
+    ``setup``, ``clients``, ``late`` and ``layout`` as for :func:`count`)."""
     n1, n2, warmup = sizes
-    more = count(tree, env, case, n2, out_dir, warmup, setup, clients, late)
-    return (more - count(tree, env, case, n1, out_dir, warmup, setup, clients, late)) / (n2 - n1)
+    options = (setup, clients, late, layout)
+    more = count(tree, env, case, n2, out_dir, warmup, *options)
+    return (more - count(tree, env, case, n1, out_dir, warmup, *options)) / (n2 - n1)
 
 
 def run(

@@ -150,9 +150,11 @@ class Snapshot:
     db_rules: tuple[CompiledRule, ...] = ()
     #: The bans in force (:mod:`ratelimit_app.engine.bans`), kept across full reads.
     bans: HeldBans = field(default_factory=HeldBans)
-    #: Whether a ban on every path is held (the middleware then looks at every request),
-    #: and whether a request is screened before its rules: lists to match, bans on every
-    #: path (both set when the snapshot is put in force or brought up to date).
+    #: Whether the lists hold networks or users (the client's own address and user are
+    #: matched), whether a ban on every path is held (the middleware then looks at every
+    #: request), and whether a request is screened before its rules: either (all set when
+    #: the snapshot is put in force or brought up to date).
+    lists: bool = False
     site_bans: bool = False
     screens: bool = False
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
@@ -211,9 +213,9 @@ def _publish(snap: Snapshot | None) -> None:
     banning = snap is not None and bool(snap.bans)
     if snap is not None:
         allow, deny = snap.allow, snap.deny
-        lists = allow.networks or allow.users or deny.networks or deny.users
+        snap.lists = bool(allow.networks or allow.users or deny.networks or deny.users)
         snap.site_bans = bool(snap.bans.site)
-        snap.screens = bool(lists or snap.site_bans)
+        snap.screens = snap.lists or snap.site_bans
 
 
 def current() -> Snapshot:
@@ -397,12 +399,18 @@ def _read_bans(held: HeldBans, everything: bool = False) -> None:
         rows = rows.filter(until__gt=dt.datetime.fromtimestamp(now, dt.UTC))
     else:
         rows = rows.filter(changed__gte=held.seen - dt.timedelta(seconds=CHANGES_MARGIN))
-    held.put(rows.values_list("key", "until", "site", "changed", "sealed"), now)
+    fields = ("key", "until", "site", "changed", "sealed")
+    held.put(rows.values_list(*fields).iterator(chunk_size=READ_CHUNK), now)
     if everything and (held.seen is None or held.seen < started):
         held.seen = started  # (rows changed long ago: the next read starts now, not then)
     if len(held) >= MOST_BANS:
         held.prune(now)
 
+
+#: Rows fetched at a time when bans or overrides are read: a hundred thousand are never one
+#: list (nor one list's memory, left behind in pieces, for every later request to work
+#: around).
+READ_CHUNK = 2000
 
 #: What is read of an override row.
 OVERRIDE_FIELDS = ("pk", "limit", "subject", "rate", "expires", "changed")
@@ -421,7 +429,7 @@ def _read_overrides(snap: Snapshot) -> None:
     if not everything:
         rows = rows.filter(changed__gte=snap.overrides_seen - dt.timedelta(seconds=CHANGES_MARGIN))
     now = time.time()
-    for row in rows.values_list(*OVERRIDE_FIELDS):
+    for row in rows.values_list(*OVERRIDE_FIELDS).iterator(chunk_size=READ_CHUNK):
         changed = row[5]
         if snap.overrides_seen is None or changed > snap.overrides_seen:
             snap.overrides_seen = changed

@@ -326,17 +326,23 @@ def test_crowd_controls_bench_counts_and_times() -> None:
         if in_ci():
             pytest.fail(f"CI=true and {missing}", pytrace=False)
         pytest.skip(str(missing))
-    report = crowd_controls.run(bans=200, overrides=20, networks=20, sizes=(2, 6, 3), changes=2)
-    assert list(report.counts) == ["nothing", "crowd", "networks"]
-    for cost in report.counts.values():
-        assert 100_000 < cost < 10_000_000  # a whole request through Django
+    report = crowd_controls.run(
+        bans=200, overrides=20, networks=20, sizes=(2, 6, 3), changes=2, layouts=(1,)
+    )
+    assert list(report.counts) == ["nothing", "crowd", "network", "networks"]
+    for costs in report.counts.values():
+        assert len(costs) == 1  # one count per layout (the one asked: shifted)
+        for cost in costs:
+            assert 100_000 < cost < 10_000_000  # a whole request through Django
+    assert report.over("networks") == report.median("networks") - report.median("network")
     assert [(t.state.bans, t.state.overrides) for t in report.timed] == [(0, 0), (200, 20)]
     for t in report.timed:
         assert t.plain_ms > 0 and all(ms > 0 for ms in (*t.ban_ms, *t.override_ms))
     assert report.timed[1].held > report.timed[0].held  # the rows take memory
     text = crowd_controls.render(report)
     assert "200 bans + 20 overrides" in text and "20 overrides on /24 networks" in text
-    assert "<= +10,000" in text and "override: next request" in text
+    assert "<= +10,000" in text and "<= +2,500" in text and "override: next request" in text
+    assert "over 1 override on a /24 network" in text
 
 
 @pytest.mark.slow

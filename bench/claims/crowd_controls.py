@@ -18,13 +18,22 @@ the database holding
   of addresses in 172.16.0.0/12, keyed and sealed as the limiter keeps them) and 10,000
   overrides (on the bench's rules: addresses, emails and usernames that no client of the
   bench is), all last changed a day before;
+* **a network**: one override on a /24 network (172.16.0.0/24) of ``bench-ip-m``, holding
+  no client;
 * **networks**: 1,000 overrides on /24 networks (172.16.0.0/24, 172.16.1.0/24, ...) of
   ``bench-ip-m``, none holding a client.
 
-The snapshot is loaded before the warm-up; a state's cost is given over the nothing's: what
-a request of a subject with neither a ban nor an override pays for the others'. Both states
-have the same bound, +10,000 instructions (issue 35: for the networks, a cost that does not
-grow with their number; a lookup by prefix fits in it, a walk of the networks does not).
+The snapshot is loaded before the warm-up. The crowd's cost is given over nothing's: what a
+request of a subject with neither a ban nor an override pays for the others', at most
++10,000 instructions (issue 35). The networks' is given over the one network's: a look-up by
+prefix length costs the same for a thousand networks as for one (a walk of the networks
+grows with them), so the bound is the layouts' spread, +2,500.
+
+Every state is counted in three layouts of the interpreter (:data:`LAYOUTS`: CPython's
+attribute cache moves a count by up to ten thousand instructions with where the types and
+names of a process fall, which a state's rows change) and given as its median. The
+configuration's looks run on the bench's clock, so the counts do not depend on the machine's
+speed (:mod:`bench.instructions`).
 
 **A new ban or override** (wall time, ``time.perf_counter``, no valgrind): a process holding
 the state's rows makes one change through the public paths, a ban through
@@ -38,8 +47,9 @@ memory the process holds for the rows (``tracemalloc``, around the snapshot's fi
 over the same with no rows). Timed: nothing, 1,000 and 10,000 bans (a hundredth and a
 tenth of the crowd's), the crowd.
 
-The instructions are counted from the end of the warm-up (``callgrind --instr-atstart=no``:
-the start, the rows' loading and the warm-up run uninstrumented, several times faster).
+The instructions are counted in the counted requests only (``callgrind --instr-atstart=no``
+and a collection toggled around them: the start, the rows' loading and the warm-up run
+uninstrumented, several times faster).
 
 Run: ``python -m bench.claims.crowd_controls [--base REV] [--quick]``. Needs valgrind
 (Debian's ``valgrind``) for the first half.
@@ -51,6 +61,7 @@ import argparse
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,12 +83,17 @@ NETWORKS = 1_000
 BAN_LIMITS = (*load.BENCH_RULES, "shorturl-scan")
 #: Instructions a request of a subject with neither may pay for the others' (issue 35).
 TARGET_INSTRUCTIONS = 10_000
+#: Instructions a thousand networks may cost over one: none, but for the layouts' spread.
+TARGET_GROWTH = 2_500
+#: The layouts each state is counted in (:data:`bench.instructions._LAYOUT`): the interpreter's
+#: attribute cache makes a state's count move by up to ten thousand instructions with where
+#: its types and names happen to fall, so each state's figure is its median over these.
+LAYOUTS = (0, 1, 2)
 #: Milliseconds a new ban or override may cost a process holding the crowd (issue 35).
 TARGET_MS = 1.0
-#: The counted runs (N1, N2 requests) and the warm-up of each state. Counting starts when
-#: ``callgrind_control`` says so, at a point of its own: the constant that adds varies by a
-#: few million instructions between runs, so the runs differ by a thousand requests.
-SIZES = (200, 1200, 300)
+#: The counted runs (N1, N2 requests) and the warm-up of each state (the counts are of the
+#: counted requests exactly: two runs of one layout agree within a few instructions).
+SIZES = (100, 500, 300)
 #: Changes timed per measure (ban or override; the next look or the next request).
 CHANGES = 20
 #: The same with ``--quick`` (a smoke check: the same rows, fewer requests and changes).
@@ -98,12 +114,19 @@ class State:
 
 
 def states(bans: int, overrides: int, networks: int) -> dict[str, State]:
-    """The states counted in instructions: nothing, the crowd, the networks."""
+    """The states counted in instructions: nothing, the crowd, one network, the networks."""
     return {
         "nothing": State("nothing"),
         "crowd": State(f"{bans:,} bans + {overrides:,} overrides", bans, overrides),
+        "network": State("1 override on a /24 network", networks=1),
         "networks": State(f"{networks:,} overrides on /24 networks", networks=networks),
     }
+
+
+#: What each state is measured against, and the most it may cost over it (issue 35): the
+#: crowd against nothing; the networks against one network (a look-up by prefix length,
+#: not a walk of the networks, costs the same for one as for a thousand).
+BOUNDS = {"crowd": ("nothing", TARGET_INSTRUCTIONS), "networks": ("network", TARGET_GROWTH)}
 
 
 def timed_states(bans: int, overrides: int) -> list[State]:
@@ -277,14 +300,19 @@ class Timed:
 
 @dataclass(frozen=True)
 class Report:
-    #: Instructions per request by state (:func:`states`' keys).
-    counts: dict[str, float]
+    #: Instructions per request by state (:func:`states`' keys), one count per layout.
+    counts: dict[str, list[float]]
     names: dict[str, str]
     timed: list[Timed]
     changes: int
 
+    def median(self, state: str) -> float:
+        """A state's instructions per request: its median over the layouts."""
+        return statistics.median(self.counts[state])
+
     def over(self, state: str) -> float:
-        return self.counts[state] - self.counts["nothing"]
+        """What ``state`` costs over the state it is measured against (:data:`BOUNDS`)."""
+        return self.median(state) - self.median(BOUNDS[state][0])
 
 
 def _database(state_dir: str, template: str, name: str) -> tuple[str, str]:
@@ -324,8 +352,10 @@ def run(
     sizes: tuple[int, int, int] = SIZES,
     changes: int = CHANGES,
     base: str | None = None,
+    layouts: tuple[int, ...] = LAYOUTS,
 ) -> Report:
-    """Both halves on this tree (or on the git revision ``base``)."""
+    """Both halves on this tree (or on the git revision ``base``), the instructions in each
+    of ``layouts``."""
     require_binary("valgrind")
     counted = states(bans, overrides, networks)
     with ExitStack() as stack:
@@ -342,22 +372,28 @@ def run(
             "call_command('migrate', verbosity=0, interactive=False)",
         )
 
-        def count(key: str) -> float:
-            state = counted[key]
-            out_dir = os.path.join(state_dir, key)
-            os.mkdir(out_dir)
+        envs = {}
+        for key, state in counted.items():
             url, _ = _database(state_dir, template, key)
-            state_env = {**env, "DATABASE_URL": url}
-            _seed(tree, state_env, state)
+            envs[key] = {**env, "DATABASE_URL": url}
+            _seed(tree, envs[key], state)
+
+        def count(job: tuple[str, int]) -> float:
+            key, layout = job
+            state = counted[key]
+            out_dir = os.path.join(state_dir, f"{key}-{layout}")
+            os.mkdir(out_dir)
             rows = (state.bans, state.overrides + state.networks)
             setup = f"ROWS = {rows!r}\n" + WARM
             return instructions.per_request(
-                tree, state_env, CASE, out_dir, sizes, setup=setup, clients=True, late=True
+                tree, envs[key], CASE, out_dir, sizes, setup, True, True, layout
             )
 
         # Two at a time: each count is one process (valgrind runs one thread at a time).
+        jobs = [(key, layout) for layout in layouts for key in counted]
         with ThreadPoolExecutor(max_workers=2) as pool:
-            counts = dict(zip(counted, pool.map(count, counted), strict=True))
+            found = dict(zip(jobs, pool.map(count, jobs), strict=True))
+        counts = {key: [found[(key, layout)] for layout in layouts] for key in counted}
         timed = []
         for i, state in enumerate(timed_states(bans, overrides)):
             url, _ = _database(state_dir, template, f"timed-{i}")
@@ -370,25 +406,28 @@ def run(
 
 def render(report: Report) -> str:
     rows: list[list[object]] = []
-    for key, cost in report.counts.items():
-        if key == "nothing":
-            rows.append([report.names[key], f"{cost / 1000:.1f}k", "-", "-", "-"])
+    for key in report.counts:
+        cost = report.median(key)
+        spread = ", ".join(f"{c / 1000:.1f}k" for c in report.counts[key])
+        if key not in BOUNDS:
+            rows.append([report.names[key], f"{cost / 1000:.1f}k", spread, "-", "-", "-"])
             continue
+        against, bound = BOUNDS[key]
         over = report.over(key)
-        met = "yes" if over <= TARGET_INSTRUCTIONS else "NO"
         rows.append(
             [
                 report.names[key],
                 f"{cost / 1000:.1f}k",
-                f"{over:+,.0f}",
-                f"<= +{TARGET_INSTRUCTIONS:,}",
-                met,
+                spread,
+                f"{over:+,.0f} over {report.names[against]}",
+                f"<= +{bound:,}",
+                "yes" if over <= bound else "NO",
             ]
         )
     first = table(
         "A request from a new address, beside others' bans and overrides "
-        "(callgrind, instructions per request)",
-        ["database", "instructions", "over nothing", "target", "met"],
+        "(callgrind, instructions per request: the median of the layouts)",
+        ["database", "instructions", "by layout", "over", "target", "met"],
         rows,
     )
     timed_rows: list[list[object]] = []
@@ -433,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a short run (smoke check)")
     args = parser.parse_args(argv)
     if args.quick:
-        report = run(sizes=QUICK_SIZES, changes=QUICK_CHANGES, base=args.base)
+        report = run(sizes=QUICK_SIZES, changes=QUICK_CHANGES, base=args.base, layouts=(0,))
     else:
         report = run(base=args.base)
     print(render(report))

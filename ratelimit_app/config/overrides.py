@@ -43,10 +43,12 @@ from ratelimit_app.identity import addresses
 
 __all__ = [
     "UNLIMITED",
+    "LimitOverrides",
     "Override",
     "OverrideError",
     "Subject",
     "Table",
+    "by_address",
     "compile_table",
     "parse",
     "parse_subject",
@@ -239,6 +241,8 @@ class LimitOverrides:
     sharers: dict[tuple[str, str], dict[str, Rates]] = field(default_factory=dict)
     #: A network subject's text -> the key of :attr:`hosts` it was put under.
     hosted: dict[str, str] = field(default_factory=dict)
+    #: The table's :attr:`Table.known` (every key of every limit's exact tables).
+    known: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.values or self.hosts or self.networks or self.groups)
@@ -266,6 +270,15 @@ class Table:
     by_limit: dict[str, LimitOverrides] = field(default_factory=dict)
     #: Bumped by every :meth:`put` and :meth:`drop` (after the change is made).
     version: int = 0
+    #: Every key of every limit's :attr:`~LimitOverrides.values`,
+    #: :attr:`~LimitOverrides.folded` and :attr:`~LimitOverrides.hosts`, with the number of
+    #: those tables holding it: a subject whose value is not here has no exact override
+    #: under any limit (one look-up per subject, however many limits have overrides).
+    known: dict[str, int] = field(default_factory=dict)
+    #: The key kinds whose subjects must be asked about under their limit even when their
+    #: value is not :attr:`known`: the user kinds (an override names a username or a
+    #: group), and ``ip`` while a limit has networks wider than one masked address.
+    asks: frozenset[str] = USER_KINDS
 
     def __bool__(self) -> bool:
         return bool(self.by_limit)
@@ -281,7 +294,7 @@ class Table:
             return None, False
         ip = kind == "ip" or (kind in USER_KINDS and addresses.parse_address(value) is not None)
         if ip:
-            return _by_address(found, value), False
+            return by_address(found, value), False
         if kind in USER_KINDS:
             return _by_user(found, username, groups)
         table = found.folded if keys.is_email_kind(kind) else found.values
@@ -292,10 +305,10 @@ class Table:
         look-up meanwhile finds the old rates or the new)."""
         found = self.by_limit.get(override.limit)
         if found is None:
-            found = LimitOverrides()
+            found = LimitOverrides(known=self.known)
         _add(found, override, mask)
         self.by_limit[override.limit] = found
-        self.version += 1
+        self._changed()
 
     def drop(self, limit: str, subject: Subject) -> bool:
         """Remove the override of ``limit`` for ``subject`` (:func:`parse_subject` of its
@@ -305,11 +318,18 @@ class Table:
             return False
         if not found:
             del self.by_limit[limit]
-        self.version += 1
+        self._changed()
         return True
 
+    def _changed(self) -> None:
+        networked = any(found.networks for found in self.by_limit.values())
+        self.asks = (USER_KINDS | {"ip"}) if networked else USER_KINDS
+        self.version += 1
 
-def _by_address(found: LimitOverrides, value: str) -> Rates | None:
+
+def by_address(found: LimitOverrides, value: str) -> Rates | None:
+    """The rates ``found`` gives the address ``value`` (as the IP keys store it): its own,
+    else its network's of the longest prefix; None for none."""
     exact = found.hosts.get(value)
     if exact is not None or not found.networks:
         return exact
@@ -375,6 +395,8 @@ def _add(found: LimitOverrides, o: Override, mask: Mask) -> None:
     if kind == "group":
         found.groups[value] = o.rates
     elif kind == "value":
+        if value not in found.values:
+            _enter(found.known, value)
         found.values[value] = o.rates
         folded = keys.normalize_email(value)
         if folded is not None:
@@ -406,6 +428,7 @@ def _remove(found: LimitOverrides, subject: Subject) -> bool:
     if kind == "value":
         if found.values.pop(value, None) is None:
             return False
+        _leave(found.known, value)
         folded = keys.normalize_email(value)
         if folded is not None:
             _unshare(found, found.folded, ("folded", folded), value)
@@ -424,6 +447,8 @@ def _share(
     names = found.sharers.setdefault(key, {})
     names.pop(name, None)
     names[name] = r
+    if key[1] not in table:
+        _enter(found.known, key[1])
     table[key[1]] = r
 
 
@@ -440,6 +465,21 @@ def _unshare(
     else:
         del found.sharers[key]
         del table[key[1]]
+        _leave(found.known, key[1])
+
+
+def _enter(known: dict[str, int], key: str) -> None:
+    """One table more holds ``key`` (:attr:`Table.known`)."""
+    known[key] = known.get(key, 0) + 1
+
+
+def _leave(known: dict[str, int], key: str) -> None:
+    """One table fewer holds ``key``."""
+    left = known.get(key, 1) - 1
+    if left > 0:
+        known[key] = left
+    else:  # (never absent meanwhile while another table holds it)
+        known.pop(key, None)
 
 
 def _add_network(found: LimitOverrides, network: addresses.IPNetwork, r: Rates) -> None:

@@ -70,14 +70,26 @@ def check_unless_banned(
     moment = Moment(clock.now() if at is None else at)
     steps: list[Step] = []
     ops = []
-    for c in checks:  # (as check_many's)
-        step = STEPS[c.algorithm](c, moment)
-        steps.append(step)
-        ops.append(step.op)
-    if store.banning:  # (no call without bans)
-        found = bans.among(steps, moment.t)
-        if found is not None:
-            return found, True
+    if store.banning:  # bans held: looked for in the loop that makes the namespaces
+        rule, site = bans.held()
+        look = False
+        for c in checks:  # (as check_many's)
+            step = STEPS[c.algorithm](c, moment)
+            steps.append(step)
+            ops.append(step.op)
+            # The crowd's case is neither: no ban under the namespace, no ban on every path
+            # the limit could have made.
+            if step.namespace in rule or (site and c.ban is not None):
+                look = True
+        if look:
+            found = bans.among(steps, moment.t)
+            if found is not None:
+                return found, True
+    else:
+        for c in checks:
+            step = STEPS[c.algorithm](c, moment)
+            steps.append(step)
+            ops.append(step.op)
     return _run(checks, steps, ops, moment, take_back, True, request), False
 
 

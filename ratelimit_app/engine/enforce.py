@@ -217,12 +217,13 @@ def decide(
     if not conf.MIDDLEWARE_INSTALLED:  # the middleware keeps the configuration fresh
         store.current()  # (overrides and bans; at most a look a second at its version)
     if store.overriding:  # per-subject overrides (an unlimited one leaves its limit out)
-        decisions = overrides.apply(request, decisions)
+        decisions, checks = _overridden(request, decisions)
         if not decisions:
             return Verdict(decisions)
-    checks = []
-    for d in decisions:  # loops, not comprehensions (each a function call): every request
-        checks.append(d.check)
+    else:
+        checks = []
+        for d in decisions:  # loops, not comprehensions (each a function call): every request
+            checks.append(d.check)
     results: Sequence[Result | None] | None = None
     if REFUSALS.entries:  # (no call without refusals)
         results = _recall(decisions, checks, at)
@@ -263,6 +264,24 @@ def decide(
     if held is not None:
         held.setdefault(DECIDED, []).append(verdict)
     return verdict
+
+
+def _overridden(
+    request: HttpRequest, decisions: Sequence[Decision]
+) -> tuple[Sequence[Decision], list[Check]]:
+    """``decisions`` with the overrides in force, and their checks. The crowd's subjects have
+    none: one look-up of each value tells (:func:`~.overrides.prefilter`), in the loop that
+    gathers the checks, and the table itself is asked only when one may."""
+    known, asks = overrides.prefilter()
+    checks = []
+    for d in decisions:
+        check = d.check
+        kind, value = check.subject
+        if value in known or kind in asks:
+            decisions = overrides.apply(request, decisions)
+            return decisions, [d.check for d in decisions]
+        checks.append(check)
+    return decisions, checks
 
 
 def _failed(decisions: Sequence[Decision], exc: BackendError) -> Verdict:

@@ -12,9 +12,14 @@ An override changes rates, never places: a decision of an in-flight limit (a rul
 ``concurrent``, filed under the rule's name beside its rate limit) is left as it is, so a
 subject given ``600/h`` or ``unlimited`` still holds at most ``concurrent`` places at once.
 
-The table is asked on every request of a limit that has overrides: a dictionary look-up or
-a few (one a prefix length for networks), so a crowd of subjects seen once costs the same as
-one subject seen often, and nothing is remembered of a subject without an override. A
+A request whose subjects no override names passes by the table: ``enforce.decide`` asks
+:func:`prefilter` once and looks each subject's value up in :attr:`Table.known
+<ratelimit_app.config.overrides.Table.known>` (every value, email and address any override
+names, under any limit), in the loop that gathers the checks; only a subject found there, or
+of a kind always asked about (a user's, an address while networks are in force), calls
+:func:`apply`, which asks the limit's table: a dictionary look-up or a few (one a prefix
+length for networks). So a crowd of subjects seen once costs the same as one subject seen
+often, and nothing is remembered of a subject without an override. A
 replaced check is remembered (:data:`MEMO` of them, forgotten with the snapshot's table or
 when the table changes in place: :attr:`Table.version
 <ratelimit_app.config.overrides.Table.version>`), so a subject's requests share one replaced
@@ -35,9 +40,9 @@ from ratelimit_app import store
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.config.limits import Check, Limit
-from ratelimit_app.config.overrides import UNLIMITED, USER_KINDS, Table
+from ratelimit_app.config.overrides import UNLIMITED, USER_KINDS, Table, by_address
 
-__all__ = ["apply", "forget"]
+__all__ = ["apply", "forget", "prefilter"]
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -85,10 +90,20 @@ def forget() -> None:
     _memo.groups.clear()
 
 
+def prefilter() -> tuple[dict[str, int], frozenset[str]]:
+    """What tells, in one look-up or two, that a subject has no override under any limit:
+    every value the table names (:attr:`Table.known`), and the key kinds to ask about
+    whatever their value (:attr:`Table.asks`). A caller with a subject whose value is not
+    in the first and whose kind is not in the second needs no :func:`apply`."""
+    snap = store.in_force  # (the request's first layer looked at the version)
+    table = (snap or store.current()).overrides
+    return table.known, table.asks
+
+
 def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
     """``decisions`` with the overrides in force: a replaced check where a subject has
     other rates, and without the decisions an ``unlimited`` override lifts."""
-    snap = store.in_force  # (the request's first layer looked at the version)
+    snap = store.in_force
     table = (snap or store.current()).overrides
     by_limit = table.by_limit
     kept: list[D] | None = None
@@ -97,10 +112,9 @@ def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
         check = d.check
         # An in-flight decision shares its rule's name: an override is not about it.
         if found is not None and check.algorithm != IN_FLIGHT:
-            # The crowd's cases inline (one look-up each): an address, a value or an email.
             kind, value = check.subject
-            if kind == "ip" and not found.networks:
-                rates = found.hosts.get(value)
+            if kind == "ip":  # an address, a network
+                rates = by_address(found, value)
             elif kind == "email" or kind.startswith(("email:", "post:", "get:", "header:")):
                 rates = (found.values if kind[0] != "e" else found.folded).get(value)
             else:

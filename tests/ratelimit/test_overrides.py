@@ -557,12 +557,27 @@ def decorated(view: Callable[..., Any], who: User, n: int) -> list[int]:
 @pytest.mark.usefixtures("site")
 def test_without_overrides_decide_does_not_look() -> None:
     Rule.objects.create(name="db-rule", path="/rules/status/", key="ip", rate="5/m")
-    with mock.patch.object(applied, "apply", side_effect=AssertionError("looked")):
+    with mock.patch.object(applied, "prefilter", side_effect=AssertionError("looked")):
         assert Client().get("/rules/status/200/").status_code == 200
         assert not store.overriding
         override("db-rule", "192.0.2.1", "unlimited")
         with pytest.raises(AssertionError, match="looked"):
             Client().get("/rules/status/200/")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("site")
+def test_a_subject_no_override_names_is_not_looked_up() -> None:
+    """With overrides in force, a request whose subjects none of them names passes by the
+    table (one look-up of its value): the crowd's requests pay nothing more."""
+    Rule.objects.create(name="db-rule", path="/rules/status/", key="ip", rate="5/m")
+    override("db-rule", "192.0.2.1", "unlimited")
+    override("db-rule", "alice@example.org", "unlimited")  # another kind's value
+    with mock.patch.object(applied, "apply", side_effect=AssertionError("looked")):
+        assert Client().get("/rules/status/200/").status_code == 200  # 127.0.0.1
+        assert store.overriding
+        with pytest.raises(AssertionError, match="looked"):
+            Client(REMOTE_ADDR="192.0.2.1").get("/rules/status/200/")
 
 
 @pytest.mark.django_db

@@ -226,3 +226,64 @@ def test_a_network_put_again_under_another_mask_moves() -> None:
     table.put(rule("x", "2001:db8::/96", "3/m"), mask_ip)
     assert ask(table, "x", "ip", "2001:db8::") == R3 and not table.by_limit["x"].networks
     assert table.drop("x", subject("2001:db8::/96")) and not table
+
+
+# -- item 4: a request whose subjects no override names passes by the table ----------------
+
+
+def _recount(table: overrides.Table) -> dict[str, int]:
+    """What :attr:`Table.known` must hold: every key of every limit's exact tables, with the
+    number of tables holding it."""
+    found: dict[str, int] = {}
+    for limit in table.by_limit.values():
+        for exact in (limit.values, limit.folded, limit.hosts):
+            for key in exact:
+                found[key] = found.get(key, 0) + 1
+    return found
+
+
+_SUBJECTS = [
+    "partner",
+    "Alice@Example.org",
+    "alice@example.org",
+    "192.0.2.7",
+    "2001:db8::1",
+    "2001:db8::2",  # the same masked host as ::1 (one /64)
+    "2001:db8::/64",
+    "198.51.100.0/24",
+    "10.0.0.0/8",
+    "group:premium",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.sampled_from(["a", "b"]), st.sampled_from(_SUBJECTS)),
+        max_size=30,
+    )
+)
+def test_known_counts_every_exact_key_through_puts_and_drops(
+    changes: list[tuple[bool, str, str]],
+) -> None:
+    """Whatever puts and drops (subjects sharing a key, the same network twice, drops of
+    what is not there), :attr:`Table.known` holds exactly the keys of the exact tables, and
+    :attr:`Table.asks` holds ``ip`` exactly while some limit has a wider network."""
+    table = overrides.Table()
+    for put, limit, text in changes:
+        if put:
+            table.put(rule(limit, text, "5/m"), mask_ip)
+        else:
+            table.drop(limit, subject(text))
+        assert table.known == _recount(table)
+        wide = any(found.networks for found in table.by_limit.values())
+        assert ("ip" in table.asks) is wide
+        assert table.asks >= overrides.USER_KINDS
+
+
+def test_a_value_no_override_names_is_not_known() -> None:
+    table = overrides.compile_table(
+        [rule("x", "192.0.2.7", "1/m"), rule("y", "Alice@Example.org", "1/m")], mask_ip
+    )
+    assert "192.0.2.7" in table.known and "alice@example.org" in table.known
+    assert "192.0.2.8" not in table.known and "ip" not in table.asks
