@@ -14,7 +14,7 @@ from decimal import Decimal
 from html import escape
 
 from django.utils.dateformat import format as date_format
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext, ngettext, ngettext_lazy, pgettext
 
 from metrics_app.retention import align
 
@@ -27,6 +27,7 @@ __all__ = [
     "format_tick",
     "mark_title",
     "rebin",
+    "short_day",
     "sparkline",
     "time_ticks",
 ]
@@ -179,10 +180,21 @@ def _time_label(t: int, unit: str) -> str:
     if unit == "time" and (moment.hour or moment.minute):
         return f"{moment:%H:%M}"
     if unit in {"time", "day"}:
-        return date_format(moment, "M j")  # a midnight among hours names its day
+        return short_day(moment)  # a midnight among hours names its day
     if unit == "month" and moment.month != 1:
         return date_format(moment, "M")
     return str(moment.year)  # January names its year
+
+
+def short_day(moment: datetime) -> str:
+    """A day of the month as the time axis and the zoom control write it: ``"Nov 22"``.
+
+    The format is the language's (``"22 nov."`` in French); Django's catalogs name the month.
+    """
+    # Translators: a date format for Django's date filter, not words: j is the day of the
+    # month, M the month in three letters ("Nov"), b the same in lowercase ("nov"), N the
+    # month's usual abbreviation ("nov.", "mars"). "M j" is "Nov 22"; "j N" is "22 nov.".
+    return date_format(moment, pgettext("chart day format", "M j"))
 
 
 def mark_title(start: datetime, count: int) -> str:
@@ -190,18 +202,22 @@ def mark_title(start: datetime, count: int) -> str:
     return f"{start.astimezone(UTC):%Y-%m-%d %H:%M} UTC: {format_count(count)}"
 
 
+#: The units :func:`describe_step` writes a step in, largest first. The messages are literal
+#: (makemessages reads them) and lazy (each page gets its reader's language); ``"n"`` names
+#: the number that picks the plural.
+_STEP_UNITS = (
+    (WEEK, ngettext_lazy("%(n)d week", "%(n)d weeks", "n")),
+    (DAY, ngettext_lazy("%(n)d day", "%(n)d days", "n")),
+    (HOUR, ngettext_lazy("%(n)d hour", "%(n)d hours", "n")),
+    (MINUTE, ngettext_lazy("%(n)d minute", "%(n)d minutes", "n")),
+    (1, ngettext_lazy("%(n)d second", "%(n)d seconds", "n")),
+)
+
+
 def describe_step(seconds: int) -> str:
     """``"1 minute"``, ``"5 minutes"``, ``"1 hour"``, ``"1 week"``... for a bucket step."""
-    for size, singular, plural in (
-        (WEEK, "%(n)d week", "%(n)d weeks"),
-        (DAY, "%(n)d day", "%(n)d days"),
-        (HOUR, "%(n)d hour", "%(n)d hours"),
-        (MINUTE, "%(n)d minute", "%(n)d minutes"),
-    ):
-        if seconds % size == 0:
-            n = seconds // size
-            return ngettext(singular, plural, n) % {"n": n}
-    return ngettext("%(n)d second", "%(n)d seconds", seconds) % {"n": seconds}
+    size, message = next(unit for unit in _STEP_UNITS if seconds % unit[0] == 0)  # 1 divides all
+    return str(message % {"n": seconds // size})
 
 
 def _attr(value: str) -> str:
@@ -237,9 +253,11 @@ def bar_chart(points: Sequence[Point], step: int, *, title: str) -> str:
         f'<line class="bkt-axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{BASELINE}"/>'
     )
     if largest <= 0:
+        # Outside the f-string: makemessages finds no message inside one.
+        empty = escape(gettext("No data"))
         parts.append(
             f'<text class="bkt-empty" x="{_n(LEFT + PLOT_W / 2)}" y="{_n(TOP + PLOT_H / 2)}" '
-            f'text-anchor="middle" dominant-baseline="middle">{escape(gettext("No data"))}</text>'
+            f'text-anchor="middle" dominant-baseline="middle">{empty}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)

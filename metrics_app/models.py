@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from metrics_app.names import MAX_NAME_LENGTH
 
@@ -20,7 +21,8 @@ class Series(models.Model):
 
     class Meta:
         verbose_name = _("series")
-        verbose_name_plural = _("series")
+        # The same word in English, not in every language ("série", "séries").
+        verbose_name_plural = pgettext_lazy("plural", "series")
         ordering = ["name"]
 
     def __str__(self) -> str:

@@ -1,8 +1,10 @@
 """The metrics buffer's Prometheus and OpenTelemetry instruments.
 
 Installing ``prometheus-client`` or ``opentelemetry-api`` is enough: the app's ``ready()``
-calls :func:`connect`, which makes the instruments once per process and hooks them into the
-buffer: :data:`~metrics_app.buffer.aggregator.DROPS` (each dropped count) and
+calls :func:`connect`, which makes the instruments of the sinks ``RATELIMIT_TELEMETRY``
+chooses (the one setting of both apps' instruments; read here by name, since this app never
+imports ``ratelimit_app``) once per process and hooks them into the buffer:
+:data:`~metrics_app.buffer.aggregator.DROPS` (each dropped count) and
 :data:`~metrics_app.buffer.flusher.FLUSHES` (each flush that wrote). The gauges read this
 process's buffer when scraped. Under prometheus-client's multiprocess mode
 (``PROMETHEUS_MULTIPROC_DIR``) a scrape reads files, not processes: each flush also writes
@@ -13,10 +15,13 @@ What the gauges read is the in-memory buffer; with ``METRICS_BUFFER = "redis"`` 
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from metrics_app import buffer
 from metrics_app.buffer.aggregator import DROPS
@@ -103,20 +108,70 @@ class OpenTelemetry:
         self.seconds.record(seconds)
 
 
+PROMETHEUS = "prometheus"
+OTEL = "otel"
+#: What ``RATELIMIT_TELEMETRY`` may be (as :data:`ratelimit_app.telemetry.CHOICES`).
+CHOICES = ("auto", PROMETHEUS, OTEL, "both", "off")
+#: The module each sink needs, and the extra that installs it.
+NEEDS = {PROMETHEUS: ("prometheus_client", "prometheus"), OTEL: ("opentelemetry.metrics", "otel")}
+#: OpenTelemetry's Prometheus exporter: with it, OpenTelemetry's instruments reach the same
+#: scrape as prometheus-client's, under the same names.
+OTEL_TO_PROMETHEUS = "opentelemetry.exporter.prometheus"
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+def chosen(value: object, has: Callable[[str], bool] = installed) -> tuple[str, ...]:
+    """The sinks ``RATELIMIT_TELEMETRY = value`` turns on, given which modules ``has``:
+    the same as :func:`ratelimit_app.telemetry.chosen` (a test holds them together)."""
+    if value not in CHOICES:
+        raise ImproperlyConfigured(
+            f"RATELIMIT_TELEMETRY = {value!r}: expected one of "
+            + ", ".join(repr(c) for c in CHOICES)
+            + "."
+        )
+    if value == "off":
+        return ()
+    if value == "auto":
+        found = tuple(name for name, (module, _) in NEEDS.items() if has(module))
+        if PROMETHEUS in found and has(OTEL_TO_PROMETHEUS):
+            return (PROMETHEUS,)
+        return found
+    names = (PROMETHEUS, OTEL) if value == "both" else (str(value),)
+    for name in names:
+        module, extra = NEEDS[name]
+        if not has(module):
+            raise ImproperlyConfigured(
+                f"RATELIMIT_TELEMETRY = {value!r} needs {module.partition('.')[0]}: "
+                f"pip install 'django-bucketry[{extra}]', or choose another value."
+            )
+    return names
+
+
+SINKS: dict[str, Callable[[], Prometheus | OpenTelemetry]] = {
+    PROMETHEUS: Prometheus,
+    OTEL: OpenTelemetry,
+}
+
 _lock = threading.Lock()
 _connected: list[Prometheus | OpenTelemetry] = []
 
 
 def connect() -> list[Prometheus | OpenTelemetry]:
-    """Make the instruments of every installed library and hook them into the buffer, once
-    per process (later calls return the same); none when neither library is installed."""
+    """Make the instruments of the sinks ``RATELIMIT_TELEMETRY`` chooses and hook them into
+    the buffer, once per process (later calls return the same); none when no sink is on."""
     with _lock:
         if _connected:
             return _connected
-        for make in (Prometheus, OpenTelemetry):
-            with contextlib.suppress(ImportError):  # the extra is not installed
-                sink = make()
-                DROPS.append(sink.dropped_events)
-                FLUSHES.append(sink.flushed)
-                _connected.append(sink)
+        for name in chosen(getattr(settings, "RATELIMIT_TELEMETRY", "auto")):
+            sink = SINKS[name]()
+            DROPS.append(sink.dropped_events)
+            FLUSHES.append(sink.flushed)
+            _connected.append(sink)
         return _connected

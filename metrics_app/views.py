@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.http import HttpRequest, HttpResponse
-from django.utils.dateformat import format as date_format
 from django.utils.functional import Promise
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
@@ -212,10 +211,10 @@ class Chart:
         """Ends "N events in ...": the period's phrase, or the hour's."""
         if self.zoom is None:
             return str(self.period.phrase)
-        return gettext("%(start)s\N{EN DASH}%(end)s UTC, %(day)s") % {
-            "start": f"{self.start:%H:%M}",
-            "end": f"{self.end:%H:%M}",
-            "day": date_format(self.start, "M j"),
+        # The hours are built outside the message: makemessages cannot read a \N{...} escape.
+        return gettext("%(hours)s UTC, %(day)s") % {
+            "hours": f"{self.start:%H:%M}\N{EN DASH}{self.end:%H:%M}",
+            "day": charts.short_day(self.start),
         }
 
     @property
@@ -266,7 +265,7 @@ def _zoom_value(t: int) -> str:
 
 def _zoom_label(t: int) -> str:
     moment = datetime.fromtimestamp(t, tz=UTC)
-    return f"{date_format(moment, 'M j')}, {moment:%H:%M}"
+    return f"{charts.short_day(moment)}, {moment:%H:%M}"
 
 
 def _asked_zoom(request: HttpRequest) -> int | None:

@@ -25,7 +25,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.widgets import AdminTextareaWidget
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -35,7 +35,8 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app import operations, refused
-from ratelimit_app.config import declared
+from ratelimit_app.algorithms import bans as ban_spec
+from ratelimit_app.config import declared, names
 from ratelimit_app.engine import bans
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.metrics import series_name
@@ -111,6 +112,87 @@ def charts(rule: str) -> str:
     return format_html_join(" · ", "{}", ((link,) for link in links)) if links else "-"
 
 
+def rate_text(rule: dict[str, Any]) -> str:
+    """A rule's rate as the lists show it (``rule``: a settings rule's dict, as
+    ``CompiledRule.describe`` or ``Rule.as_dict`` makes it): ``5/m``, or ``3 in flight``
+    for a rule that only limits requests in flight (as ``ratelimit_usage`` writes it)."""
+    rate = rule.get("rate") or ""
+    if not rate and rule.get("concurrent"):
+        return f"{rule['concurrent']} in flight"
+    return str(rate)
+
+
+def options(rule: dict[str, Any]) -> str:
+    """What a rule (a dict, as :func:`rate_text` takes) does beside its rate, in a few
+    words: ``cost 5``, ``3 in flight`` (beside a rate), ``ban 1 h`` (its whole ban in the
+    tooltip), ``dry run``; "-" for none. The rules list shows it in one column."""
+    marks: list[str] = []
+    if rule.get("cost", 1) != 1:
+        marks.append(escape(_("cost %(cost)s") % {"cost": rule["cost"]}))
+    if rule.get("concurrent") and rule.get("rate"):
+        marks.append(escape(f"{rule['concurrent']} in flight"))
+    if rule.get("ban"):
+        marks.append(_ban_mark(rule["ban"]))
+    if rule.get("shadow"):
+        marks.append(escape(_("dry run")))
+    return format_html_join(" · ", "{}", ((m,) for m in marks)) if marks else "-"
+
+
+def _ban_mark(raw: Any) -> str:
+    """``ban 1 h`` (``ban 1 h on every path``), the whole ban in its tooltip; ``ban`` alone
+    for a ban that does not validate (its rule is not in force: the form says why)."""
+    try:
+        spec = ban_spec.parse_ban(raw)
+    except ImproperlyConfigured:
+        return escape(_("ban"))
+    length = format_duration(spec.seconds)
+    text = _("ban %(length)s on every path") if spec.site else _("ban %(length)s")
+    title = _("%(after)d refusals within %(within)s ban for %(length)s, up to %(longest)s.") % {
+        "after": spec.after,
+        "within": format_duration(spec.within),
+        "length": length,
+        "longest": format_duration(spec.most),
+    }
+    return format_html('<span title="{}">{}</span>', title, text % {"length": length})
+
+
+def limit_choice(named: operations.Named) -> str:
+    """A limit as the usage form lists it, in the admin's language: what
+    :meth:`~ratelimit_app.operations.Named.describe` says, with its rates as
+    ``ratelimit_usage`` writes them (``5 in flight`` for a limit of requests in flight only,
+    ``5/m, 3 in flight`` beside a rate; ``callable`` only for rates a callable gives)."""
+    lim = named.limit
+    if lim.static_rates is None:
+        rates = str(_("callable"))
+    elif isinstance(lim.rate, str) and lim.inflight is None:
+        rates = lim.rate  # as it was written ("30/m;1000/d")
+    else:
+        shown = [r.text for r in lim.static_rates]
+        if lim.inflight is not None and lim.inflight.static_rates:
+            shown += [r.text for r in lim.inflight.static_rates]
+        rates = ", ".join(shown)
+    if named.kind == "throttle":
+        source = _("DRF throttle") if named.source in ("", "DRF throttle") else named.source
+        return _("%(name)s — %(source)s, %(rates)s") % {
+            "name": named.name,
+            "source": source,
+            "rates": rates,
+        }
+    key = lim.key if isinstance(lim.key, str) else str(_("callable"))
+    if named.view:
+        return _("%(name)s — @ratelimit on %(view)s, key %(key)s, %(rates)s") % {
+            "name": named.name,
+            "view": named.view,
+            "key": key,
+            "rates": rates,
+        }
+    return _("%(name)s — key %(key)s, %(rates)s") % {
+        "name": named.name,
+        "key": key,
+        "rates": rates,
+    }
+
+
 class UsageForm(forms.Form):
     """A limit in force (a rule, a decorated view's group, a DRF scope) and a subject, as a
     person types them."""
@@ -125,7 +207,7 @@ class UsageForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         named = operations.named_limits()
-        self.fields["rule"].choices = [(n.name, n.describe()) for n in named]  # type: ignore[attr-defined]
+        self.fields["rule"].choices = [(n.name, limit_choice(n)) for n in named]  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -200,7 +282,8 @@ class RuleAdmin(EscapedHelp):
         "enabled",
         "where",
         "key",
-        "rate",
+        "shown_rate",
+        "shown_options",
         "count",
         "block",
         "overrides",
@@ -249,6 +332,14 @@ class RuleAdmin(EscapedHelp):
     @admin.display(description=_("path / URL name"))
     def where(self, obj: Rule) -> str:
         return ", ".join(obj.as_dict().get("path", []) + obj.as_dict().get("url_name", []))
+
+    @admin.display(description=_("rate"), ordering="rate")
+    def shown_rate(self, obj: Rule) -> str:
+        return rate_text(obj.as_dict())
+
+    @admin.display(description=_("options"))
+    def shown_options(self, obj: Rule) -> str:
+        return options(obj.as_dict())
 
     @admin.display(description=_("overrides"))
     def overrides(self, obj: Rule) -> str:
@@ -305,11 +396,14 @@ class RuleAdmin(EscapedHelp):
     ) -> HttpResponse:
         settings_rules = [
             {
-                **rule.describe(),
+                **described,
+                "rate": rate_text(described),
+                "options": options(described),
                 "charts": charts(rule.name),
                 "overrides": overrides_of(rule.name),
             }
             for rule in declared.rules()
+            for described in (rule.describe(),)
         ]
         context = {
             "title": _("Rate-limit rules"),
@@ -429,10 +523,51 @@ class BanAdmin(admin.ModelAdmin):
         bans.lift_rows(queryset)
 
 
+class OverrideForm(forms.ModelForm):
+    """An override, its limit named as the usage page and the commands name one
+    (:func:`ratelimit_app.operations.filed_names`): a view's URL name, path or dotted path
+    is filed under its decorator's group, the name the limiter looks overrides up by."""
+
+    class Meta:
+        model = Override
+        fields = ("limit", "subject", "rate", "expires", "note")
+
+    def clean_limit(self) -> str:
+        """The name the override is filed under; an error for a view whose decorators have
+        several groups, and for a name no limit has one typo away from one the site knows
+        (the model refuses a typo of a rule's name and an unknown DRF scope)."""
+        typed = str(self.cleaned_data.get("limit") or "").strip()
+        rules = declared.rule_names() | set(Rule.objects.values_list("name", flat=True))
+        if typed in rules or typed.startswith("drf:"):
+            return typed
+        try:
+            filed = operations.filed_names(typed)
+        except ValueError:  # a decorator's group on no routed view, or a typo
+            known = operations.known_names() - rules  # (the model's check for a rule's)
+            close = None if "." in typed else names.close_to(typed, known)
+            if close is None:
+                return typed
+            problem = _(
+                "No limit of this name (did you mean %(name)r?); a decorator's group "
+                "is accepted only when it is not that close to a limit's name."
+            ) % {"name": close}
+        else:
+            if len(filed) == 1:
+                return filed[0]
+            problem = _(
+                "%(name)s stands for several limits, each with overrides of its own: "
+                "%(names)s. Name one of them."
+            ) % {"name": typed, "names": ", ".join(filed)}
+        # The model's validation still runs: on the name as typed, not on an empty one.
+        self.instance.limit = typed
+        raise forms.ValidationError(problem)
+
+
 @admin.register(Override)
 class OverrideAdmin(EscapedHelp):
     """Overrides; the "add" link of a rule fills in its name (``?limit=``)."""
 
+    form = OverrideForm
     list_display = ("limit", "subject", "rate", "expires", "is_active")
     list_filter = ("limit",)
     search_fields = ("limit", "subject", "note")
@@ -445,8 +580,16 @@ class OverrideAdmin(EscapedHelp):
     def save_model(self, request: HttpRequest, obj: Override, form: Any, change: bool) -> None:
         """Save it, and warn (without refusing) of an ``unlimited`` override on a value the
         request sends: anyone who sends the value escapes the limit
-        (:meth:`Override.warning <ratelimit_app.models.Override.warning>`)."""
+        (:meth:`Override.warning <ratelimit_app.models.Override.warning>`). Say so when the
+        limit was named by its view: the override is filed under the decorator's group."""
         super().save_model(request, obj, form, change)
+        typed = str(form.data.get("limit", obj.limit)).strip()
+        if typed != obj.limit:
+            messages.info(
+                request,
+                _("%(typed)s is filed as %(limit)s: the name its limit's counters go by.")
+                % {"typed": typed, "limit": obj.limit},
+            )
         warning = obj.warning()
         if warning:
             messages.warning(request, warning)

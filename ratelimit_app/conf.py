@@ -55,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_SHADOW": False,
     "RATELIMIT_REFUSED_SUBJECTS": "masked",
     "RATELIMIT_REFUSED_RETENTION": 7,
+    "RATELIMIT_TELEMETRY": "auto",
 }
 
 #: Settings that were tuning knobs, each now a constant: what the limiter does instead. A

@@ -250,8 +250,7 @@ def _screened(
     path, else None. The address found is kept in ``subjects`` for the rules keyed on it.
     A ban on every path is found by the address itself (unsealed from its row by
     :mod:`ratelimit_app.store`): a dictionary look-up, no hash."""
-    allow, deny = current.allow, current.deny
-    if allow.networks or allow.users or deny.networks or deny.users:
+    if current.lists:
         listed = _listed(request, current, rules)
         if listed is not None:
             return listed
@@ -273,7 +272,7 @@ def _site_banned(request: HttpRequest, until: float) -> HttpResponse | None:
     wait = until - clock.now()
     if wait <= 0:
         return None
-    usage = {"retry_after": max(1, math.ceil(wait))}
+    usage = {"retry_after": max(1, math.ceil(wait)), "banned": True}
     return responses.too_many_requests(request, conf.EXCEPTION_CLASS(), usage=usage)
 
 

@@ -11,7 +11,6 @@ A row is data, not code: its key is a built-in kind and its rate a literal
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
@@ -23,7 +22,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app import keys
 from ratelimit_app.algorithms import gcra
-from ratelimit_app.config import access, declared, overrides, rules, sources
+from ratelimit_app.config import access, declared, names, overrides, rules, sources
 
 
 def _lines(text: str) -> list[str]:
@@ -431,22 +430,26 @@ def _no_such_user(known: _Known, subject: overrides.Subject) -> dict[str, str] |
 
 def _unknown(name: str) -> dict[str, str] | None:
     """Why ``name`` names no limit (None: it names a DRF scope in force, or may be a
-    decorator's group)."""
+    decorator's group). The admin's form has resolved a view's name to its group already,
+    and refused a typo of a view's name (:class:`ratelimit_app.admin.OverrideForm`)."""
     if name.startswith(f"{sources.DRF}:"):
         if sources.limit(name) is not None:
             return None
         known = sorted(n for s in sources.registered() for n in s.limits())
         listed = ", ".join(known) if known else str(_("none"))
         return {"limit": _("No DRF throttle scope of this name (in force: %s).") % listed}
-    names = declared.rule_names() | set(Rule.objects.values_list("name", flat=True))
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
-    if close and "." not in name:  # a decorator's default group is a dotted path
+    if "." in name:  # a decorator's default group is a dotted path
+        return None
+    rule_names = declared.rule_names() | set(Rule.objects.values_list("name", flat=True))
+    # One typo, in a short name too (``scam`` for ``scan``), or two slips in a long one.
+    close = names.close_to(name, rule_names)
+    if close is not None:
         return {
             "limit": _(
                 "No rule of this name (did you mean %(name)r?); a decorator's group "
                 "is accepted only when it is not that close to a rule's name."
             )
-            % {"name": close[0]}
+            % {"name": close}
         }
     return None
 

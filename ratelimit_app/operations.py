@@ -6,8 +6,8 @@ rule, a DRF throttle's scope (``"drf:<scope>"``) or a throttle class, a decorato
 a view that carries ``@ratelimit`` by its URL name, URL path or dotted path
 (:func:`find_limits`; a name that stands for nothing says what it could have meant). A group
 no routed view carries is named with its decorator's key and rate. :func:`target` finds
-where that subject's counts are filed, :func:`lookup` reads them counting nothing, and
-:func:`reset` clears them.
+where that subject's counts are filed, :func:`lookup` reads them counting nothing,
+:func:`reset` clears them, and :func:`ban` and :func:`unban` ban it and lift its bans.
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ __all__ = [
     "Target",
     "UnknownLimit",
     "ban",
+    "filed_names",
     "find_limit",
     "find_limits",
+    "known_names",
     "lookup",
     "named_limits",
     "reset",
     "target",
+    "unban",
 ]
 
 #: What names a limit: a rule (its name or the compiled rule), a decorator's group, a DRF
@@ -231,11 +234,30 @@ def unknown(name: str) -> str:
         text += f" DRF throttles: {_listed(throttles)}."
     if routed:
         text += f" Views with @ratelimit: {_listed([v.label for v in routed])}."
-    candidates = [*rules, *throttles]
-    for view in routed:
-        candidates += [view.label, view.path, *(d.group for d in view.limits)]
+    candidates = [*rules, *throttles, *_view_names(routed)]
     close = difflib.get_close_matches(name[:MATCHED], candidates, n=1)
     return text + (f" Did you mean {close[0]!r}?" if close else "")
+
+
+def _view_names(routed: list[views.View]) -> list[str]:
+    return [n for v in routed for n in (v.label, v.path, *(d.group for d in v.limits))]
+
+
+def known_names() -> set[str]:
+    """Every name the site knows a limit by: the rules in force, the DRF scopes, and the
+    decorated views' URL names (or routes), dotted paths and groups."""
+    routed = _routed()  # first: it imports the views, and our throttles with them
+    throttles = {n for s in sources.registered() for n in s.limits()}
+    return {*store.current().rules.by_name, *throttles, *_view_names(routed)}
+
+
+def filed_names(name: str) -> tuple[str, ...]:
+    """The names the limits ``name`` stands for (:func:`find_limits`) are filed under, each
+    once: what an override's ``limit`` and a ban row's ``limit`` hold (a rule's name,
+    ``drf:<scope>``, a decorator's group: a view's URL name, path or dotted path gives its
+    decorators' groups). Raises :class:`UnknownLimit` when ``name`` stands for no limit the
+    site knows, ``ValueError`` as :func:`find_limits` does."""
+    return tuple(dict.fromkeys(n.name for n in find_limits(name)))
 
 
 def find_limit(
@@ -333,6 +355,43 @@ def reset(
     return True
 
 
+def unban(
+    rule_or_group: LimitName,
+    subject: str,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+    algorithm: str = SLIDING_WINDOW,
+    burst: int | None = None,
+) -> tuple[list[Any], int]:
+    """Lift the bans of one subject by a limit (and its ban on every path, for an
+    address), in every process within a second (:func:`ratelimit_app.engine.bans.lift`), and
+    forget the refusals counted toward its next ban, or its next refusal would ban it again.
+    Its counters are kept: it is admitted as the limit's rates allow (:func:`reset` clears
+    them too).
+
+    Arguments as for :func:`target`. Returns the ban rows that were in force (a
+    :class:`~ratelimit_app.models.Ban` each) and the number of rows lifted, the memory of
+    ended bans included; ``([], 0)`` for an empty or invalid subject."""
+    found = target(rule_or_group, subject, key, rate, method, algorithm, burst)
+    if found is None:
+        return [], 0
+    held = {}
+    for place in found.subjects():
+        row = bans.find(found.scope, place)
+        if row is not None:
+            held[row.pk] = row
+    lifted = sum(bans.lift(found.scope, place) for place in found.subjects())
+    spec = found.limit.ban
+    if spec is not None:
+        strikes = _strike_suffixes(spec.strikes)
+        backend = get_backend()
+        for kind, value in found.subjects():
+            _delete(backend, namespace(found.scope + STRIKES, kind, value), strikes)
+    REFUSALS.forget(refusal_key(c) for c in found.checks())
+    return list(held.values()), lifted
+
+
 def _strike_suffixes(strikes: rates.Rate) -> list[str]:
     """The buckets a ban's strikes (``after`` per ``within``) may be counted in now."""
     return sorted(windows.stored_suffixes((strikes,), clock.now(), windows.BUCKETS_PER_WINDOW))
@@ -357,7 +416,8 @@ def ban(
     found = target(rule_or_group, subject)
     if found is None:
         return None
-    name = rule_or_group if isinstance(rule_or_group, str) else found.limit.group
+    # Filed as the limiter files the bans it makes: a view's name gives its group.
+    name = filed_names(rule_or_group)[0] if isinstance(rule_or_group, str) else found.limit.group
     subject_of = (found.limit.kind, found.value)
     return bans.ban_now(name, found.scope, subject_of, seconds, request, by)
 

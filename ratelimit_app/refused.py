@@ -69,6 +69,9 @@ def refused_lately(now: float, shown: int = SHOWN) -> list[Refused]:
     names = sorted(set(rows.values_list("name", flat=True)))
     found = []
     for name in names:
+        # Every subject of the day, not the first ``shown``: subjects shown alike are
+        # merged below, and a network of many addresses refused a few times each may
+        # outrank any one address. (The table keeps at most 100 subjects per ten minutes.)
         grouped = (
             rows.filter(name=name)
             .values("key")
@@ -80,7 +83,7 @@ def refused_lately(now: float, shown: int = SHOWN) -> list[Refused]:
                 label=Max("label"),
                 ref=Max("ref"),
             )
-            .order_by("-day", "-last", "key")[:shown]
+            .order_by("-day", "-last", "key")
         )
         subjects = [
             Subject(
@@ -88,8 +91,31 @@ def refused_lately(now: float, shown: int = SHOWN) -> list[Refused]:
             )
             for g in grouped
         ]
-        found.append(Refused(name.removeprefix(SERIES_PREFIX), subjects))
+        found.append(Refused(name.removeprefix(SERIES_PREFIX), merged(subjects)[:shown]))
     return found
+
+
+def merged(subjects: list[Subject]) -> list[Subject]:
+    """``subjects`` with those the page shows alike (one label: the addresses of one
+    masked network, the emails of one domain) made one row, most refused first (by the day's
+    count, then the last refusal). A row's counts are the sums of its subjects', so they stay
+    certain lower bounds; it keeps the subjects' ``ref`` only when they share it (an action
+    on the row acts on them all, or is not offered). A subject with no label (hashed) stays
+    a row of its own."""
+    rows: dict[str, Subject] = {}
+    for s in subjects:
+        shown = s.label or "\0" + s.key  # (no label starts with NUL)
+        row = rows.get(shown)
+        if row is None:
+            rows[shown] = Subject(s.key, s.label, s.ref, s.hour, s.day, s.first, s.last)
+            continue
+        row.hour += s.hour
+        row.day += s.day
+        row.first, row.last = min(row.first, s.first), max(row.last, s.last)
+        row.key = min(row.key, s.key)
+        if row.ref != s.ref:
+            row.ref = ""
+    return sorted(rows.values(), key=lambda r: (-r.day, -r.last.timestamp(), r.key))
 
 
 def _lately() -> list[Refused]:

@@ -15,6 +15,9 @@
 * The page says whom the limit counted (``counted``, from the limit's key: the client's
   address, its account, an account or address the request named...), so a per-account
   limit does not tell a visitor that the requests "came from you".
+* A refusal by a ban (:mod:`ratelimit_app.engine.bans`) says so, and until when (UTC):
+  ``banned_until`` in the problem (ISO 8601) and the page, and the ``detail``. A usage dict
+  of one without a decision says it with ``banned: True``.
 * A limit that cannot be checked because the counter backend is down and the limit fails
   closed is not the client's doing: :func:`unavailable` answers
   ``RATELIMIT_FAIL_CLOSED_STATUS`` (503), for rules and ``@ratelimit`` alike.
@@ -26,6 +29,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import json
 import logging
@@ -43,6 +47,7 @@ from django.template import loader
 from django.utils.module_loading import import_string
 from django.utils.translation import get_language, gettext, gettext_lazy, ngettext
 
+from ratelimit_app import clock
 from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Limit
@@ -307,6 +312,9 @@ def too_many_requests(
         usage = getattr(exception, "usage", None)
     retry_after = max(1, int((usage or {}).get("retry_after") or 1))
     headers = {"Retry-After": str(retry_after)}
+    banned = (usage or {}).get("banned", False)
+    if decision is not None and decision.result is not None:
+        banned = banned or decision.result.banned
     if usage and usage.get("rate"):
         headers.update(ratelimit_headers([(rule, usage)]))
     if conf.VIEW:
@@ -318,10 +326,18 @@ def too_many_requests(
         (usage or {}).get("rate"),
         rule,
         limit if isinstance(limit, Limit) else None,
+        banned_until(retry_after) if banned else None,
     )
     for name, value in headers.items():
         response[name] = value
     return response
+
+
+def banned_until(wait: int) -> str:
+    """When a ban that ends in ``wait`` seconds (as ``Retry-After`` says it) ends, in UTC
+    and ISO 8601, to the second (``2027-01-15T08:00:00Z``): the client may come back then."""
+    until = dt.datetime.fromtimestamp(math.floor(clock.now()) + wait, dt.UTC)
+    return until.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _projects_view(
@@ -344,29 +360,40 @@ def _refusal_page(
     rate: str | None,
     rule: str | None,
     limit: Limit | None,
+    until: str | None = None,
 ) -> HttpResponse:
     """The 429 problem (JSON or the page) saying what was exceeded, by whom, and when to
-    come back."""
+    come back (``until``: the end of the ban that refused it, from :func:`banned_until`)."""
     counted = counted_by(request, limit)
     language = get_language()
+    page: dict[str, Any] = {"counted": counted} if counted else {}
+    extra: dict[str, Any] = {}
+    if until is not None:
+        page["until"] = _readable(until)
+        extra["banned_until"] = until
     return problem(
         request,
         429,
-        _refusal_detail(language, rate, rule, retry_after),
+        _refusal_detail(language, rate, rule, retry_after, until),
         language=language,
         template="ratelimit_app/429.html",
-        page={"counted": counted} if counted else None,
+        page=page or None,
         retry_after=retry_after,
         rule=rule,
         rate=rate,
+        **extra,
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _refusal_detail(language: str | None, rate: str | None, rule: str | None, wait: int) -> str:
+def _refusal_detail(
+    language: str | None, rate: str | None, rule: str | None, wait: int, until: str | None = None
+) -> str:
     """The 429's ``detail`` in ``language`` (the active one: part of the key), made once per
     answer: a flood repeats a few of them thousands of times a second, and each translation
-    looks the active language up again."""
+    looks the active language up again. ``until``: the end of the ban that refused it."""
+    if until is not None:
+        return f"{_banned(rate, rule, until)} {try_again(wait)}"
     if rate and rule:
         exceeds = gettext("This request exceeds the limit %(rate)s of rule %(rule)s.")
     elif rate:
@@ -377,6 +404,31 @@ def _refusal_detail(language: str | None, rate: str | None, rule: str | None, wa
         exceeds = gettext("This request exceeds a rate limit.")
     exceeds %= {"rate": rate, "rule": repr(rule)}
     return f"{exceeds} {try_again(wait)}"
+
+
+def _banned(rate: str | None, rule: str | None, until: str) -> str:
+    """What a banned client is told: that it is banned, by what, and until when (UTC)."""
+    if rate and rule:
+        text = gettext(
+            "This client is banned from rule %(rule)s until %(until)s: too many of its "
+            "requests exceeded the limit %(rate)s."
+        )
+    elif rate:
+        text = gettext(
+            "This client is banned until %(until)s: too many of its requests exceeded the "
+            "limit %(rate)s."
+        )
+    else:
+        text = gettext(
+            "This client is banned until %(until)s: too many of its requests exceeded a "
+            "rate limit."
+        )
+    return text % {"rate": rate, "rule": repr(rule), "until": _readable(until)}
+
+
+def _readable(until: str) -> str:
+    """:func:`banned_until`'s time as people read it: ``2027-01-15 08:00:00 UTC``."""
+    return until.replace("T", " ").replace("Z", " UTC")
 
 
 #: What the 429 page says a limit counted, by the kind of its key (``counted`` in the

@@ -2,10 +2,15 @@
 
 Installing ``prometheus-client`` (extra ``[prometheus]``) or ``opentelemetry-api`` (extra
 ``[otel]``) is enough: the app's ``ready()`` calls :func:`connect`, which makes the
-instruments once per process (in Prometheus's default registry; on the OpenTelemetry meter
-``bucketry``) and hooks them into :data:`ratelimit_app.engine.enforce.OBSERVERS` (every
-verdict) and :data:`ratelimit_app.engine.checking.TRIPS` (every check's round trip). With
-neither package installed nothing is hooked, and a check pays nothing.
+instruments of the sinks ``RATELIMIT_TELEMETRY`` chooses (:func:`chosen`) once per process
+(in Prometheus's default registry; on the OpenTelemetry meter ``bucketry``) and hooks them
+into :data:`ratelimit_app.engine.enforce.OBSERVERS` (every verdict) and
+:data:`ratelimit_app.engine.checking.TRIPS` (every check's round trip). With no sink on
+nothing is hooked, and a check pays nothing.
+
+Each known limit's ``admitted`` and ``refused`` series exist from 0 before its first
+decision (:meth:`Telemetry.welcome`): Prometheus's ``increase()`` reads a series' first sample
+as its start, so a series born at 1 loses its first decisions.
 
 Labels are bounded by what the project declares: the limit's name, six decisions, five kinds
 of backend. Never a subject, a path or a series name. docs/observability.rst shows the
@@ -14,17 +19,22 @@ instruments, the scrape set-up and alerts.
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import importlib.util
 import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from django.core.exceptions import ImproperlyConfigured
+
+from ratelimit_app import store
 from ratelimit_app.backends.base import Backend
+from ratelimit_app.conf import read
+from ratelimit_app.config import declared, sources
 from ratelimit_app.engine import checking, enforce
 from ratelimit_app.signals import ban_skipped
 
@@ -33,9 +43,13 @@ __all__ = [
     "BACKEND_ERRORS",
     "BACKEND_SECONDS",
     "BANS_SKIPPED",
+    "CHOICES",
+    "RECORDER",
     "REQUESTS",
+    "Recorder",
     "Telemetry",
     "backend_kind",
+    "chosen",
     "connect",
     "label",
 ]
@@ -67,6 +81,10 @@ MAX_BOUND = 1000
 #: string a developer wrote).
 MAX_LABEL = 200
 
+#: The decisions whose series each known limit has from 0, before its first decision: the
+#: two that every limit makes (the alerts of docs/observability.rst divide refusals by them).
+WELCOMED = (enforce.ADMITTED, enforce.REFUSED)
+
 Count = Callable[[], None]
 Timing = Callable[[float], None]
 
@@ -82,26 +100,34 @@ class Sink(Protocol):
 
 
 class Prometheus:
-    """The instruments in prometheus-client's default registry (made once per process: a
-    second registration of a name is an error)."""
+    """The instruments in prometheus-client's default registry, or ``registry`` (made once
+    per registry: a second registration of a name is an error)."""
 
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Histogram
+    def __init__(self, registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Histogram
 
+        at = REGISTRY if registry is None else registry
         self.requests = Counter(
-            REQUESTS, "Rate-limit decisions, by limit and decision.", ["limit", "decision"]
+            REQUESTS,
+            "Rate-limit decisions, by limit and decision.",
+            ["limit", "decision"],
+            registry=at,
         )
         self.seconds = Histogram(
             BACKEND_SECONDS,
             "Round trip of a rate-limit check to its counters, in seconds.",
             ["backend"],
             buckets=BACKEND_BUCKETS,
+            registry=at,
         )
         self.errors = Counter(
-            BACKEND_ERRORS, "Rate-limit checks whose counters failed.", ["backend"]
+            BACKEND_ERRORS, "Rate-limit checks whose counters failed.", ["backend"], registry=at
         )
         self.skipped_bans = Counter(
-            BANS_SKIPPED, "Bans not made: the process held the most bans it keeps.", ["limit"]
+            BANS_SKIPPED,
+            "Bans not made: the process held the most bans it keeps.",
+            ["limit"],
+            registry=at,
         )
 
     def decision(self, limit: str, decision: str) -> Count:
@@ -156,6 +182,8 @@ class OpenTelemetry:
             unit="1",
             description="Bans not made: the process held the most bans it keeps.",
         )
+        # A sink whose round trips are queued starts the thread that records the queue.
+        RECORDER.start()
 
     def decision(self, limit: str, decision: str) -> Count:
         with self._lock:
@@ -171,7 +199,7 @@ class OpenTelemetry:
     def trip(self, backend: str) -> tuple[Timing, Count]:
         attributes = {"backend": backend}
         record = self.seconds.record
-        later = _LATER.append
+        later = RECORDER.queue.append
         return (
             lambda seconds: later((record, seconds, attributes)),
             functools.partial(self.errors.add, 1, attributes),
@@ -181,47 +209,77 @@ class OpenTelemetry:
         return functools.partial(self.skipped_bans.add, 1, {"limit": limit})
 
 
-#: Round trips waiting to be recorded in an OpenTelemetry histogram: an SDK's ``record``
-#: costs ten microseconds and more, so a check only queues its time, and a thread of this
-#: process records the queue every :data:`RECORD_EVERY` seconds (at most :data:`QUEUED`
-#: waiting: past that, the oldest are dropped, never the request's time).
+#: The most round trips waiting to be recorded (past it, the oldest are dropped), and the
+#: seconds between two recordings of the queue.
 QUEUED = 100_000
 RECORD_EVERY = 0.5
-_LATER: deque[tuple[Callable[..., Any], float, dict[str, str]]] = deque(maxlen=QUEUED)
-_recorder: tuple[int, threading.Thread] | None = None
-_recorder_lock = threading.Lock()
 
 
-def _record_later_forever() -> None:
-    while True:
-        time.sleep(RECORD_EVERY)
-        record_queued()
+class Recorder:
+    """Round trips waiting to be recorded in an OpenTelemetry histogram, and the thread that
+    records them: an SDK's ``record`` costs ten microseconds and more, so a check only
+    queues its time, and the thread records the queue every :data:`RECORD_EVERY` seconds.
+
+    Invariant: while an OpenTelemetry sink exists, each process has one recorder thread (a
+    forked child starts its own, with an empty queue: its parent's round trips are the
+    parent's to record), and at most :data:`QUEUED` round trips wait (past that the oldest
+    are dropped, never the request's time)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[Callable[..., Any], float, dict[str, str]]] = deque(maxlen=QUEUED)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._at_fork = False
+
+    def start(self) -> None:
+        """Start this process's recorder thread, unless it runs already."""
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                return
+            if not self._at_fork:
+                os.register_at_fork(after_in_child=self._forked)
+                self._at_fork = True
+            self._thread = threading.Thread(
+                target=self._forever, name="bucketry-otel", daemon=True
+            )
+            self._pid = os.getpid()
+            self._thread.start()
+
+    def _forked(self) -> None:
+        self.queue.clear()
+        self._lock = threading.Lock()  # a lock held in the parent at the fork stays held
+        if self._thread is not None:
+            self._thread = None
+            self.start()
+
+    def _forever(self) -> None:
+        while True:
+            time.sleep(RECORD_EVERY)
+            self.record()
+
+    def record(self) -> int:
+        """Record the queued round trips now; the number recorded."""
+        done = 0
+        while True:
+            try:
+                record, seconds, attributes = self.queue.popleft()
+            except IndexError:
+                return done
+            try:
+                record(seconds, attributes)
+            except Exception:  # an SDK's failure never reaches a request
+                logger.exception("ratelimit: could not record a round trip")
+            done += 1
+
+
+RECORDER = Recorder()
 
 
 def record_queued() -> int:
-    """Record the queued round trips now (the recorder thread does it; tests call it);
-    the number recorded. Starts the recorder thread of this process if it has none (a
-    forked worker does not inherit its parent's)."""
-    global _recorder
-    if _recorder is None or _recorder[0] != os.getpid():
-        with _recorder_lock:
-            if _recorder is None or _recorder[0] != os.getpid():
-                thread = threading.Thread(
-                    target=_record_later_forever, name="bucketry-otel", daemon=True
-                )
-                thread.start()
-                _recorder = (os.getpid(), thread)
-    done = 0
-    while True:
-        try:
-            record, seconds, attributes = _LATER.popleft()
-        except IndexError:
-            return done
-        try:
-            record(seconds, attributes)
-        except Exception:  # an SDK's failure never reaches a request
-            logger.exception("ratelimit: could not record a round trip")
-        done += 1
+    """Record the queued round trips now (the recorder thread does it every half second;
+    tests call it); the number recorded."""
+    return RECORDER.record()
 
 
 class Telemetry:
@@ -232,10 +290,35 @@ class Telemetry:
         self.sinks = sinks
         self._counts: dict[tuple[str, str], list[Count]] = {}
         self._trips: dict[type, tuple[list[Timing], list[Count]]] = {}
+        #: The configuration in force whose limits were last welcomed (a new one, after a
+        #: change of settings or of the database's rules, is welcomed on the next verdict).
+        self._config: object = None
+
+    def welcome(self, limits: Iterable[str]) -> None:
+        """Make the :data:`WELCOMED` series of each limit named, at 0 (those it has are
+        kept)."""
+        for name in limits:
+            for decision in WELCOMED:
+                self._bound((name, decision))
+
+    def welcome_configured(self) -> None:
+        """Welcome every limit of the configuration in force (settings and database rules)
+        and every named limit of a registered source (the DRF throttles' scopes)."""
+        snap = store.in_force
+        self._config = snap
+        rules = declared.rules() if snap is None else snap.rules.rules
+        self.welcome(rule.name for rule in rules)
+        for source in sources.registered():
+            try:
+                self.welcome(source.limits())
+            except Exception:  # its configuration's mistakes are the system checks' to report
+                logger.exception("ratelimit: the limits of %r not welcomed", source.kind)
 
     def observe(self, verdict: enforce.Verdict) -> None:
         """:data:`~ratelimit_app.engine.enforce.OBSERVERS`: one count per decided limit. A
         look (``increment=False``: ``get_usage`` reading a counter) decides nothing."""
+        if store.in_force is not self._config:
+            self.welcome_configured()
         counts = self._counts
         for d in verdict.decisions:
             if not d.check.increment:
@@ -246,10 +329,19 @@ class Telemetry:
             key = (enforce.limit_name(d), decision)
             bound = counts.get(key)
             if bound is None:
-                found = [s.decision(label(key[0]), decision) for s in self.sinks]
-                bound = self._bind(counts, key, found)
+                # First seen (a decorator's group, a throttle's scope): its refusals start
+                # from 0 too.
+                self.welcome([key[0]])
+                bound = self._bound(key)
             for count in bound:
                 count()
+
+    def _bound(self, key: tuple[str, str]) -> list[Count]:
+        bound = self._counts.get(key)
+        if bound is None:
+            found = [s.decision(label(key[0]), key[1]) for s in self.sinks]
+            bound = self._bind(self._counts, key, found)
+        return bound
 
     def trip(self, backend: Backend, seconds: float, failed: bool) -> None:
         """:data:`~ratelimit_app.engine.checking.TRIPS`: the round trip's time, and an error
@@ -294,23 +386,77 @@ def backend_kind(cls: type[Backend]) -> str:
     return "other"
 
 
+# -- which sinks ---------------------------------------------------------------------------
+
+PROMETHEUS = "prometheus"
+OTEL = "otel"
+#: What ``RATELIMIT_TELEMETRY`` may be.
+CHOICES = ("auto", PROMETHEUS, OTEL, "both", "off")
+#: The module each sink needs, and the extra that installs it.
+NEEDS = {PROMETHEUS: ("prometheus_client", "prometheus"), OTEL: ("opentelemetry.metrics", "otel")}
+#: OpenTelemetry's Prometheus exporter: with it, OpenTelemetry's instruments reach the same
+#: scrape as prometheus-client's, under the same names.
+OTEL_TO_PROMETHEUS = "opentelemetry.exporter.prometheus"
+SINKS: dict[str, Callable[[], Sink]] = {
+    PROMETHEUS: lambda: Prometheus(),
+    OTEL: lambda: OpenTelemetry(),
+}
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package is missing
+        return False
+
+
+def chosen(value: object, has: Callable[[str], bool] = installed) -> tuple[str, ...]:
+    """The sinks ``RATELIMIT_TELEMETRY = value`` turns on, given which modules ``has``.
+
+    ``"auto"``: each sink whose library is installed, except that prometheus-client's alone
+    is made when OpenTelemetry's Prometheus exporter is installed (both would register the
+    same names in one scrape). A sink named explicitly must be installed."""
+    if value not in CHOICES:
+        raise ImproperlyConfigured(
+            f"RATELIMIT_TELEMETRY = {value!r}: expected one of "
+            + ", ".join(repr(c) for c in CHOICES)
+            + "."
+        )
+    if value == "off":
+        return ()
+    if value == "auto":
+        found = tuple(name for name, (module, _) in NEEDS.items() if has(module))
+        if PROMETHEUS in found and has(OTEL_TO_PROMETHEUS):
+            return (PROMETHEUS,)
+        return found
+    names = (PROMETHEUS, OTEL) if value == "both" else (str(value),)
+    for name in names:
+        module, extra = NEEDS[name]
+        if not has(module):
+            raise ImproperlyConfigured(
+                f"RATELIMIT_TELEMETRY = {value!r} needs {module.partition('.')[0]}: "
+                f"pip install 'django-bucketry[{extra}]', or choose another value."
+            )
+    return names
+
+
 _lock = threading.Lock()
 _connected: list[Telemetry] = []
 
 
 def connect() -> Telemetry | None:
-    """Make the instruments of every installed library and hook them into the enforcement
-    path, once per process (later calls return the same); None when neither is installed."""
+    """Make the instruments of the sinks ``RATELIMIT_TELEMETRY`` chooses and hook them into
+    the enforcement path, once per process (later calls return the same); None when no sink
+    is on. The limits known now start their series at 0."""
     with _lock:
         if _connected:
             return _connected[0]
-        sinks: list[Sink] = []
-        for make in (Prometheus, OpenTelemetry):
-            with contextlib.suppress(ImportError):  # the extra is not installed
-                sinks.append(make())
+        sinks = [SINKS[name]() for name in chosen(read("RATELIMIT_TELEMETRY"))]
         if not sinks:
             return None
         telemetry = Telemetry(sinks)
+        telemetry.welcome_configured()
         enforce.OBSERVERS.append(telemetry.observe)
         checking.TRIPS.append(telemetry.trip)
         ban_skipped.connect(telemetry.ban_skipped, weak=False, dispatch_uid=BANS_SKIPPED)

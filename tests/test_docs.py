@@ -37,6 +37,16 @@ def test_every_page_is_in_the_toctree() -> None:
     assert pages <= set(toctree_entries())
 
 
+def test_the_readme_links_every_page() -> None:
+    """README's documentation list is PyPI's table of contents: every page of the toctree
+    is linked (the changelog as the repository's file)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Documentation", 1)[1]
+    linked = set(re.findall(r"readthedocs\.io/en/latest/(\w+)\.html", section))
+    assert set(toctree_entries()) - {"changelog"} <= linked
+    assert "CHANGELOG.md" in section
+
+
 def test_readme_has_exactly_the_two_setup_commands() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     quickstart = readme.split("## Quickstart", 1)[1]

@@ -10,10 +10,11 @@ costs each process one small query, whatever the number of bans in force.
 
 Keys: a limit's ban of a subject is kept under the subject's own counter namespace (the
 limit's scope, hashed with the subject: :func:`ban_key`), which the request's check computes
-anyway, so looking for one (:func:`among`, in the step that builds the check) costs a
-dictionary look-up; a ban on every path is kept under :func:`site_key` of the address, with
-the address sealed in its row (:mod:`ratelimit_app.identity.sealing`), so every process finds
-it by the address itself, with no hash per request. A process holds at most :data:`MOST` bans;
+anyway, so looking for one costs a dictionary look-up, in the loop that builds the checks'
+steps (:func:`held`; :func:`among` only for a step that may be banned); a ban on every path
+is kept under :func:`site_key` of the address, with the address sealed in its row
+(:mod:`ratelimit_app.identity.sealing`), so every process finds it by the address itself,
+with no hash per request. A process holds at most :data:`MOST` bans;
 past it, no new ban is made (logged once, signalled as
 :data:`~ratelimit_app.signals.ban_skipped` for the exporters) and the limit goes on refusing
 the subject at its rate: no ban in force is ever dropped early to make room.
@@ -53,6 +54,7 @@ __all__ = [
     "ban_now",
     "banned",
     "find",
+    "held",
     "impose",
     "lift",
     "prune",
@@ -83,15 +85,23 @@ def site_key(address: str) -> str:
     return "{" + digest.hexdigest() + "}"
 
 
+def held() -> tuple[dict[str, float], dict[str, float]]:
+    """The bans this process holds: a limit's own by namespace, and those on every path by
+    address (each to the time it ends)."""
+    snap = store.in_force  # (the request's first layer looked at the version)
+    found = (snap or store.current()).bans
+    return found.rule, found.site
+
+
 def among(steps: Sequence[Step], now: float) -> list[Result | None] | None:
     """The banned results of a request's checks, made into ``steps`` (their namespaces are
     the bans' keys), from the bans this process holds: no round trip, no query, no hash but
-    an address's while a ban on every path is in force. None when none is banned."""
-    snap = store.in_force  # (the request's first layer looked at the version)
-    held = (snap or store.current()).bans
-    rule, site = held.rule, held.site
+    an address's while a ban on every path is in force. None when none is banned.
+    :func:`~ratelimit_app.engine.checking.check_unless_banned` calls it only for steps
+    :func:`held` says may be banned (one look-up each, in the loop that makes them)."""
+    rule, site = held()
     found: list[Result | None] | None = None
-    for i, s in enumerate(steps):  # on every request while bans are held: plain look-ups
+    for i, s in enumerate(steps):
         until = rule.get(s.namespace)
         if until is None and site:
             c = s.check
@@ -250,9 +260,11 @@ def label(kind: str, value: str) -> str:
     """What a ban row keeps in clear of its subject, for the admin: an address as
     ``RATELIMIT_REFUSED_SUBJECTS`` shows it (``"full"``: as the key stores it;
     ``"masked"``, the default: its /24 or /64; ``"hashed"`` or anything else: nothing);
-    nothing of any other kind (an email, a user, a header are kept hashed only)."""
+    nothing of any other kind (an email, a user, a header are kept hashed only). A
+    ``user_or_ip`` subject (DRF's throttles file every subject so) is an address when the
+    request was anonymous, and is shown as one; a user's id stays hidden."""
     how = read("RATELIMIT_REFUSED_SUBJECTS")
-    if kind != "ip" or how not in ("full", "masked"):
+    if kind not in ("ip", "user_or_ip") or how not in ("full", "masked"):
         return ""
     if how == "full":
         return value if addresses.parse_address(value) is not None else ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -46,7 +46,9 @@ decorators. A name that stands for nothing is an error that lists what it could 
 A @ratelimit group of a view the URLconf does not route is named with --key and --rate
 (and --method when the decorator has method=), exactly as the decorator has them; a
 leaky-bucket group also needs --algorithm leaky_bucket (and --burst when its decorator has
-burst=). A limit whose rate a function returns per request needs --rate: the rate it
+burst=). With --key, a name the site knows is resolved as without it (a view's name gives
+its decorator's group), and a name it does not know is said on stderr before it is read as
+a raw group. A limit whose rate a function returns per request needs --rate: the rate it
 returns for this subject.
 
 The subject is what the limit counts, typed as a person would: an IP address (masked as
@@ -139,8 +141,11 @@ def _invalid_rule(name: str) -> CommandError | None:
     return None
 
 
-def limit_from_options(options: dict[str, Any]) -> list[Named]:
-    """The limits the positional ``rule`` and ``--key``/``--rate``/``--method`` name."""
+def limit_from_options(
+    options: dict[str, Any], warn: Callable[[str], None] = lambda line: None
+) -> list[Named]:
+    """The limits the positional ``rule`` and ``--key``/``--rate``/``--method`` name;
+    ``warn``: what to tell of a name the site does not know, read as a raw group."""
     name: str = options["rule"]
     key: str | None = options["key"]
     algorithm: str | None = options.get("algorithm")
@@ -151,7 +156,7 @@ def limit_from_options(options: dict[str, Any]) -> list[Named]:
             "named limit has its own."
         )
     if key is not None:
-        return [_group(name, key, options["rate"], options["method"], algorithm, burst)]
+        return [_group(name, key, options["rate"], options["method"], algorithm, burst, warn)]
     if options["method"] is not None:
         raise CommandError(
             "--method is for a @ratelimit group (with --key and --rate): a rule counts every "
@@ -167,8 +172,12 @@ def _group(
     method: str | None,
     algorithm: str | None,
     burst: int | None,
+    warn: Callable[[str], None],
 ) -> Named:
-    """A ``@ratelimit`` group, named with its decorator's arguments."""
+    """A ``@ratelimit`` group, named with its decorator's arguments. A name the site knows
+    (:func:`~ratelimit_app.operations.find_limits`) is resolved as without ``--key``: a
+    view's URL name, path or dotted path gives its decorator's group; any other name is
+    used as typed, after a warning that the site knows no limit of that name."""
     if rate is None:
         raise CommandError(
             f"--key needs --rate: the counters of group {name!r} are found by the key, "
@@ -177,9 +186,69 @@ def _group(
     _parse_rate(rate)
     if burst is not None and algorithm != gcra.LEAKY_BUCKET:
         raise CommandError("--burst is for --algorithm leaky_bucket.")
+    known = _known_as(name.strip())
+    if not known:
+        limit = _build(name, key, rate, method, algorithm, burst)
+        warn(
+            f"Warning: {name!r} is no rule, DRF throttle scope, @ratelimit group or decorated "
+            f"view this site knows: read as the raw group {name!r} with --key {key} --rate "
+            f"{rate} (a decorator that has exactly these arguments)."
+        )
+        return Named("group", name, limit)
+    # The limit of the name whose arguments these are (of a view with several, that one).
+    fitting: dict[tuple[str, str | None], Named] = {}
+    for theirs in known:
+        given = _build(theirs.limit.group, key, rate, method, algorithm, burst)
+        if _alike(given, theirs.limit):
+            own = theirs.limit if theirs.limit.static_rates is not None else given
+            found = dataclasses.replace(theirs, limit=own)
+            fitting.setdefault((theirs.name, own.static_scope), found)
+    if len(fitting) == 1:
+        return next(iter(fitting.values()))
+    described = "; ".join(n.describe() for n in known)
+    groups = list(dict.fromkeys(n.name for n in known))
+    if len(groups) > 1 or fitting:
+        raise CommandError(
+            f"{name!r} names {len(known)} limits ({described}): name one by its group."
+        )
+    warn(
+        f"Warning: {name!r} is {described}: --key {key} --rate {rate} read other counters "
+        "than its own (drop --key and --rate to read those)."
+    )
+    return Named("group", groups[0], _build(groups[0], key, rate, method, algorithm, burst))
+
+
+def _known_as(name: str) -> tuple[Named, ...]:
+    """The limits the site knows ``name`` by (none for a name it does not know)."""
     try:
-        limit = limits.build(
-            name,
+        return find_limits(name)
+    except ValueError:  # unknown, a URLconf that cannot load, a decorator without a rate
+        return ()
+
+
+def _alike(given: limits.Limit, theirs: limits.Limit) -> bool:
+    """Whether ``given`` (the options' limit, of ``theirs``'s group) has the arguments of
+    ``theirs``: its key, algorithm, burst, methods and rates (a rate ``theirs`` takes from the
+    request: any)."""
+    if (given.kind, given.algorithm, given.burst) != (theirs.kind, theirs.algorithm, theirs.burst):
+        return False
+    mine = given.static_rates
+    assert mine is not None  # (--rate is a literal)
+    fixed = theirs.static_rates
+    return given.method_text == theirs.method_text and fixed in (None, mine)
+
+
+def _build(
+    group: str,
+    key: str,
+    rate: str,
+    method: str | None,
+    algorithm: str | None,
+    burst: int | None,
+) -> limits.Limit:
+    try:
+        return limits.build(
+            group,
             key,
             rate,
             parse_method(method) if method is not None else ALL,
@@ -189,7 +258,6 @@ def _group(
     except LimitError as exc:
         prefix = f"--{exc.field}: " if exc.field in ("key", "rate", "method") else ""
         raise CommandError(f"{prefix}{exc}") from exc
-    return Named("group", name, limit)
 
 
 def _named(name: str, rate: str | None) -> list[Named]:
@@ -261,6 +329,16 @@ class LimitCommand(BaseCommand):
     epilog = ""
     #: What the command does with the subject, for the subject's help ("read", "clear").
     verb = "read"
+    #: What of the subject it works on, for the subject's help ("counters", "ban").
+    what = "counters"
+
+    def warn(self, line: str) -> None:
+        """A line on stderr, for what the command goes on despite."""
+        self.stderr.write(line, self.style.WARNING)
+
+    def limits(self, options: dict[str, Any]) -> list[Named]:
+        """The limits the options name (:func:`limit_from_options`), warnings on stderr."""
+        return limit_from_options(options, self.warn)
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("formatter_class", HelpFormatter)
@@ -275,7 +353,8 @@ class LimitCommand(BaseCommand):
         )
         parser.add_argument(
             "subject",
-            help=f"Whose counters to {self.verb}: an IP address, an email address, a user id...",
+            help=f"Whose {self.what} to {self.verb}: an IP address, an email address, a user "
+            "id...",
         )
         parser.add_argument(
             "--key",

@@ -9,7 +9,6 @@ from django.core.management.base import CommandError
 from ratelimit_app.management.base import (
     LimitCommand,
     backend_errors,
-    limit_from_options,
     targets,
 )
 from ratelimit_app.operations import reset
@@ -32,7 +31,7 @@ Examples:
 
     def handle(self, *args: Any, **options: Any) -> None:
         subject = options["subject"]
-        found, skipped = targets(limit_from_options(options), subject)
+        found, skipped = targets(self.limits(options), subject)
         for named, where in found:
             with backend_errors():
                 done = reset(named.limit, subject)

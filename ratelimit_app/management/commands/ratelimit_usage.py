@@ -12,7 +12,6 @@ from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.management.base import (
     LimitCommand,
     backend_errors,
-    limit_from_options,
     targets,
 )
 from ratelimit_app.operations import Named, Target, lookup
@@ -101,7 +100,7 @@ Examples:
 
     def handle(self, *args: Any, **options: Any) -> None:
         subject = options["subject"]
-        found, skipped = targets(limit_from_options(options), subject)
+        found, skipped = targets(self.limits(options), subject)
         usages = []
         for named, where in found:
             with backend_errors():
