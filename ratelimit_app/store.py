@@ -399,18 +399,12 @@ def _read_bans(held: HeldBans, everything: bool = False) -> None:
         rows = rows.filter(until__gt=dt.datetime.fromtimestamp(now, dt.UTC))
     else:
         rows = rows.filter(changed__gte=held.seen - dt.timedelta(seconds=CHANGES_MARGIN))
-    fields = ("key", "until", "site", "changed", "sealed")
-    held.put(rows.values_list(*fields).iterator(chunk_size=READ_CHUNK), now)
+    held.put(rows.values_list("key", "until", "site", "changed", "sealed"), now)
     if everything and (held.seen is None or held.seen < started):
         held.seen = started  # (rows changed long ago: the next read starts now, not then)
     if len(held) >= MOST_BANS:
         held.prune(now)
 
-
-#: Rows fetched at a time when bans or overrides are read: a hundred thousand are never one
-#: list (nor one list's memory, left behind in pieces, for every later request to work
-#: around).
-READ_CHUNK = 2000
 
 #: What is read of an override row.
 OVERRIDE_FIELDS = ("pk", "limit", "subject", "rate", "expires", "changed")
@@ -429,7 +423,7 @@ def _read_overrides(snap: Snapshot) -> None:
     if not everything:
         rows = rows.filter(changed__gte=snap.overrides_seen - dt.timedelta(seconds=CHANGES_MARGIN))
     now = time.time()
-    for row in rows.values_list(*OVERRIDE_FIELDS).iterator(chunk_size=READ_CHUNK):
+    for row in rows.values_list(*OVERRIDE_FIELDS):
         changed = row[5]
         if snap.overrides_seen is None or changed > snap.overrides_seen:
             snap.overrides_seen = changed
