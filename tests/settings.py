@@ -99,3 +99,8 @@ STATIC_URL = "/static/"
 # metrics): tests flush by hand.
 METRICS_FLUSH_INTERVAL = 0
 METRICS_HANDLE_SIGTERM = False
+
+# Both sinks: the suite reads prometheus-client's registry and OpenTelemetry's in-memory
+# reader. The dev group installs OpenTelemetry's exporters (the observability page's
+# snippets run them), with which "auto" would choose prometheus-client's alone.
+RATELIMIT_TELEMETRY = "both"

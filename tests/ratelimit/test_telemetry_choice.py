@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Callable
 
 import pytest
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
@@ -78,8 +79,11 @@ def test_both_apps_choose_alike() -> None:
 
 
 def test_the_default_is_auto_and_read_from_settings() -> None:
-    assert read("RATELIMIT_TELEMETRY") == "auto"
+    with override_settings():
+        del settings.RATELIMIT_TELEMETRY  # tests/settings.py chooses "both"
+        assert read("RATELIMIT_TELEMETRY") == "auto"
     with override_settings(RATELIMIT_TELEMETRY="off"):
         assert telemetry.chosen(read("RATELIMIT_TELEMETRY")) == ()
-    # This venv has both libraries and not the exporter: "auto" keeps both sinks.
-    assert telemetry.chosen("auto") == ("prometheus", "otel")
+    # The dev venv has both libraries and OpenTelemetry's Prometheus exporter: "auto"
+    # makes prometheus-client's instruments alone.
+    assert telemetry.chosen("auto") == ("prometheus",)

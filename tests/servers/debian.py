@@ -25,6 +25,8 @@ PACKAGES: dict[str, str] = {
     "chromium": "chromium",
     "wrk": "wrk",  # the load bench (python -m bench.load) and its smoke test
     "valgrind": "valgrind",  # instructions per request (python -m bench.instructions)
+    "prometheus": "prometheus",  # a real scrape of the exporter (tests/reliability)
+    "promtool": "prometheus",  # the documented alerts and the scrape checked (docs/observability)
 }
 #: Other names a binary may go by on a developer machine.
 ALIASES: dict[str, tuple[str, ...]] = {
