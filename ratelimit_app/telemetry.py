@@ -198,6 +198,7 @@ class OpenTelemetry:
 
     def trip(self, backend: str) -> tuple[Timing, Count]:
         attributes = {"backend": backend}
+        self.errors.add(0, attributes)  # the series exists from 0, as prometheus-client's
         record = self.seconds.record
         later = RECORDER.queue.append
         return (
@@ -308,6 +309,7 @@ class Telemetry:
         self._config = snap
         rules = declared.rules() if snap is None else snap.rules.rules
         self.welcome(rule.name for rule in rules)
+        self._welcome_backend()
         for source in sources.registered():
             try:
                 self.welcome(source.limits())
@@ -343,14 +345,29 @@ class Telemetry:
             bound = self._bind(self._counts, key, found)
         return bound
 
-    def trip(self, backend: Backend, seconds: float, failed: bool) -> None:
-        """:data:`~ratelimit_app.engine.checking.TRIPS`: the round trip's time, and an error
-        when it failed."""
-        cls = type(backend)
+    def _welcome_backend(self) -> None:
+        """Make the counters' backend's series (its errors at 0, and in prometheus-client
+        its round trips' histogram at 0) before its first round trip, so that ``increase()``
+        and the backend errors alert count a process's first ones."""
+        from ratelimit_app.backends import backend_class
+
+        try:
+            cls = backend_class(read("RATELIMIT_USE_CACHE"))
+        except Exception:  # a mistake of the settings: the system checks report it
+            return
+        self._trip_bound(cls)
+
+    def _trip_bound(self, cls: type) -> tuple[list[Timing], list[Count]]:
         bound = self._trips.get(cls)
         if bound is None:
             found = [s.trip(backend_kind(cls)) for s in self.sinks]
             bound = self._bind(self._trips, cls, ([t for t, _ in found], [e for _, e in found]))
+        return bound
+
+    def trip(self, backend: Backend, seconds: float, failed: bool) -> None:
+        """:data:`~ratelimit_app.engine.checking.TRIPS`: the round trip's time, and an error
+        when it failed."""
+        bound = self._trips.get(type(backend)) or self._trip_bound(type(backend))
         for timing in bound[0]:
             timing(seconds)
         if failed:

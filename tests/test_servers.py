@@ -126,4 +126,5 @@ def test_missing_packages_are_listed_once(monkeypatch: pytest.MonkeyPatch) -> No
         "chromium",
         "wrk",
         "valgrind",
+        "prometheus",
     ]

@@ -26,7 +26,9 @@ def namespace(group: str, kind: str, value: str) -> str:
     """
     found = _namespaces.get((group, kind, value))
     if found is None:
-        raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode()
+        # surrogatepass: a group named with a lone surrogate (a key's values never hold one:
+        # keys.py derives those) is hashed as it is, not a UnicodeEncodeError per request.
+        raw = f"{conf.SALT}\x00{group}\x00{kind}\x00{value}".encode("utf-8", "surrogatepass")
         found = "{" + conf.HASH(raw).hexdigest()[:32] + "}"
         if len(value) <= NAMESPACE_MEMO_VALUE:
             if len(_namespaces) >= NAMESPACE_MEMO:

@@ -663,3 +663,22 @@ def test_the_namespace_memo_remembers_no_long_values() -> None:
     derived = keys.derived("long", b"x")
     keys.namespace("g", "k", derived)
     assert ("g", "k", derived) in namespaces._namespaces  # derived subjects are remembered
+
+
+def test_a_group_named_with_a_lone_surrogate_is_counted_not_a_500() -> None:
+    """A decorator's group is the developer's text, and may hold a lone surrogate (a name
+    built from bytes decoded with ``surrogateescape``): its counters are hashed as they are,
+    apart from the same name without it."""
+    from django.test import RequestFactory
+
+    from ratelimit_app.core import get_usage
+
+    request = RequestFactory().get("/", REMOTE_ADDR="198.51.100.7")
+    odd, plain = "group-\udcff", "group-"
+    counts = [
+        get_usage(request, group=odd, key="ip", rate="5/m", increment=True)["count"]  # type: ignore[index]
+        for _ in range(2)
+    ]
+    other = get_usage(request, group=plain, key="ip", rate="5/m", increment=True)
+    assert counts == [1, 2]
+    assert other is not None and other["count"] == 1

@@ -4,9 +4,10 @@ when the configuration in force changes, a decorator's group and a throttle's sc
 first seen. And the documented ``RateLimitRefusalSpike`` alert, which needs yesterday's
 refused series of a limit that refused nothing yesterday, fires.
 
-``promtool`` is not installed where these tests run: :func:`spike` evaluates the documented
-expression's logic (PromQL's ``rate``, ``offset``, ``sum by``, ``>`` and ``and`` on instant
-vectors, ``for``) over what Prometheus would have scraped from the real exporter every 30 s.
+:func:`spike` evaluates the documented expression's logic (PromQL's ``rate``, ``offset``,
+``sum by``, ``>`` and ``and`` on instant vectors, ``for``) over what Prometheus would have
+scraped from the real exporter every 30 s; tests/ratelimit/test_promtool.py runs the rule
+itself through ``promtool test rules``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,24 @@ def test_a_decorators_group_is_refused_from_0_after_its_first_admission() -> Non
     get_usage(RequestFactory().get("/"), group=group, key="ip", rate="5/m", increment=True)
     assert value(REGISTRY, group, "admitted") == 1.0
     assert value(REGISTRY, group, "refused") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("cache", "kind"),
+    [
+        ("django.core.cache.backends.locmem.LocMemCache", "cache"),
+        ("django.core.cache.backends.dummy.DummyCache", "dummy"),
+    ],
+)
+def test_the_backends_series_are_0_before_its_first_round_trip(cache: str, kind: str) -> None:
+    """The counters' backend: its errors and its round trips' histogram exist from 0 when
+    the exporter connects, so ``increase()`` and the backend errors alert count the first."""
+    registry = CollectorRegistry()
+    with override_settings(CACHES={"default": {"BACKEND": cache}}):
+        telemetry.Telemetry([telemetry.Prometheus(registry)]).welcome_configured()
+    labels = {"backend": kind}
+    assert registry.get_sample_value(telemetry.BACKEND_ERRORS, labels) == 0.0
+    assert registry.get_sample_value(f"{telemetry.BACKEND_SECONDS}_count", labels) == 0.0
 
 
 def test_welcomed_labels_hold_only_limit_names() -> None:

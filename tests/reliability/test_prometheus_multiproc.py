@@ -45,12 +45,20 @@ def get(port: int, path: str) -> tuple[int, str]:
 def gunicorn(tmp: Path, **settings: str) -> Iterator[int]:
     """:data:`WORKERS` sync workers on a free port serving :mod:`prometheus_site`, its
     database migrated first."""
+    with serving(tmp, WORKERS, settings) as port:
+        yield port
+
+
+@contextlib.contextmanager
+def serving(tmp: Path, workers: int, settings: dict[str, str]) -> Iterator[int]:
+    """:func:`gunicorn` with ``workers`` sync workers (tests/reliability/
+    test_prometheus_server.py runs 3)."""
     site = env(DJANGO_SETTINGS_MODULE="tests.reliability.prometheus_site", **settings)
     migrate = [sys.executable, "-m", "django", "migrate", "--verbosity", "0"]
     alone = {k: v for k, v in site.items() if k != "PROMETHEUS_MULTIPROC_DIR"}  # no counts
     subprocess.run(migrate, cwd=ROOT, env=alone, check=True, timeout=120)
     port = free_port()
-    argv = gunicorn_argv("django.core.wsgi:get_wsgi_application()", port, workers=WORKERS)
+    argv = gunicorn_argv("django.core.wsgi:get_wsgi_application()", port, workers=workers)
     log = open(tmp / "gunicorn.log", "wb")  # noqa: SIM115 (the child keeps it)
     proc = subprocess.Popen(argv, cwd=ROOT, env=site, stdout=log, stderr=subprocess.STDOUT)
     try:

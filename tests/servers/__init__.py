@@ -13,6 +13,7 @@ virtualenv exists, and the fixtures import this without Django. One module per c
   and ``--ensure``;
 * :mod:`~tests.servers.memcached`, :mod:`~tests.servers.redis`,
   :mod:`~tests.servers.postgres`: one server each;
+* :mod:`~tests.servers.prometheus`: a Prometheus scraping given targets, and its query API;
 * :mod:`~tests.servers.redis_cluster`: three Redis nodes in cluster mode; it needs redis-py,
   so it is imported on its own (``from tests.servers.redis_cluster import Cluster``);
 * ``__main__``: the command line.
@@ -53,6 +54,7 @@ from tests.servers.processes import (
     run_checked,
     wait_for,
 )
+from tests.servers.prometheus import QueryError, active_targets, query, start_prometheus
 from tests.servers.redis import redis_argv, start_redis
 
 __all__ = [
@@ -61,9 +63,11 @@ __all__ = [
     "START_ATTEMPTS",
     "Argv",
     "MissingServerBinary",
+    "QueryError",
     "Server",
     "ServerStartError",
     "accepts",
+    "active_targets",
     "as_postgres_user",
     "ensure_packages",
     "find_binary",
@@ -71,11 +75,13 @@ __all__ = [
     "gunicorn_argv",
     "memcached_argv",
     "missing_packages",
+    "query",
     "redis_argv",
     "require_binary",
     "run_checked",
     "start_memcached",
     "start_postgres",
+    "start_prometheus",
     "start_redis",
     "wait_for",
 ]

@@ -99,7 +99,7 @@ def ensure_packages(binaries: Sequence[str] = tuple(PACKAGES)) -> int:
     """
     missing = missing_packages(binaries)
     if not missing:
-        print("servers: memcached, redis-server, postgresql, chromium all present")
+        print(f"servers: {', '.join(sorted(set(PACKAGES.values())))} all present")
         return 0
     names = " ".join(missing)
     if not is_root():
