@@ -22,9 +22,14 @@ class RatelimitAppConfig(AppConfig):
         from ratelimit_app.models import AccessEntry, Ban, Override, Rule
         from ratelimit_app.store import BANS, BANS_DELETED, CONFIG, OVERRIDES, bump
         from ratelimit_app.telemetry import connect as connect_exporters
+        from ratelimit_app.telemetry import welcome_saved
 
         def changed(**kwargs: object) -> None:
             bump(CONFIG)
+
+        def rule_saved(instance: Rule, **kwargs: object) -> None:
+            bump(CONFIG)
+            welcome_saved(instance.name)  # its series from 0, before its first decision
 
         def override_saved(**kwargs: object) -> None:
             bump(OVERRIDES)  # every process reads the overrides changed since it looked
@@ -40,7 +45,7 @@ class RatelimitAppConfig(AppConfig):
 
         # weak=False: the receivers are local to ready().
         receivers: dict[Any, tuple[Callable[..., None], Callable[..., None]]] = {
-            Rule: (changed, changed),
+            Rule: (rule_saved, changed),
             AccessEntry: (changed, changed),
             Override: (override_saved, changed),
             Ban: (ban_saved, ban_deleted),

@@ -479,3 +479,11 @@ def connect() -> Telemetry | None:
         ban_skipped.connect(telemetry.ban_skipped, weak=False, dispatch_uid=BANS_SKIPPED)
         _connected.append(telemetry)
         return telemetry
+
+
+def welcome_saved(name: str) -> None:
+    """A rule saved in this process (the admin's): its series start at 0 now, before its
+    first decision in any process (prometheus-client's multiprocess mode shares them; other
+    processes make theirs at their next decision after they read the change)."""
+    for telemetry in _connected:
+        telemetry.welcome([name])

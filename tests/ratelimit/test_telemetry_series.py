@@ -100,6 +100,18 @@ def test_a_database_rules_series_are_0_before_its_first_decision() -> None:
         assert value(REGISTRY, name, "refused") == 0.0
 
 
+@pytest.mark.django_db
+def test_a_rule_saved_in_the_admin_is_0_before_any_decision() -> None:
+    """The process that saves a rule (the admin's) makes its series at once: a rule whose
+    very first decision comes before any other limit's is not born at 1 there."""
+    from ratelimit_app.models import Rule
+
+    name = f"series-saved-{next(_unique)}"
+    Rule.objects.create(name=name, path="/nowhere/", key="ip", rate="2/m")
+    assert value(REGISTRY, name, "admitted") == 0.0
+    assert value(REGISTRY, name, "refused") == 0.0
+
+
 def test_a_decorators_group_is_refused_from_0_after_its_first_admission() -> None:
     group = f"series-group-{next(_unique)}"
     get_usage(RequestFactory().get("/"), group=group, key="ip", rate="5/m", increment=True)
