@@ -29,7 +29,7 @@ request of a subject with neither a ban nor an override pays for the others', at
 prefix length costs the same for a thousand networks as for one (a walk of the networks
 grows with them), so the bound is the layouts' spread, +2,500.
 
-Every state is counted in three layouts of the interpreter (:data:`LAYOUTS`: CPython's
+Every state is counted in five layouts of the interpreter (:data:`LAYOUTS`: CPython's
 attribute cache moves a count by up to ten thousand instructions with where the types and
 names of a process fall, which a state's rows change) and given as its median. The
 configuration's looks run on the bench's clock, so the counts do not depend on the machine's
@@ -88,7 +88,7 @@ TARGET_GROWTH = 2_500
 #: The layouts each state is counted in (:data:`bench.instructions._LAYOUT`): the interpreter's
 #: attribute cache makes a state's count move by up to ten thousand instructions with where
 #: its types and names happen to fall, so each state's figure is its median over these.
-LAYOUTS = (0, 1, 2)
+LAYOUTS = (0, 1, 2, 3, 4)
 #: Milliseconds a new ban or override may cost a process holding the crowd (issue 35).
 TARGET_MS = 1.0
 #: The counted runs (N1, N2 requests) and the warm-up of each state (the counts are of the
