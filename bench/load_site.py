@@ -18,6 +18,11 @@ from demo_site.settings import RATELIMIT_RULES as DEMO_RULES
 
 ROOT_URLCONF = "bench.load_urls"
 
+# Both libraries' instruments, as every figure of docs/performance was measured: the dev
+# group now installs OpenTelemetry's Prometheus exporter (the docs' snippets run it), with
+# which "auto" would make prometheus-client's alone, and the counts would drop for that.
+RATELIMIT_TELEMETRY = "both"
+
 # The floor case (bench.load_floor): one round trip where RatelimitMiddleware sits.
 MIDDLEWARE = [*MIDDLEWARE, "bench.load_floor.RoundTripFloor"]  # noqa: F405
 
