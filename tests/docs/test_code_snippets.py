@@ -314,8 +314,8 @@ urlpatterns = [
     path("rules-login/", lambda request: rules_login(request)),
     path("plain/", limited_login),
     path("api/", lambda request: api(request)),
-    path("bulk/", lambda request: Bulk.as_view()(request)),
-    path("complete/", lambda request: COMPLETE[0](request)),
+    path("bulk/", lambda request: SERVED["bulk"](request)),
+    path("complete/", lambda request: SERVED["complete"](request)),
 ]
 pytestmark = pytest.mark.urls(__name__)
 
@@ -446,19 +446,20 @@ def api(request: HttpRequest) -> Any:
     return Api.as_view()(request)
 
 
-Bulk: Any = None
+#: The views a test makes from its snippet, served at its path by :data:`urlpatterns`.
+SERVED: dict[str, Any] = {}
 
 
 def test_a_throttle_cost_counts_items() -> None:
-    global Bulk
     throttle = run("operators", 2, "class BulkThrottle")["BulkThrottle"]
 
-    class Bulk(APIView):  # type: ignore[no-redef]
+    class Bulk(APIView):
         throttle_classes = [throttle]
 
         def post(self, request: Any) -> Response:
             return Response({"ok": True})
 
+    SERVED["bulk"] = Bulk.as_view()
     client = Client()
     with override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"bulk": "10/m"}}):
         codes = [
@@ -470,15 +471,12 @@ def test_a_throttle_cost_counts_items() -> None:
     assert codes == [200, 200, 429]
 
 
-COMPLETE: list[Any] = []
-
-
 @pytest.mark.django_db
 def test_charge_counts_the_tokens_an_answer_used() -> None:
     answer = types.SimpleNamespace(text="...", tokens_used=45_000)
     model = types.SimpleNamespace(complete=lambda prompt: answer)  # the reader's model
     names = run("operators", 3, "ratelimit_app.charge(", model=model, JsonResponse=JsonResponse)
-    COMPLETE[:] = [names["complete"]]
+    SERVED["complete"] = names["complete"]
     client = Client()
     client.force_login(User.objects.create_user("writer"))
     codes = [client.post("/complete/", {"prompt": "hi"}).status_code for _ in range(4)]

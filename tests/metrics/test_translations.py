@@ -8,9 +8,7 @@ The tests below also keep every message of the code in the catalogs, translated 
 
 from __future__ import annotations
 
-import ast
 import gettext
-import re
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +25,7 @@ import metrics_app
 from metrics_app import charts
 from metrics_app.models import Series
 from metrics_app.testing import FrozenClock
+from tests.translations import read_po
 
 LOCALE = Path(metrics_app.__file__).resolve().parent / "locale"
 LANGUAGES = ("fr", "de", "es")
@@ -148,42 +147,6 @@ def test_the_chart_words_follow_the_active_language() -> None:
 
 
 # The catalogs.
-
-Catalog = dict[Any, str]
-
-
-def read_po(path: Path) -> tuple[Catalog, list[str]]:
-    """A ``.po`` file's messages as ``gettext`` keys them (``msgid``, ``(msgid, n)`` for each
-    plural form, ``"context\x04msgid"`` for a message with a ``msgctxt``), and the key of each
-    fuzzy entry.
-
-    ratelimit_app's test reads its catalog the same way, without contexts: ours has one
-    (``"series"`` is one word in English, two in French).
-    """
-    catalog: Catalog = {}
-    fuzzy: list[str] = []
-    for entry in path.read_text(encoding="utf-8").strip().split("\n\n"):
-        fields: dict[str, str] = {}
-        name = ""
-        for line in entry.splitlines():
-            if line.startswith("#"):
-                continue
-            match = re.match(r"(msgctxt|msgid_plural|msgid|msgstr(?:\[\d+\])?) ", line)
-            if match:
-                name = match[1]
-                line = line[match.end() :]
-            fields[name] = fields.get(name, "") + ast.literal_eval(line)
-        msgid = fields["msgid"]
-        if "msgctxt" in fields:
-            msgid = f"{fields['msgctxt']}\x04{msgid}"
-        if re.search(r"^#,.*\bfuzzy\b", entry, re.M):
-            fuzzy.append(msgid)
-        for name, text in fields.items():
-            if name.startswith("msgstr["):
-                catalog[(msgid, int(name[7:-1]))] = text
-            elif name == "msgstr":
-                catalog[msgid] = text
-    return catalog, fuzzy
 
 
 @pytest.mark.parametrize("language", LANGUAGES)

@@ -7,9 +7,7 @@ below keep every message of them translated and their compiled ``.mo`` files in 
 
 from __future__ import annotations
 
-import ast
 import gettext
-import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ from django.utils import translation
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE, rules
+from tests.translations import read_po
 
 T0 = 1_800_000_000.0
 LOCALE = Path(__file__).resolve().parents[2] / "ratelimit_app" / "locale"
@@ -205,35 +204,6 @@ def test_the_drf_fail_closed_message_is_translated() -> None:
 
 
 # The catalogs.
-
-Catalog = dict[Any, str]
-
-
-def read_po(path: Path) -> tuple[Catalog, list[str]]:
-    """A ``.po`` file's messages as ``gettext`` keys them (``msgid``, or ``(msgid, n)`` for
-    each plural form), and the ``msgid`` of each fuzzy entry."""
-    catalog: Catalog = {}
-    fuzzy: list[str] = []
-    for entry in path.read_text(encoding="utf-8").strip().split("\n\n"):
-        fields: dict[str, str] = {}
-        name = ""
-        for line in entry.splitlines():
-            if line.startswith("#"):
-                continue
-            match = re.match(r"(msgid_plural|msgid|msgstr(?:\[\d+\])?) ", line)
-            if match:
-                name = match[1]
-                line = line[match.end() :]
-            fields[name] = fields.get(name, "") + ast.literal_eval(line)
-        msgid = fields["msgid"]
-        if re.search(r"^#,.*\bfuzzy\b", entry, re.M):
-            fuzzy.append(msgid)
-        for name, text in fields.items():
-            if name.startswith("msgstr["):
-                catalog[(msgid, int(name[7:-1]))] = text
-            elif name == "msgstr":
-                catalog[msgid] = text
-    return catalog, fuzzy
 
 
 @pytest.mark.parametrize("language", LANGUAGES)
