@@ -17,7 +17,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 
-from ratelimit_app import ALL, UNSAFE, keys, responses
+from ratelimit_app import ALL, UNSAFE, keys, request_state, responses
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import IN_FLIGHT, SLIDING_WINDOW
 from ratelimit_app.conf import conf
@@ -212,10 +212,6 @@ def charge(request: Any, hits: int) -> int:
     return enforce.charge(request, hits)
 
 
-#: The attribute of the Django request that holds the decisions its ``RateLimit`` headers show.
-SHOWN = "_ratelimit_shown"
-
-
 def show(request: Any, decisions: Sequence[Decision]) -> list[Decision] | None:
     """Put ``decisions`` among those the request's ``RateLimit`` headers show.
 
@@ -224,23 +220,23 @@ def show(request: Any, decisions: Sequence[Decision]) -> list[Decision] | None:
     list back and writes the headers after the view (:func:`add_shown`): by then it holds
     the limits of every layer inside it too, so a response shows all of them once. Later
     callers get None: an outer layer writes."""
-    request = getattr(request, "_request", request)  # a DRF Request wraps Django's
-    found: list[Decision] | None = getattr(request, "__dict__", {}).get(SHOWN)
-    if found is not None:
-        found.extend(decisions)
+    kept = request_state.state(getattr(request, "_request", request))  # (DRF wraps Django's)
+    if kept is None:  # a request that takes no attribute
+        return list(decisions)
+    if kept.shown is not None:
+        kept.shown.extend(decisions)
         return None
-    found = list(decisions)
-    try:  # (not contextlib.suppress: a context manager on every rate-limited request)
-        setattr(request, SHOWN, found)
-    except AttributeError:  # a request that takes no attribute
-        return found
-    return found
+    kept.shown = list(decisions)
+    return kept.shown
 
 
-def release(request: Any) -> None:
-    """Forget the request's shown decisions once their writer is done with them: a request
-    object that is passed to a view again (tests do) starts afresh."""
-    getattr(getattr(request, "_request", request), "__dict__", {}).pop(SHOWN, None)
+def release(request: Any, shown: list[Decision] | None = None) -> None:
+    """Forget the request's shown decisions once their writer is done with them (``shown``:
+    only when they are these), so a request object that is passed to a view again (tests
+    do) starts afresh."""
+    kept = request_state.of(getattr(request, "_request", request))
+    if kept is not None and (shown is None or kept.shown is shown):
+        kept.shown = None
 
 
 def add_shown(response: Any, shown: list[Decision] | None) -> Any:

@@ -39,6 +39,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, QueryDict
 from django.utils.module_loading import import_string
 
+from ratelimit_app import request_state
+
 # Re-exported: the client's address and the namespaces were this module's once, and
 # projects' key functions import them from here.
 from ratelimit_app.identity.addresses import IPAddress as IPAddress
@@ -218,9 +220,8 @@ def _unreadable(request: HttpRequest) -> bytes | None:
         return None
 
 
-#: The request attribute that keeps the body's JSON object (or :data:`_NO_JSON`) once read:
-#: the keys of every rule read it, and a big body costs its parse once.
-_JSON_MEMO = "_ratelimit_json"
+#: What the request's state keeps when its body is no JSON object (the keys of every rule
+#: read the body's JSON, and a big body costs its parse once).
 _NO_JSON: Any = object()
 
 
@@ -228,10 +229,12 @@ def _json_body(request: HttpRequest) -> dict[str, Any] | None:
     """The body as a JSON object, as a view reads it: ``json.loads(request.body)`` (UTF-8,
     -16 or -32) or, failing that, decoded by the charset the request declares (as Django
     REST framework's parser does). None when it is no JSON object. Parsed once a request."""
-    found = request.__dict__.get(_JSON_MEMO)
+    kept = request_state.state(request)
+    found = None if kept is None else kept.json
     if found is None:
         found = _parse_json(request)
-        request.__dict__[_JSON_MEMO] = _NO_JSON if found is None else found
+        if kept is not None:
+            kept.json = _NO_JSON if found is None else found
     return None if found is _NO_JSON else found
 
 

@@ -233,7 +233,10 @@ def before(
         return _refused(request, verdict, refusing)
     # The rules' limits first; the layers inside (``@ratelimit``, DRF throttles) add theirs
     # to the same list before the view answers, and this pass writes them all.
-    shown = (core.show(request, verdict.shown) or []) if conf.HEADERS else []
+    # (The list itself, even empty: the inner layers fill it.)
+    shown = core.show(request, verdict.shown) if conf.HEADERS else None
+    if shown is None:  # an outer pass writes, or no headers
+        shown = []
     held = enforce.holding(decisions) if current.rules.holds else None
     if failing:
         return _Pending(shown, [d for d in failing if d.provisional()], held)
@@ -364,9 +367,8 @@ def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> Ht
         _release(request, pending, response)
     elif pending.provisional:
         enforce.take_back(pending.to_take_back(request, response))
-    held = request.__dict__
-    if held.get(core.SHOWN) is pending.shown:  # this pass writes: a request passed again
-        del held[core.SHOWN]  # starts afresh
+    if pending.shown:  # this pass writes: a request passed again starts afresh
+        core.release(request, pending.shown)
     if pending.shown:
         responses.add_headers(response, responses.decision_headers(pending.shown))
     return response

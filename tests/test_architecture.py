@@ -30,6 +30,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "clock": 0,
         "exceptions": 0,
         "signals": 0,
+        "request_state": 0,
         "algorithms.rates": 0,
         "algorithms.refusals": 0,
         "algorithms.windows": 1,

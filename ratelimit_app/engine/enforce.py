@@ -25,7 +25,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ratelimit_app import store
+from ratelimit_app import request_state, store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import MAX_COUNT
 from ratelimit_app.conf import conf
@@ -54,9 +54,6 @@ __all__ = [
     "release_when_done",
     "take_back",
 ]
-
-#: The attribute of a request that holds its verdicts (what :func:`charge` adds to).
-DECIDED = "_ratelimit_decided"
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -260,9 +257,9 @@ def decide(
     verdict = Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
     if OBSERVERS:  # (none unless an exporter is installed)
         _observe(verdict)
-    held = getattr(request, "__dict__", None)  # the verdicts of the request, for charge()
-    if held is not None:
-        held.setdefault(DECIDED, []).append(verdict)
+    kept = request_state.state(request)  # the verdicts of the request, for charge()
+    if kept is not None:
+        kept.verdicts.append(verdict)
     return verdict
 
 
@@ -464,7 +461,9 @@ def _verdicts(request: Any) -> list[Verdict]:
     request it wraps both hold some)."""
     found: list[Verdict] = []
     for r in (request, getattr(request, "_request", None)):
-        found += getattr(r, "__dict__", {}).get(DECIDED, ())
+        kept = request_state.of(r)
+        if kept is not None:
+            found += kept.verdicts
     return found
 
 

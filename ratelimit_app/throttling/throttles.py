@@ -21,7 +21,6 @@ What a view's throttles of this package do, per request:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from typing import Any
@@ -32,7 +31,7 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework import throttling as drf_throttling
 from rest_framework.settings import api_settings
 
-from ratelimit_app import ALL, clock, keys, responses
+from ratelimit_app import ALL, clock, keys, request_state, responses
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import base
@@ -63,8 +62,6 @@ PREFIX = sources.DRF + ":"
 #: masked IP address) or, for a ``get_cache_key`` of another shape, the whole key. With this
 #: kind, :func:`ratelimit_app.core.lookup` finds a subject from what a person types.
 SUBJECT_KIND = "user_or_ip"
-#: Where the throttles of one request leave what they share (:class:`_Dispatch`).
-STASH = "_ratelimit_throttling"
 
 
 class ThrottleUnavailable(drf_exceptions.APIException):
@@ -455,8 +452,9 @@ def _decided(
     else:
         batch = _view_decisions(decision, request, view)
         dispatch = _Dispatch()
-        with contextlib.suppress(AttributeError):  # a request that takes no attribute
-            setattr(request, STASH, dispatch)
+        kept = request_state.state(request)  # (None: a request that takes no attribute)
+        if kept is not None:
+            kept.throttles = dispatch
     at = None if _own_timer(throttle) else t
     made = [d.check for d in batch]  # as made: an override may replace a decision's check
     own = decision.check
@@ -470,8 +468,8 @@ def _dispatch(request: Any) -> _Dispatch | None:
     """What the request's throttles share so far (None: nothing yet). Read from the
     instance's own attributes: DRF's ``Request`` answers a missing attribute by raising
     twice (its own and the wrapped request's), which would cost more than the rest."""
-    found: _Dispatch | None = getattr(request, "__dict__", {}).get(STASH)
-    return found
+    kept = request_state.of(request)
+    return None if kept is None else kept.throttles
 
 
 def _view_decisions(decision: Decision, request: Any, view: Any) -> list[Decision]:

@@ -18,7 +18,7 @@ from django.test import RequestFactory, override_settings
 from django.urls import path
 from django.views import View
 
-from ratelimit_app import core, store
+from ratelimit_app import core, request_state, store
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.testing import forget_refusals, frozen_clock
@@ -123,7 +123,8 @@ def test_a_request_passed_again_starts_afresh() -> None:
         first = outer(request)
         with pytest.raises(Ratelimited):
             outer(request)
-        assert core.SHOWN not in vars(request)
+        kept = request_state.of(request)
+        assert kept is not None and kept.shown is None
         again = ratelimit(group="adm-again-2", key="ip", rate="5/m")(ok)
         answers = [again(request), again(request)]
     assert first["RateLimit"] == '"5/m";r=4;t=61, "1/m";r=0;t=61'
