@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from metrics_app.conf import DEFAULTS, REMOVED
+from metrics_app.conf import DEFAULTS
 from metrics_app.retention import parse_retention
 
 #: Check ID -> what it means (docs/metrics.rst lists the same).
@@ -28,8 +28,6 @@ CHECK_IDS: dict[str, str] = {
     "than METRICS_MAX_BUFFERED_KEYS.",
     "metrics_app.W001": "METRICS_LOCK_CACHE is local to one process, so the downsample lock "
     "does not stop two processes.",
-    "metrics_app.W002": "A removed METRICS_* setting is set: it no longer has an effect and can "
-    "be removed.",
 }
 
 _LOCAL_CACHES = (
@@ -94,18 +92,6 @@ def _buffer() -> list[CheckMessage]:
     return []
 
 
-def _removed() -> list[CheckMessage]:
-    return [
-        Warning(
-            f"{CHECK_IDS['metrics_app.W002']} {name}: {now}.",
-            hint=f"Remove {name} from your settings.",
-            id="metrics_app.W002",
-        )
-        for name, now in REMOVED.items()
-        if hasattr(settings, name)
-    ]
-
-
 def _lock_cache() -> list[CheckMessage]:
     lock_alias = _get("METRICS_LOCK_CACHE")
     if lock_alias not in settings.CACHES:
@@ -135,6 +121,6 @@ def _database() -> list[CheckMessage]:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     return [
         message
-        for check in (_retention, _sizes, _buffer, _lock_cache, _database, _removed)
+        for check in (_retention, _sizes, _buffer, _lock_cache, _database)
         for message in check()
     ]

@@ -30,17 +30,6 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_HANDLE_SIGTERM": True,
 }
 
-#: Settings that were tuning knobs, each now a constant: what happens instead. A project
-#: that still sets one is warned (``metrics_app.W002``).
-REMOVED: dict[str, str] = {
-    "METRICS_BATCH_SIZE": "a flush writes at most 1,000 rows per statement",
-    "METRICS_DOWNSAMPLE_BATCH_SIZE": "a downsample folds at most 20,000 rows per transaction "
-    "(metrics_downsample --batch-size still chooses)",
-    "METRICS_LOCK_TTL": "the downsample lock lives 600 s without a refresh",
-    "METRICS_LEDGER_DAYS": "flush-ledger rows are kept 7 days",
-    "METRICS_MAX_RETRY_DELAY": "a failing flush waits at most 300 s between retries",
-}
-
 
 def _get(name: str) -> Any:
     return getattr(settings, name, DEFAULTS[name])

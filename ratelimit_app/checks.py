@@ -31,7 +31,7 @@ from ratelimit_app.backends import (
     missing_cache,
 )
 from ratelimit_app.backends.base import Backend, Op
-from ratelimit_app.conf import DEFAULTS, REMOVED, drf_throttles_named
+from ratelimit_app.conf import DEFAULTS, drf_throttles_named
 from ratelimit_app.config import declared, sources
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ MESSAGES: dict[str, str] = {
     "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
     "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
     "reached (only a rate of 0 refuses).",
-    "W006": "A removed RATELIMIT_* setting is set: it no longer has an effect and can be removed.",
     "W007": "A counter server cannot be reached: every rate-limited request fails open or "
     "closed (RATELIMIT_FAIL_OPEN).",
     "W008": "A RATELIMIT_* setting is not one of django-bucketry's: it has no effect.",
@@ -244,12 +243,6 @@ def _ip_meta_key() -> Iterable[checks.CheckMessage]:
         yield _error("E011", f"Got {meta!r}.")
 
 
-def _removed() -> Iterable[checks.CheckMessage]:
-    for name, now in REMOVED.items():
-        if hasattr(settings, name):
-            yield _error("W006", f"{name}: {now}.", hint=f"Remove {name} from your settings.")
-
-
 def _closest(name: str, known: Iterable[str], prefix: str = "") -> str | None:
     """The known name closest to ``name``, if any is close. Compared without ``prefix``,
     which every candidate shares and which would make any two look alike."""
@@ -261,7 +254,7 @@ def _closest(name: str, known: Iterable[str], prefix: str = "") -> str | None:
 def _unknown() -> Iterable[checks.CheckMessage]:
     """A ``RATELIMIT_*`` setting we do not read: most likely a typo, which would leave the
     default in force without a word."""
-    known = DEFAULTS.keys() | REMOVED.keys()
+    known = DEFAULTS.keys()
     for name in sorted(n for n in dir(settings) if n.startswith("RATELIMIT_")):
         if name in known:
             continue
@@ -284,7 +277,6 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
         _dotted_paths,
         _prefix,
         _ip_meta_key,
-        _removed,
         _unknown,
     ):
         yield from check()

@@ -58,19 +58,6 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_TELEMETRY": "auto",
 }
 
-#: Settings that were tuning knobs, each now a constant: what the limiter does instead. A
-#: project that still sets one is warned (``ratelimit_app.W006``).
-REMOVED: dict[str, str] = {
-    "RATELIMIT_BUCKETS_PER_WINDOW": "a window is cut into 60 buckets",
-    "RATELIMIT_HIERARCHICAL": "every window uses the uniform layout",
-    "RATELIMIT_SOCKET_TIMEOUT": "memcached and Redis operations time out after 0.1 s "
-    "(a Redis cache's OPTIONS SOCKET_TIMEOUT and SOCKET_CONNECT_TIMEOUT still win)",
-    "RATELIMIT_DEAD_RETRY": "a failed server is skipped for 5 s",
-    "RATELIMIT_CONFIG_REFRESH": "each process looks for changed database rules once a second",
-    "RATELIMIT_REFUSAL_MEMORY": "a refusal is answered from memory for at most 5 s",
-    "RATELIMIT_REFUSAL_MEMORY_SIZE": "each process remembers at most 10,000 refused subjects",
-}
-
 
 def read(name: str) -> Any:
     """The setting ``name`` (one of :data:`DEFAULTS`), or its default."""

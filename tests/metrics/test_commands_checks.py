@@ -6,7 +6,7 @@ from io import StringIO
 
 import pytest
 from django.core.cache import cache
-from django.core.checks import WARNING, run_checks
+from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
@@ -17,7 +17,6 @@ from django.urls import path
 import metrics_app
 from metrics_app import buffer, query, rollup
 from metrics_app.checks import CHECK_IDS
-from metrics_app.conf import REMOVED
 from metrics_app.decorators import count_visits
 from metrics_app.models import Bucket
 from metrics_app.testing import FrozenClock
@@ -66,28 +65,6 @@ def test_each_check_id(overrides: dict[str, object], check_id: str) -> None:
 )
 def test_a_client_share_smaller_than_the_buffer_passes(overrides: dict[str, object]) -> None:
     assert "metrics_app.E010" not in ids(**overrides)
-
-
-#: The removed settings at the defaults they had.
-DEFAULTS_BEFORE = {
-    "METRICS_BATCH_SIZE": 1000,
-    "METRICS_DOWNSAMPLE_BATCH_SIZE": 20_000,
-    "METRICS_LOCK_TTL": 600,
-    "METRICS_LEDGER_DAYS": 7,
-    "METRICS_MAX_RETRY_DELAY": 300.0,
-}
-
-
-@pytest.mark.parametrize("name", sorted(REMOVED))
-def test_a_removed_setting_still_set_is_a_warning_naming_it(name: str) -> None:
-    """Each removed setting, set to anything (its old default too): one warning that names
-    it and says it does nothing now; nothing about it while it is not set."""
-    assert "metrics_app.W002" not in ids()
-    with override_settings(**{name: DEFAULTS_BEFORE[name]}):
-        (message,) = [m for m in run_checks() if m.id == "metrics_app.W002"]
-    assert message.level == WARNING
-    assert name in message.msg and "no longer has an effect" in message.msg
-    assert message.hint == f"Remove {name} from your settings."
 
 
 def test_every_check_id_is_documented() -> None:

@@ -13,7 +13,6 @@ from django.test import RequestFactory, override_settings
 
 from ratelimit_app import checks
 from ratelimit_app.backends.cache import CacheBackend
-from ratelimit_app.conf import REMOVED
 from ratelimit_app.decorators import ratelimit, registry
 
 LOCMEM = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
@@ -44,17 +43,6 @@ def all_messages() -> list[Any]:
         + checks.check_rules()
     )
 
-
-#: The removed settings at the defaults they had.
-DEFAULTS_BEFORE = {
-    "RATELIMIT_BUCKETS_PER_WINDOW": 60,
-    "RATELIMIT_HIERARCHICAL": False,
-    "RATELIMIT_SOCKET_TIMEOUT": 0.1,
-    "RATELIMIT_DEAD_RETRY": 5.0,
-    "RATELIMIT_CONFIG_REFRESH": 1.0,
-    "RATELIMIT_REFUSAL_MEMORY": 5.0,
-    "RATELIMIT_REFUSAL_MEMORY_SIZE": 10_000,
-}
 
 RULE = {"name": "r", "path": "/x/", "key": "ip", "rate": "5/m"}
 RL_MIDDLEWARE = "ratelimit_app.middleware.RatelimitMiddleware"
@@ -104,7 +92,7 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
         ),
         ({"CACHES": {"default": LOCMEM}}, "ratelimit_app.W001"),
         ({"CACHES": {"default": DUMMY}}, "ratelimit_app.W005"),
-        ({"RATELIMIT_HIERARCHICAL": False}, "ratelimit_app.W006"),
+        ({"RATELIMIT_HIERARCHICAL": False}, "ratelimit_app.W008"),  # (never released)
         # Not a backend, an abstract one, one built with other arguments (a configuration
         # mistake, never a connection failure at request time).
         ({"RATELIMIT_BACKEND": LOCMEM["BACKEND"]}, "ratelimit_app.E018"),
@@ -264,20 +252,6 @@ def test_backend_setting_errors_name_the_setting_and_the_problem() -> None:
     with override_settings(RATELIMIT_BACKEND="ratelimit_app.backends.base.Backend"):
         (message,) = [m for m in checks.check_settings() if m.id == "ratelimit_app.E018"]
     assert "delete, run_many" in message.msg
-
-
-@pytest.mark.parametrize("name", sorted(REMOVED))
-def test_a_removed_setting_still_set_is_a_warning_naming_it(name: str) -> None:
-    """Each removed setting, set to anything (its old default too): one warning that names
-    it and says it does nothing now; nothing about it while it is not set."""
-    assert "ratelimit_app.W006" not in ids(checks.check_settings())
-    with override_settings(**{name: DEFAULTS_BEFORE[name]}):
-        (message,) = [m for m in checks.check_settings() if m.id == "ratelimit_app.W006"]
-        # A warning, not an error: `check` and `runserver` still start.
-        call_command("check")
-    assert message.level == WARNING
-    assert name in message.msg and "no longer has an effect" in message.msg
-    assert message.hint == f"Remove {name} from your settings."
 
 
 def test_manage_py_check_passes_with_good_settings() -> None:
