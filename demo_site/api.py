@@ -46,6 +46,7 @@ from metrics_app.conf import conf as metrics_conf
 from ratelimit_app import core, responses
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
+from ratelimit_app.config.policy import policy
 from ratelimit_app.core import limit_decision
 from ratelimit_app.throttling import ThrottleUnavailable
 
@@ -102,8 +103,7 @@ class LinkList(DemoAPIView):
         raised here would be DRF's 403), with the ``RateLimit`` headers either way. When
         the counters are down and ``RATELIMIT_FAIL_OPEN`` is off, a 503, as the form's
         decorator answers: the client did nothing wrong."""
-        limit = limits.build(**CREATE_LIMIT)
-        decision = limit_decision(request._request, limit, increment=True)
+        decision = limit_decision(request._request, policy(limits.build(**CREATE_LIMIT)))
         if decision is None:
             return
         if conf.HEADERS and decision.shown and core.show(request, [decision]) is not None:

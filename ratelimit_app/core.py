@@ -19,10 +19,11 @@ from django.http import HttpRequest, HttpResponseBase
 
 from ratelimit_app import ALL, UNSAFE, keys, request_state, responses
 from ratelimit_app.algorithms import rates
-from ratelimit_app.algorithms.gcra import IN_FLIGHT, SLIDING_WINDOW
+from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
-from ratelimit_app.config.limits import Limit, Method, method_set
+from ratelimit_app.config.limits import Method, method_set
+from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.engine import enforce, failure_dict
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.keys import get_header, user_or_ip
@@ -97,18 +98,14 @@ def get_usage(
         return None
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
     limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost, ban=ban)
-    return limit_usage(request, limit, increment, fail_open, shadow)
+    if fail_open is None and not increment:  # a look that counts nothing never enforces
+        fail_open = True
+    return limit_usage(request, policy(limit, fail_open=fail_open, shadow=shadow), increment)
 
 
-def limit_usage(
-    request: HttpRequest,
-    limit: Limit,
-    increment: bool,
-    fail_open: bool | None = None,
-    shadow: bool = False,
-) -> dict[str, Any] | None:
-    """:func:`get_usage` for a validated :class:`~ratelimit_app.config.limits.Limit`."""
-    decision = limit_decision(request, limit, increment, fail_open, shadow)
+def limit_usage(request: HttpRequest, enforced: Policy, increment: bool) -> dict[str, Any] | None:
+    """:func:`get_usage` for a :class:`~ratelimit_app.config.policy.Policy`."""
+    decision = limit_decision(request, enforced, increment)
     if decision is None:
         return None
     if decision.result is None:  # the counters failed, and the limit fails closed
@@ -120,54 +117,38 @@ def limit_usage(
 
 
 def limit_decision(
-    request: HttpRequest,
-    limit: Limit,
-    increment: bool,
-    fail_open: bool | None = None,
-    shadow: bool = False,
+    request: HttpRequest, enforced: Policy, increment: bool = True
 ) -> Decision | None:
-    """The decided :class:`~ratelimit_app.engine.enforce.Decision` of ``limit`` for ``request``, or
-    None when no limit applies (another method, no rate) or the counters failed and the
-    limit fails open.
-
-    When the backend fails, a request that counts fails open or closed as ``fail_open`` (or
-    ``RATELIMIT_FAIL_OPEN``) says; a look that counts nothing never enforces (as in
-    django-ratelimit), unless ``fail_open=False`` is passed.
-    """
-    verdict = limit_verdict(request, limit, increment, fail_open, shadow)
+    """The decided :class:`~ratelimit_app.engine.enforce.Decision` of ``enforced``'s limit
+    for ``request``, or None when no limit applies (another method, no rate) or the
+    counters failed and the limit fails open (as its policy says: by default as
+    ``RATELIMIT_FAIL_OPEN`` does; :func:`get_usage`'s look that counts nothing never
+    enforces, as in django-ratelimit, unless ``fail_open=False`` is passed)."""
+    verdict = limit_verdict(request, enforced, increment)
     if verdict is None:
         return None
     first = verdict.decisions[0]
-    return first if first.limit is limit else None  # (an override lifted the limit)
+    return first if first.policy is enforced else None  # (an override lifted the limit)
 
 
 def limit_verdict(
-    request: HttpRequest,
-    limit: Limit,
-    increment: bool,
-    fail_open: bool | None = None,
-    shadow: bool = False,
+    request: HttpRequest, enforced: Policy, increment: bool = True
 ) -> enforce.Verdict | None:
-    """:func:`limit_decision`'s verdict: the limit's decision first, then its in-flight
-    limit's (``concurrent``) when the request counts; None when no limit applies, or the
+    """:func:`limit_decision`'s verdict: the limit's decision first, then its places' in
+    flight (``concurrent``) when the request counts; None when no limit applies, or the
     counters failed and the limit fails open."""
+    limit = enforced.limit
     if not limit.applies_to(request):
         return None
     check = limit.check(request, increment)
     if check is None:
         return None
-    if fail_open is None:
-        fail_open = conf.FAIL_OPEN or not increment
-    own = False if check.algorithm == IN_FLIGHT else None  # a place is shown when refused
-    decisions = [Decision(limit, check, None, True, fail_open, None, own, shadow)]
-    inflight = limit.inflight
-    if inflight is not None and increment:
-        held = inflight.check(request, increment)
-        if held is not None:
-            decisions.append(Decision(inflight, held, None, True, fail_open, None, False, shadow))
+    decisions = enforce.decisions(enforced, check, request, increment)
     verdict = enforce.decide(request, decisions)
-    if (verdict.failed is not None and fail_open) or not verdict.decisions:
-        return None  # (no decision left: an override lifts the limit for this subject)
+    if not verdict.decisions:
+        return None  # (an override lifts the limit for this subject)
+    if verdict.failed is not None and verdict.decisions[0].fail_open:
+        return None
     return verdict
 
 

@@ -22,6 +22,7 @@ from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, Method
+from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.core import (
     add_shown,
     group_name,
@@ -135,7 +136,7 @@ def ratelimit(
 class _Guard:
     """One decorated view's limit, and what its requests get before the view runs."""
 
-    __slots__ = ("_parts", "block", "holds", "limit", "problems", "shadow", "view_name")
+    __slots__ = ("_parts", "block", "holds", "limit", "policy", "problems", "view_name")
 
     def __init__(
         self,
@@ -150,8 +151,10 @@ class _Guard:
     ) -> None:
         self.view_name = view_name
         self.block = block
-        self.shadow = self.holds = False
+        self.holds = False
         self.limit: Limit | None = None
+        #: How the limit is enforced (None: no limit, or a mistake in it).
+        self.policy: Policy | None = None
         self.problems: list[str] = []
         self._parts = (group, key, rate, method, algorithm, burst)
 
@@ -163,8 +166,8 @@ class _Guard:
         lease: str | int | None = None,
         ban: dict[str, Any] | None = None,
     ) -> None:
-        """Build the limit (with its ``cost`` and in-flight limit); ``shadow``: a dry run."""
-        self.shadow = bool(shadow)
+        """Build the limit (with its ``cost`` and in-flight limit) and its policy;
+        ``shadow``: a dry run."""
         group, key, rate, method, algorithm, burst = self._parts
         if rate is None and concurrent is None:  # django-ratelimit's "no rate, no limit"
             registry[self.view_name] = Registered(unlimited=True)
@@ -183,6 +186,7 @@ class _Guard:
                 ban=ban,
             )
             self.holds = self.limit.inflight is not None or self.limit.algorithm == IN_FLIGHT
+            self.policy = policy(self.limit, shadow=bool(shadow))
             over = self.limit.cost_problem()
             if over is not None:
                 registry[self.view_name] = Registered(over_cost=f"{self.view_name}: {over}")
@@ -207,8 +211,8 @@ class _Guard:
             )
         already = getattr(request, "limited", False)
         decision = None
-        if self.limit is not None and conf.ENABLE:
-            decision = limit_decision(request, self.limit, True, None, self.shadow)
+        if self.policy is not None and conf.ENABLE:
+            decision = limit_decision(request, self.policy)
         if decision is None:  # no limit applies, or the counters failed open
             request.limited = already  # type: ignore[attr-defined]
             return None
@@ -234,8 +238,8 @@ class _Guard:
             )
         already = getattr(request, "limited", False)
         verdict = None
-        if self.limit is not None and conf.ENABLE:
-            verdict = limit_verdict(request, self.limit, True, None, self.shadow)
+        if self.policy is not None and conf.ENABLE:
+            verdict = limit_verdict(request, self.policy)
         if verdict is None:
             request.limited = already  # type: ignore[attr-defined]
             return None, []

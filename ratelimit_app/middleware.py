@@ -166,40 +166,11 @@ def _decisions(
                 return responses.denied(request)
             if check.subject[1] in current.allow.emails:
                 continue
-        d = Decision(rule.limit, check, rule.name, rule.block, rule.fail_open, None, None)
-        if rule.shadow:
-            d.shadow = True
-        found.append(d)
+        made = enforce.decisions(rule.policy, check, request, True, subjects)
+        found += made
         if rule.failures_only:
-            d.failures_only = True
-            failing.append(d)
-        if rule.holds:
-            _in_flight(request, rule, d, found, subjects)
+            failing.append(made[0])
     return found, failing
-
-
-def _in_flight(
-    request: HttpRequest,
-    rule: CompiledRule,
-    decision: Decision,
-    found: list[Decision],
-    subjects: Subjects,
-) -> None:
-    """A rule's in-flight decision (its place is shown in the headers only when refused):
-    ``decision`` itself for a rule that is an in-flight limit alone, else added to
-    ``found``."""
-    inflight = rule.limit.inflight
-    if inflight is None:
-        decision.own = False
-        return
-    check = inflight.check(request, subjects=subjects)
-    if check is not None:
-        own = False
-        found.append(
-            Decision(
-                inflight, check, rule.name, rule.block, rule.fail_open, None, own, rule.shadow
-            )
-        )
 
 
 def before(

@@ -41,6 +41,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "identity.namespaces": 1,
         "keys": 1,
         "config.limits": 2,
+        "config.policy": 2,
         "config.access": 2,
         "config.rules": 2,
         "config.sources": 2,

@@ -32,6 +32,7 @@ from ratelimit_app import keys
 from ratelimit_app.algorithms import gcra, rates
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
+from ratelimit_app.config.policy import Policy, policy
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"
@@ -94,8 +95,10 @@ class CompiledRule:
     #: the methods of the requests it matches (HEAD with GET:
     #: :func:`ratelimit_app.config.limits.counted_methods`),
     matches: frozenset[str] | None = field(init=False, repr=False)
-    #: and whether it limits requests in flight (``concurrent``): its requests hold a place.
+    #: whether it limits requests in flight (``concurrent``): its requests hold a place,
     holds: bool = field(init=False, repr=False)
+    #: and how it is enforced (:mod:`ratelimit_app.config.policy`).
+    policy: Policy = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
@@ -103,6 +106,15 @@ class CompiledRule:
         lim = self.limit
         holds = lim.inflight is not None or lim.algorithm == gcra.IN_FLIGHT
         object.__setattr__(self, "holds", holds)
+        enforced = policy(
+            lim,
+            name=self.name,
+            block=self.block,
+            fail_open=self.fail_open,
+            shadow=self.shadow,
+            failures_only=self.failures_only,
+        )
+        object.__setattr__(self, "policy", enforced)
 
     # The limit's parts, for readers of a rule (the admin, the commands).
     @property

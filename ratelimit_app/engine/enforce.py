@@ -29,7 +29,8 @@ from ratelimit_app import request_state, store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import MAX_COUNT
 from ratelimit_app.conf import conf
-from ratelimit_app.config.limits import Check, Limit
+from ratelimit_app.config.limits import Check, Subjects
+from ratelimit_app.config.policy import Policy
 from ratelimit_app.engine import (
     REFUSALS,
     Result,
@@ -50,6 +51,7 @@ __all__ = [
     "Verdict",
     "charge",
     "decide",
+    "decisions",
     "holding",
     "release_when_done",
     "take_back",
@@ -67,17 +69,19 @@ OWN_KINDS = frozenset(["ip", "user", "user_or_ip"])
 
 
 class Decision:
-    """One limit's part of a verdict: the limit, its check of this request and its result.
+    """One limit's part of a verdict: its :class:`~ratelimit_app.config.policy.Policy`, its
+    check of this request and its result.
 
-    ``name`` labels it (a rule's name, ``drf:<scope>``; None for a decorator's limit);
-    ``blocks``: its refusal refuses the request, which then counts nowhere; ``fail_open``:
-    what it does when the counters cannot be reached; ``sender``: who sends its
-    ``ratelimited`` signal (None: the sender :func:`decide` is given); ``own``: its subject
-    is the requester itself (default: a subject of :data:`OWN_KINDS`), so its counter is
-    shown on admitted responses; ``shadow``: a dry run (so is every limit under
-    ``RATELIMIT_SHADOW``): it refuses nothing, and what it would refuse is counted as a
-    refusal would be (its own hit taken back), logged at INFO and signalled
-    (:attr:`shadowed`).
+    The policy's fields are read here as the decision's own: ``limit``, ``name`` (a rule's
+    name, ``drf:<scope>``; None for a decorator's limit), ``blocks`` (its refusal refuses the
+    request, which then counts nowhere), ``fail_open`` (what it does when the counters
+    cannot be reached; the policy's None is ``RATELIMIT_FAIL_OPEN`` now), ``shadow`` (a dry
+    run, as is every limit under ``RATELIMIT_SHADOW``: it refuses nothing, and what it would
+    refuse is counted as a refusal would be, its own hit taken back, logged at INFO and
+    signalled: :attr:`shadowed`), ``failures_only``, ``sender`` (who sends its
+    ``ratelimited`` signal; None: the sender :func:`decide` is given) and ``own`` (its
+    subject is the requester itself, so its counter is shown on admitted responses; None: a
+    subject of :data:`OWN_KINDS`).
     """
 
     __slots__ = (
@@ -89,6 +93,7 @@ class Decision:
         "limit",
         "name",
         "own",
+        "policy",
         "refused",
         "result",
         "sender",
@@ -97,20 +102,22 @@ class Decision:
         "shown",
     )
 
-    def __init__(
-        self,
-        limit: Limit,
-        check: Check,
-        name: str | None = None,
-        blocks: bool = True,
-        fail_open: bool = True,
-        sender: Any = None,
-        own: bool | None = None,
-        shadow: bool = False,
-    ) -> None:
-        # Made for every limit of every request: plain assignments, nothing derived.
-        self.limit, self.check, self.name, self.blocks = limit, check, name, blocks
-        self.fail_open, self.sender, self.own, self.shadow = fail_open, sender, own, shadow
+    def __init__(self, policy: Policy, check: Check) -> None:
+        # Made for every limit of every request: one unpacking, nothing derived but the
+        # fail-open default.
+        self.policy, self.check = policy, check
+        (
+            self.limit,
+            self.name,
+            self.blocks,
+            fail_open,
+            self.shadow,
+            self.failures_only,
+            self.sender,
+            self.own,
+            _,
+        ) = policy
+        self.fail_open = conf.FAIL_OPEN if fail_open is None else fail_open
         #: None until decided, and when not checked (the backend failed, or another limit
         #: refused the request from memory).
         self.result: Result | None = None
@@ -118,8 +125,6 @@ class Decision:
         self.refused = False
         #: A dry run's refusal: over its limit, and admitted (:attr:`refused` stays False).
         self.shadowed = False
-        #: It counts failed requests only (a failure-only rule): :func:`charge` passes it by.
-        self.failures_only = False
         #: Whether the response's ``RateLimit`` headers show its counter: the requester's
         #: own (:attr:`own`), and a refusal's.
         self.shown = False
@@ -198,6 +203,24 @@ class Verdict:
             if d.blocks and not d.fail_open:
                 return d
         return None
+
+
+def decisions(
+    policy: Policy,
+    check: Check,
+    request: HttpRequest,
+    increment: bool = True,
+    subjects: Subjects | None = None,
+) -> list[Decision]:
+    """The decisions of ``policy`` for a request whose check is ``check``: its own, then
+    its places' in flight (``concurrent``) when the request counts and takes one."""
+    found = [Decision(policy, check)]
+    places = policy.places
+    if places is not None and increment:
+        held = places.limit.check(request, increment, subjects=subjects)
+        if held is not None:
+            found.append(Decision(places, held))
+    return found
 
 
 def decide(

@@ -38,6 +38,7 @@ from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config import limits, sources
 from ratelimit_app.config.limits import Check, Limit
+from ratelimit_app.config.policy import policy
 from ratelimit_app.core import release, show
 from ratelimit_app.engine import Result, enforce
 from ratelimit_app.engine.enforce import Decision, Verdict
@@ -290,9 +291,15 @@ class SimpleRateThrottle(BaseThrottle):
             if not cost:
                 return None
             check = check._replace(cost=cost)
-        own = _keyed_on_the_client(self)
-        shadow = self.shadow
-        return Decision(lim, check, self.name, True, self._fails_open(), type(self), own, shadow)
+        enforced = policy(
+            lim,
+            name=self.name,
+            fail_open=self.fail_open,
+            shadow=self.shadow,
+            sender=type(self),
+            own=_keyed_on_the_client(self),
+        )
+        return Decision(enforced, check)
 
     def get_cost(self, request: Any, view: Any) -> int:
         """The hits this request counts (default: :attr:`cost`); 0: not throttled. Override

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.algorithms.rates import normalize
 from ratelimit_app.config import limits
+from ratelimit_app.config.policy import policy
 from ratelimit_app.engine import Result, meter_result, usage_dict
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.responses import decision_headers, ratelimit_headers
@@ -44,7 +45,7 @@ def test_the_windows_headers_match_the_usage_dicts(
     ]
     result = Result(usages, "{ns}")
     check = limits.Check("scope", ("ip", "192.0.2.1"), rates, True)
-    d = Decision(limit, check, label)
+    d = Decision(policy(limit, name=label, fail_open=True), check)
     d.result = result
     assert decision_headers([d]) == ratelimit_headers([(label, usage_dict(result))])
 
@@ -60,6 +61,6 @@ def test_a_leaky_buckets_headers_match_its_usage_dict(level_us: int) -> None:
     )
     result = meter_result(state, "{ns}")
     check = limits.Check("scope", ("ip", "192.0.2.1"), rates, True, gcra.LEAKY_BUCKET, 7)
-    d = Decision(limit, check, "bucket")
+    d = Decision(policy(limit, name="bucket", fail_open=True), check)
     d.result = result
     assert decision_headers([d]) == ratelimit_headers([("bucket", usage_dict(result))])

@@ -254,9 +254,10 @@ def test_a_charge_passes_places_by(backend_kind: str) -> None:
     request = HttpRequest()
     request.META["REMOTE_ADDR"] = "192.0.2.9"
     request.method = "GET"
+    from ratelimit_app.config.policy import policy
     from ratelimit_app.core import limit_verdict
 
     lim = limits.build("g-charge", "ip", "10/m", concurrent=2)
-    verdict = limit_verdict(request, lim, True)
+    verdict = limit_verdict(request, policy(lim), True)
     assert verdict is not None and len(verdict.decisions) == 2
     assert ratelimit_app.charge(request, 3) == 1  # the rate, not the place

@@ -20,6 +20,7 @@ from ratelimit_app import core, store
 from ratelimit_app.algorithms.rates import Rate
 from ratelimit_app.config import overrides
 from ratelimit_app.config.overrides import UNLIMITED, OverrideError
+from ratelimit_app.config.policy import policy
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.engine import overrides as applied
 from ratelimit_app.engine.enforce import Decision
@@ -524,7 +525,7 @@ class TestAtWork:
             request.user = partner
             check = lim.check(request)
             assert check is not None
-            d = Decision(lim, check, "api")
+            d = Decision(policy(lim, name="api", fail_open=True), check)
             applied.apply(request, [d])
             made.append(d.check)
         assert made[0] is made[1]

@@ -17,6 +17,7 @@ from ratelimit_app import store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import Rate
 from ratelimit_app.config import limits, overrides
+from ratelimit_app.config.policy import policy
 from ratelimit_app.engine import overrides as applied
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.identity.addresses import mask_ip
@@ -54,7 +55,9 @@ def decisions(limit: limits.Limit) -> list[Decision]:
     assert limit.inflight is not None
     rate, places = limit.check(request), limit.inflight.check(request)
     assert rate is not None and places is not None
-    return [Decision(limit, rate, "link-pages"), Decision(limit.inflight, places, "link-pages")]
+    enforced = policy(limit, name="link-pages", fail_open=True)
+    assert enforced.places is not None
+    return [Decision(enforced, rate), Decision(enforced.places, places)]
 
 
 def applying(table: overrides.Table, found: list[Decision]) -> list[Decision]:
@@ -92,7 +95,8 @@ def test_an_in_flight_limit_alone_is_left_alone() -> None:
     request = RequestFactory().get("/", REMOTE_ADDR=ADDRESS)
     check = alone.check(request)
     assert check is not None and check.algorithm == IN_FLIGHT
-    kept = applying(table("unlimited"), [Decision(alone, check, "link-pages")])
+    alone_policy = policy(alone, name="link-pages", fail_open=True)
+    kept = applying(table("unlimited"), [Decision(alone_policy, check)])
     assert len(kept) == 1 and kept[0].check is check
 
 
@@ -106,7 +110,7 @@ def test_a_table_changed_in_place_is_asked_again() -> None:
     def rates() -> Any:
         check = lim.check(request)
         assert check is not None
-        kept = applying(found, [Decision(lim, check, "link-pages")])
+        kept = applying(found, [Decision(policy(lim, name="link-pages", fail_open=True), check)])
         return kept[0].check.rates if kept else None
 
     assert rates() == (Rate(600, 3600),)

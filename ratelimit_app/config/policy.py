@@ -1,0 +1,68 @@
+"""A limit with everything that changes how it is enforced: the :class:`Policy`.
+
+Each entry point makes its limits' policies once, with :func:`policy`: a rule when it is
+compiled (settings and database alike), ``@ratelimit`` when it decorates, ``get_usage`` and
+``is_ratelimited`` per call, a DRF throttle per check (DRF makes a throttle per request).
+Nothing changes a policy afterwards; the engine makes each request's
+:class:`~ratelimit_app.engine.enforce.Decision` from one and the request's check. What a
+limit counts and how much (its key, rates, algorithm, cost, ban, in-flight places) is the
+:class:`~ratelimit_app.config.limits.Limit`'s; a new option of enforcement is a field here,
+not a parameter of every entry point.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ratelimit_app.algorithms.gcra import IN_FLIGHT
+from ratelimit_app.config.limits import Limit
+
+__all__ = ["Policy", "policy"]
+
+
+class Policy(NamedTuple):
+    """A limit and how it is enforced (make one with :func:`policy`)."""
+
+    #: What it counts, how much, by what algorithm (with its cost, ban and in-flight limit).
+    limit: Limit
+    #: Its label: a rule's name, ``drf:<scope>``; None for a decorator's limit (its group).
+    name: str | None
+    #: Its refusal refuses the request, which then counts nowhere. ``@ratelimit(block=False)``
+    #: still blocks in this sense: the decorator then only marks ``request.limited``.
+    blocks: bool
+    #: When the counters cannot be reached: admit (True), refuse (False), or as
+    #: ``RATELIMIT_FAIL_OPEN`` says at the time (None).
+    fail_open: bool | None
+    #: A dry run: refuses nothing, and reports what it would refuse.
+    shadow: bool
+    #: Counts failed requests only (its hit is provisional, taken back after the view).
+    failures_only: bool
+    #: Who sends its ``ratelimited`` signal (None: the entry point that decides it).
+    sender: Any
+    #: Its subject is the requester itself, so admitted responses show its counter (None:
+    #: by the subject's kind).
+    own: bool | None
+    #: The policy of the limit's places in flight (``concurrent``), enforced alongside.
+    places: Policy | None
+
+
+def policy(
+    limit: Limit,
+    *,
+    name: str | None = None,
+    block: bool = True,
+    fail_open: bool | None = None,
+    shadow: bool = False,
+    failures_only: bool = False,
+    sender: Any = None,
+    own: bool | None = None,
+) -> Policy:
+    """The policy of ``limit``, and of its places in flight when it has some (their place
+    is shown in the headers only when refused, and a failure-only rule's places are held by
+    every request: the view runs either way)."""
+    places = None
+    if limit.inflight is not None:
+        places = Policy(limit.inflight, name, block, fail_open, shadow, False, sender, False, None)
+    if limit.algorithm == IN_FLIGHT:  # a limit of places alone: shown when refused
+        own = False
+    return Policy(limit, name, block, fail_open, shadow, failures_only, sender, own, places)
