@@ -11,13 +11,13 @@ one way to read or clear a subject's counters for any limit, a DRF throttle's in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, keys, request_state, responses
+from ratelimit_app import ALL, UNSAFE, keys
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.conf import conf
@@ -26,6 +26,9 @@ from ratelimit_app.config.limits import Method, method_set
 from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.engine import enforce, failure_dict
 from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.engine.outcome import add_shown as add_shown
+from ratelimit_app.engine.outcome import release as release
+from ratelimit_app.engine.outcome import show as show
 from ratelimit_app.keys import get_header, user_or_ip
 from ratelimit_app.operations import lookup, reset
 
@@ -191,41 +194,6 @@ def charge(request: Any, hits: int) -> int:
     refuses its next requests, never this one; a backend failure is logged and signalled,
     not raised. Also importable as ``ratelimit_app.charge``."""
     return enforce.charge(request, hits)
-
-
-def show(request: Any, decisions: Sequence[Decision]) -> list[Decision] | None:
-    """Put ``decisions`` among those the request's ``RateLimit`` headers show.
-
-    The rules, ``@ratelimit`` and the DRF throttles each call it (when ``RATELIMIT_HEADERS``
-    is on) once they have decided, outermost first. The first caller of a request gets the
-    list back and writes the headers after the view (:func:`add_shown`): by then it holds
-    the limits of every layer inside it too, so a response shows all of them once. Later
-    callers get None: an outer layer writes."""
-    kept = request_state.state(getattr(request, "_request", request))  # (DRF wraps Django's)
-    if kept is None:  # a request that takes no attribute
-        return list(decisions)
-    if kept.shown is not None:
-        kept.shown.extend(decisions)
-        return None
-    kept.shown = list(decisions)
-    return kept.shown
-
-
-def release(request: Any, shown: list[Decision] | None = None) -> None:
-    """Forget the request's shown decisions once their writer is done with them (``shown``:
-    only when they are these), so a request object that is passed to a view again (tests
-    do) starts afresh."""
-    kept = request_state.of(getattr(request, "_request", request))
-    if kept is not None and (shown is None or kept.shown is shown):
-        kept.shown = None
-
-
-def add_shown(response: Any, shown: list[Decision] | None) -> Any:
-    """Add the ``RateLimit`` headers of ``shown`` (:func:`show`'s list) to ``response``,
-    unless the view set its own."""
-    if shown and isinstance(response, HttpResponseBase):
-        responses.add_headers(response, responses.decision_headers(shown))  # type: ignore[arg-type]
-    return response
 
 
 get_usage.ALL = ALL  # type: ignore[attr-defined]

@@ -23,15 +23,9 @@ from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.policy import Policy, policy
-from ratelimit_app.core import (
-    add_shown,
-    group_name,
-    limit_decision,
-    limit_verdict,
-    release,
-    show,
-)
-from ratelimit_app.engine.enforce import Decision, holding, release_when_done, take_back
+from ratelimit_app.core import group_name, limit_verdict
+from ratelimit_app.engine.enforce import holding
+from ratelimit_app.engine.outcome import NOTHING, Outcome, show
 
 __all__ = ["ratelimit"]
 
@@ -198,40 +192,14 @@ class _Guard:
     def inline(self) -> bool:
         """True when an async view's check may run on the event loop: one bounded round
         trip, cheaper than a thread."""
-        return self.limit is not None and self.limit.async_safe and _inline_ok()
+        # (A limit of places always runs in a thread, as its give-back does.)
+        return self.limit is not None and not self.holds and self.limit.async_safe and _inline_ok()
 
-    def before(self, request: HttpRequest) -> HttpResponse | list[Decision] | None:
-        """Count the request; the answer instead of the view's, if any (a refusal raises
-        ``RATELIMIT_EXCEPTION_CLASS`` when the limit blocks), else the decisions whose
-        ``RateLimit`` headers to add to the view's answer (:func:`~ratelimit_app.core.show`:
-        None when another layer adds them)."""
-        if self.problems:
-            raise ImproperlyConfigured(
-                f"@ratelimit on {self.view_name}: {' '.join(self.problems)}"
-            )
-        already = getattr(request, "limited", False)
-        decision = None
-        if self.policy is not None and conf.ENABLE:
-            decision = limit_decision(request, self.policy)
-        if decision is None:  # no limit applies, or the counters failed open
-            request.limited = already  # type: ignore[attr-defined]
-            return None
-        if decision.result is None:
-            # The counters are down and the limit fails closed: the page is unavailable, as
-            # a fail-closed rule's is; the client did nothing wrong.
-            request.limited = True  # type: ignore[attr-defined]
-            return responses.unavailable(request) if self.block else None
-        limited = decision.refused
-        request.limited = limited or already  # type: ignore[attr-defined]
-        if limited and self.block:
-            raise responses.exception(decision)
-        return _show(request, decision)
-
-    def before_holding(
-        self, request: HttpRequest
-    ) -> HttpResponse | tuple[list[Decision] | None, list[Decision]]:
-        """:meth:`before` for a limit of requests in flight: the places taken (to give back
-        when the response is done) beside the decisions to show."""
+    def enter(self, request: HttpRequest) -> HttpResponse | Outcome:
+        """Count the request: the answer instead of the view's (a 503 when the counters are
+        down and the limit fails closed; a refusal raises ``RATELIMIT_EXCEPTION_CLASS`` when
+        the limit blocks), else what to do after the view (:class:`Outcome`: places to give
+        back, headers to write)."""
         if self.problems:
             raise ImproperlyConfigured(
                 f"@ratelimit on {self.view_name}: {' '.join(self.problems)}"
@@ -240,85 +208,50 @@ class _Guard:
         verdict = None
         if self.policy is not None and conf.ENABLE:
             verdict = limit_verdict(request, self.policy)
-        if verdict is None:
+        if verdict is None:  # no limit applies, or the counters failed open
             request.limited = already  # type: ignore[attr-defined]
-            return None, []
+            return NOTHING
         if verdict.failed is not None:
+            # The counters are down and the limit fails closed: the page is unavailable, as
+            # a fail-closed rule's is; the client did nothing wrong.
             request.limited = True  # type: ignore[attr-defined]
-            return responses.unavailable(request) if self.block else (None, [])
+            return responses.unavailable(request) if self.block else NOTHING
         request.limited = verdict.limited or already  # type: ignore[attr-defined]
-        refusing = verdict.refusing()
+        refusing = verdict.refusing() if verdict.limited else None
         if refusing is not None and self.block:
             raise responses.exception(refusing)
         shown = show(request, verdict.shown) if conf.HEADERS else None
-        return shown, holding(verdict.decisions)
+        held = holding(verdict.decisions) if self.holds else ()
+        if shown is None and not held:
+            return NOTHING
+        return Outcome(request, shown, held)
 
 
 def _wrap(fn: F, guard: _Guard) -> F:
-    """``fn`` (sync or async) with ``guard`` before it."""
-    if guard.holds:
-        return _wrap_holding(fn, guard)
+    """``fn`` (sync or async) with ``guard`` before it, and the outcome finished after it
+    (after an exception too: the places are given back)."""
     if iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
             request = _find_request(args)
             if guard.inline():
-                answer = guard.before(request)
+                entered = guard.enter(request)
             else:
-                answer = await sync_to_async(guard.before)(request)
-            if isinstance(answer, HttpResponseBase):
-                return answer
-            try:
-                return add_shown(await fn(*args, **kwargs), answer)
-            finally:
-                if answer is not None:
-                    release(request)
-
-        async_wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
-        return async_wrapped  # type: ignore[return-value]
-
-    @functools.wraps(fn)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        request = _find_request(args)
-        answer = guard.before(request)
-        if isinstance(answer, HttpResponseBase):
-            return answer
-        try:
-            return add_shown(fn(*args, **kwargs), answer)
-        finally:
-            if answer is not None:  # it wrote the headers
-                release(request)
-
-    wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
-    return wrapped  # type: ignore[return-value]
-
-
-def _wrap_holding(fn: F, guard: _Guard) -> F:
-    """``fn`` with ``guard``, a limit of requests in flight, before it: each admitted
-    request's place is given back when its response is done (after an exception too)."""
-    if iscoroutinefunction(fn):
-
-        @functools.wraps(fn)
-        async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
-            request = _find_request(args)
-            answer = await sync_to_async(guard.before_holding)(request)
-            if isinstance(answer, HttpResponseBase):
-                return answer
-            shown, held = answer
+                entered = await sync_to_async(guard.enter)(request)
+            if isinstance(entered, HttpResponseBase):
+                return entered
             try:
                 response = await fn(*args, **kwargs)
             except BaseException:
-                await sync_to_async(take_back)(held)
+                if entered.held:  # a round trip: off the event loop
+                    await sync_to_async(entered.abort)()
+                else:
+                    entered.abort()
                 raise
-            finally:
-                if shown is not None:
-                    release(request)
-            if getattr(response, "streaming", False):
-                release_when_done(response, held)
-            else:
-                await sync_to_async(take_back)(held)
-            return add_shown(response, shown)
+            if entered.held and not getattr(response, "streaming", False):
+                return await sync_to_async(entered.finish)(response)
+            return entered.finish(response)
 
         async_wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
         return async_wrapped  # type: ignore[return-value]
@@ -326,20 +259,15 @@ def _wrap_holding(fn: F, guard: _Guard) -> F:
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         request = _find_request(args)
-        answer = guard.before_holding(request)
-        if isinstance(answer, HttpResponseBase):
-            return answer
-        shown, held = answer
+        entered = guard.enter(request)
+        if isinstance(entered, HttpResponseBase):
+            return entered
         try:
             response = fn(*args, **kwargs)
         except BaseException:
-            take_back(held)
+            entered.abort()
             raise
-        finally:
-            if shown is not None:
-                release(request)
-        release_when_done(response, held)
-        return add_shown(response, shown)
+        return entered.finish(response)
 
     wrapped.ratelimit_limits = _limits(fn, guard)  # type: ignore[attr-defined]
     return wrapped  # type: ignore[return-value]
@@ -349,14 +277,6 @@ def _limits(fn: Callable[..., Any], guard: _Guard) -> tuple[_Guard, ...]:
     """The guards of every ``@ratelimit`` on ``fn``, this one last, left on its wrapper:
     the admin and the commands find a view's limits there (:mod:`ratelimit_app.config.views`)."""
     return (*getattr(fn, "ratelimit_limits", ()), guard)
-
-
-def _show(request: HttpRequest, decision: Decision) -> list[Decision] | None:
-    """The decisions whose headers the view's answer gets when this decorator writes them
-    (:func:`ratelimit_app.core.show`), among them ``decision`` when it is shown."""
-    if not conf.HEADERS:
-        return None
-    return show(request, [decision] if decision.shown else [])
 
 
 def _inline_ok() -> bool:

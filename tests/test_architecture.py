@@ -53,6 +53,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "store": 4,
         "engine": 4,
         "engine.enforce": 5,
+        "engine.outcome": 5,
         "core": 5,
         "operations": 5,
         "responses": 5,
