@@ -166,10 +166,14 @@ def _decisions(
                 return responses.denied(request)
             if check.subject[1] in current.allow.emails:
                 continue
-        made = enforce.decisions(rule.policy, check, request, True, subjects)
-        found += made
+        d = Decision(rule.policy, check)  # (enforce.decisions, without a list a rule)
+        found.append(d)
         if rule.failures_only:
-            failing.append(made[0])
+            failing.append(d)
+        if rule.holds:
+            place = enforce.places(rule.policy, request, subjects)
+            if place is not None:
+                found.append(place)
     return found, failing
 
 

@@ -24,20 +24,18 @@ ATTRIBUTE = "_ratelimit"
 
 
 class RequestState:
-    """What the layers of one request share."""
+    """What the layers of one request share. Each field starts as its class's None, so
+    making one (on every rate-limited request) sets nothing."""
 
-    __slots__ = ("json", "shown", "throttles", "verdicts")
-
-    def __init__(self) -> None:
-        #: Every verdict decided for the request (``charge()`` adds to their limits).
-        self.verdicts: list[Any] = []
-        #: The decisions the response's ``RateLimit`` headers show, gathered from every
-        #: layer; None until a layer shows some (the first one writes the headers).
-        self.shown: list[Any] | None = None
-        #: What a DRF view's throttles decided together (set on the DRF ``Request``).
-        self.throttles: Any = None
-        #: The body as a JSON object once parsed for a key (a sentinel when it is none).
-        self.json: Any = None
+    #: Every verdict decided for the request (``charge()`` adds to their limits).
+    verdicts: list[Any] | None = None
+    #: The decisions the response's ``RateLimit`` headers show, gathered from every layer;
+    #: None until a layer shows some (the first one writes the headers).
+    shown: list[Any] | None = None
+    #: What a DRF view's throttles decided together (set on the DRF ``Request``).
+    throttles: Any = None
+    #: The body as a JSON object once parsed for a key (a sentinel when it is none).
+    json: Any = None
 
 
 def of(request: Any) -> RequestState | None:

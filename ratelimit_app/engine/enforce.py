@@ -53,6 +53,7 @@ __all__ = [
     "decide",
     "decisions",
     "holding",
+    "places",
     "release_when_done",
     "take_back",
 ]
@@ -215,12 +216,23 @@ def decisions(
     """The decisions of ``policy`` for a request whose check is ``check``: its own, then
     its places' in flight (``concurrent``) when the request counts and takes one."""
     found = [Decision(policy, check)]
-    places = policy.places
-    if places is not None and increment:
-        held = places.limit.check(request, increment, subjects=subjects)
-        if held is not None:
-            found.append(Decision(places, held))
+    if increment and policy.places is not None:
+        place = places(policy, request, subjects)
+        if place is not None:
+            found.append(place)
     return found
+
+
+def places(
+    policy: Policy, request: HttpRequest, subjects: Subjects | None = None
+) -> Decision | None:
+    """The decision of ``policy``'s places in flight (``concurrent``) for a request that
+    counts, or None (no places, or no subject to hold one)."""
+    held = policy.places
+    if held is None:
+        return None
+    check = held.limit.check(request, True, subjects=subjects)
+    return None if check is None else Decision(held, check)
 
 
 def decide(
@@ -282,7 +294,10 @@ def decide(
         _observe(verdict)
     kept = request_state.state(request)  # the verdicts of the request, for charge()
     if kept is not None:
-        kept.verdicts.append(verdict)
+        if kept.verdicts is None:
+            kept.verdicts = [verdict]
+        else:
+            kept.verdicts.append(verdict)
     return verdict
 
 
@@ -485,7 +500,7 @@ def _verdicts(request: Any) -> list[Verdict]:
     found: list[Verdict] = []
     for r in (request, getattr(request, "_request", None)):
         kept = request_state.of(r)
-        if kept is not None:
+        if kept is not None and kept.verdicts:
             found += kept.verdicts
     return found
 

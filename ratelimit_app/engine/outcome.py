@@ -81,7 +81,8 @@ def release(request: Any, shown: list[Decision] | None = None) -> None:
     """Forget the request's shown decisions once their writer is done with them (``shown``:
     only when they are these), so a request object that is passed to a view again (tests
     do) starts afresh."""
-    kept = request_state.of(getattr(request, "_request", request))
+    request = getattr(request, "_request", request)
+    kept = getattr(request, "__dict__", {}).get(request_state.ATTRIBUTE)  # (of(), inline)
     if kept is not None and (shown is None or kept.shown is shown):
         kept.shown = None
 
