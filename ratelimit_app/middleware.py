@@ -31,96 +31,25 @@ path runs a check on the event loop when it is a bounded round trip that touches
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.contrib.auth.signals import user_login_failed
-from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import clock, core, keys, responses, store
+from ratelimit_app import clock, keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce
 from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.engine.outcome import NOTHING, Outcome, show
 from ratelimit_app.exceptions import Ratelimited
-from ratelimit_app.identity import addresses, provenance
+from ratelimit_app.identity import addresses
 
 __all__ = ["RatelimitMiddleware"]
-
-
-class _Failure:
-    """Set when ``user_login_failed`` is sent while the request is handled."""
-
-    __slots__ = ("failed",)
-
-    def __init__(self) -> None:
-        self.failed = False
-
-
-_current_failure: contextvars.ContextVar[_Failure | None] = contextvars.ContextVar(
-    "ratelimit_failure", default=None
-)
-
-
-@receiver(user_login_failed, dispatch_uid="ratelimit_app.login_failed")
-def _login_failed(**kwargs: Any) -> None:
-    marker = _current_failure.get()
-    if marker is not None:
-        marker.failed = True
-
-
-@contextlib.contextmanager
-def _tracking(marker: _Failure) -> Iterator[None]:
-    token = _current_failure.set(marker)
-    try:
-        yield
-    finally:
-        _current_failure.reset(token)
-
-
-#: The marker of a request with no provisional hit: whether it fails is never read.
-_UNREAD = _Failure()
-
-
-class _Pending:
-    """What is left to do after the view: headers to add, and the provisional hits of
-    failure-only rules to take back if the request does not fail."""
-
-    __slots__ = ("held", "marker", "provisional", "shown")
-
-    def __init__(
-        self,
-        shown: list[Decision],
-        provisional: list[Decision] | None = None,
-        held: list[Decision] | None = None,
-    ) -> None:
-        self.shown = shown
-        self.provisional = provisional or []
-        self.marker = _Failure() if provisional else _UNREAD
-        #: In-flight places to give back when the response is done.
-        self.held = held or []
-
-    def failed(self, request: HttpRequest, response: HttpResponse) -> bool:
-        """A wrong password (``user_login_failed``), or a failure status, but the 403 of
-        Django's CSRF check: a form another site submitted tried no password."""
-        if self.marker.failed:
-            return True
-        if response.status_code not in conf.FAILURE_STATUSES:
-            return False
-        return not provenance.csrf_refused(request, response)
-
-    def to_take_back(self, request: HttpRequest, response: HttpResponse) -> list[Decision]:
-        """The provisional hits to take back: all of them, unless the request failed."""
-        if not self.provisional or self.failed(request, response):
-            return []
-        return self.provisional
 
 
 #: :func:`_listed`'s answer for a client on the allow list: no rule applies.
@@ -179,7 +108,7 @@ def _decisions(
 
 def before(
     request: HttpRequest, rules: Sequence[CompiledRule], current: store.Snapshot | None = None
-) -> HttpResponse | _Pending | None:
+) -> HttpResponse | Outcome | None:
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from."""
     if current is None:
@@ -201,7 +130,7 @@ def before(
     verdict = enforce.decide(request, decisions, sender=RatelimitMiddleware)
     if verdict.failed is not None:
         closed = verdict.closed()
-        return _Pending([]) if closed is None else responses.unavailable(request, closed)
+        return NOTHING if closed is None else responses.unavailable(request, closed)
     _mark(request, verdict)
     refusing = verdict.refusing() if verdict.limited else None
     if refusing is not None:
@@ -209,13 +138,10 @@ def before(
     # The rules' limits first; the layers inside (``@ratelimit``, DRF throttles) add theirs
     # to the same list before the view answers, and this pass writes them all.
     # (The list itself, even empty: the inner layers fill it.)
-    shown = core.show(request, verdict.shown) if conf.HEADERS else None
-    if shown is None:  # an outer pass writes, or no headers
-        shown = []
-    held = enforce.holding(decisions) if current.rules.holds else None
-    if failing:
-        return _Pending(shown, [d for d in failing if d.provisional()], held)
-    return _Pending(shown, None, held)
+    shown = show(request, verdict.shown) if conf.HEADERS else None
+    held = enforce.holding(decisions) if current.rules.holds else ()
+    provisional = [d for d in failing if d.provisional()] if failing else ()
+    return Outcome(request, shown, held, provisional)
 
 
 def _screened(
@@ -315,40 +241,6 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
 
 
-def _finish(request: HttpRequest, pending: _Pending, response: HttpResponse) -> None:
-    """The round trip after the view (take-backs, places given back) off the event loop;
-    :func:`after` then has none left to make."""
-    if pending.held:
-        _release(request, pending, response)
-    else:
-        enforce.take_back(pending.to_take_back(request, response))
-    pending.provisional = pending.held = []
-
-
-def _release(request: HttpRequest, pending: _Pending, response: HttpResponse) -> None:
-    """Give back the in-flight places of the request when its response is done, with the
-    failure-only hits to take back in the same round trip when it is done already."""
-    failing = pending.to_take_back(request, response) if pending.provisional else []
-    if getattr(response, "streaming", False):
-        enforce.take_back(failing)
-        enforce.release_when_done(response, pending.held)
-    else:
-        enforce.take_back([*failing, *pending.held])
-
-
-def after(request: HttpRequest, pending: _Pending, response: HttpResponse) -> HttpResponse:
-    """Everything after the view: take back provisional hits, add the RateLimit headers."""
-    if pending.held:  # (the common case reads one attribute)
-        _release(request, pending, response)
-    elif pending.provisional:
-        enforce.take_back(pending.to_take_back(request, response))
-    if pending.shown:  # this pass writes: a request passed again starts afresh
-        core.release(request, pending.shown)
-    if pending.shown:
-        responses.add_headers(response, responses.decision_headers(pending.shown))
-    return response
-
-
 def _async_inline(rules: Sequence[CompiledRule]) -> bool:
     """True when the checks of ``rules`` may run on the event loop (see the module doc)."""
     current = store.current()
@@ -394,19 +286,16 @@ class RatelimitMiddleware:
         matched = self._rules(request)
         if matched is None:
             return self.get_response(request)
-        pending = before(request, *matched)
-        if pending is None:
+        outcome = before(request, *matched)
+        if outcome is None:
             return self.get_response(request)
-        if isinstance(pending, HttpResponse):
-            return pending
-        if not pending.provisional:  # no failure-only hit: whether it fails does not matter
-            return after(request, pending, self.get_response(request))
-        token = _current_failure.set(pending.marker)
-        try:
+        if isinstance(outcome, HttpResponse):
+            return outcome
+        if not outcome.provisional:  # no failure-only hit: whether it fails does not matter
+            return outcome.finish(self.get_response(request))
+        with outcome.tracking():
             response = self.get_response(request)
-        finally:
-            _current_failure.reset(token)
-        return after(request, pending, response)
+        return outcome.finish(response)
 
     async def __acall__(self, request: HttpRequest) -> Any:
         matched = self._rules(request)
@@ -414,18 +303,18 @@ class RatelimitMiddleware:
             return await self.get_response(request)
         inline = _async_inline(matched[0])
         if inline:
-            pending = before(request, *matched)
+            outcome = before(request, *matched)
         else:
-            pending = await sync_to_async(before)(request, *matched)
-        if pending is None:
+            outcome = await sync_to_async(before)(request, *matched)
+        if outcome is None:
             return await self.get_response(request)
-        if isinstance(pending, HttpResponse):
-            return pending
-        with _tracking(pending.marker):
+        if isinstance(outcome, HttpResponse):
+            return outcome
+        with outcome.tracking():
             response = await self.get_response(request)
-        if not inline:
-            await sync_to_async(_finish)(request, pending, response)
-        return after(request, pending, response)
+        if not inline and (outcome.provisional or outcome.held):  # the round trip, off the loop
+            await sync_to_async(outcome.settle)(response)
+        return outcome.finish(response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
         """A ``Ratelimited`` raised by a decorated view becomes the same 429."""
