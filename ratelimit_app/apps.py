@@ -18,6 +18,7 @@ class RatelimitAppConfig(AppConfig):
         from ratelimit_app import (
             checks,  # noqa: F401  (registers the system checks)
             clock,
+            runtime,  # noqa: F401  (forgets what the settings built when they change)
         )
         from ratelimit_app.models import AccessEntry, Ban, Override, Rule
         from ratelimit_app.store import BANS, BANS_DELETED, CONFIG, OVERRIDES, bump

@@ -2,15 +2,12 @@
 
 Nothing is read at import. A value is read from ``django.conf.settings`` on first use and
 remembered as a plain attribute, because the limiter reads about ten settings per request and
-Django's settings object is slow to ask; the ``setting_changed`` receiver below forgets them,
-so ``override_settings`` and pytest-django's ``settings`` fixture just work.
+Django's settings object is slow to ask; :func:`forget` forgets them, called by
+:mod:`ratelimit_app.runtime` (with everything else built from settings, on the settings
+:func:`affects_limiter` names) when ``setting_changed`` is sent, so ``override_settings``
+and pytest-django's ``settings`` fixture just work.
 
-A leaf: this module reads settings and imports nothing else of the package. What is built
-from settings keeps its own cache and forgets it with its own receiver, on the settings
-:func:`affects_limiter` names: the declared rules and lists (:mod:`ratelimit_app.config.declared`),
-the configuration in force (:mod:`ratelimit_app.store`), the backends
-(:mod:`ratelimit_app.backends`), the hashed subjects (:mod:`ratelimit_app.keys`) and the
-refusals remembered (:mod:`ratelimit_app.engine`).
+A leaf: this module reads settings and imports nothing else of the package.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -68,7 +63,7 @@ def affects_limiter(setting: str) -> bool:
     """True when a change of ``setting`` may change what the limiter built from settings:
     any ``RATELIMIT_*`` setting, the caches (the backends) and ``SECRET_KEY`` (the salt of
     hashed subjects), and ``MIDDLEWARE`` (whether :attr:`Settings.MIDDLEWARE_INSTALLED`).
-    Every module that caches such things forgets them on these."""
+    :mod:`ratelimit_app.runtime` forgets them all on these."""
     return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY", "MIDDLEWARE")
 
 
@@ -224,9 +219,9 @@ def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
         raise ImproperlyConfigured(f"RATELIMIT_TRUSTED_PROXIES: {exc}") from exc
 
 
-@receiver(setting_changed)
-def _clear_caches(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):
-        vars(conf).clear()
-        _hash_function.cache_clear()
-        _networks.cache_clear()
+def forget() -> None:
+    """Forget every value read (:mod:`ratelimit_app.runtime` calls it first when the
+    settings change)."""
+    vars(conf).clear()
+    _hash_function.cache_clear()
+    _networks.cache_clear()

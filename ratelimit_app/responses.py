@@ -40,8 +40,6 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
@@ -271,14 +269,18 @@ def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any
     return loader.render_to_string(template, dict(context))
 
 
-@receiver(setting_changed)
-def _templates_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in ("TEMPLATES", "INSTALLED_APPS"):
-        _own.cache_clear()
-        _rendered.cache_clear()
-    if setting in ("LANGUAGE_CODE", "LANGUAGES", "LOCALE_PATHS", "INSTALLED_APPS"):
-        _title.cache_clear()  # a language's messages may read differently now
-        _refusal_detail.cache_clear()
+def forget_templates() -> None:
+    """Forget which templates are the app's own and the pages rendered from them (the
+    templates may be others now): :mod:`ratelimit_app.runtime` calls it."""
+    _own.cache_clear()
+    _rendered.cache_clear()
+
+
+def forget_messages() -> None:
+    """Forget the translated titles and details (a language's messages may read
+    differently now): :mod:`ratelimit_app.runtime` calls it."""
+    _title.cache_clear()
+    _refusal_detail.cache_clear()
 
 
 def exception(decision: Decision) -> Exception:

@@ -33,13 +33,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
 from ratelimit_app import clock
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.conf import conf
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
 from ratelimit_app.config.overrides import OverrideError, Subject, Table
@@ -229,12 +226,6 @@ def current() -> Snapshot:
 def forget() -> None:
     """Drop the snapshot (settings changed): the next request loads afresh."""
     _publish(None)
-
-
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):
-        forget()
 
 
 def bump(which: int = CONFIG) -> None:

@@ -68,6 +68,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "refused": 7,
         "checks": 7,
         "apps": 7,
+        "runtime": 7,
     },
     "metrics_app": {
         "names": 0,

@@ -24,12 +24,10 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import InvalidCacheBackendError, caches
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from ratelimit_app.backends.base import Backend
-from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
 
 MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"
@@ -155,9 +153,3 @@ def reset_backends() -> None:
         for backend in _backends.values():
             backend.close()
         _backends.clear()
-
-
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):
-        reset_backends()

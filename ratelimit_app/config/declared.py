@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
-from ratelimit_app.conf import affects_limiter, read
+from ratelimit_app.conf import read
 from ratelimit_app.config.access import EMPTY, AccessList, compile_list
 from ratelimit_app.config.rules import CompiledRule, parse_rules
 
@@ -48,8 +45,8 @@ def access_list(name: str) -> AccessList:
         return EMPTY
 
 
-@receiver(setting_changed)
-def _forget(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):
-        rules.cache_clear()
-        access_list.cache_clear()
+def forget() -> None:
+    """Forget the compiled settings rules and lists (:mod:`ratelimit_app.runtime` calls it
+    when the settings change)."""
+    rules.cache_clear()
+    access_list.cache_clear()

@@ -22,8 +22,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
@@ -375,12 +373,6 @@ def _view_name(path: str, urlconf: str | None) -> str | None:
 def clear_caches() -> None:
     """Forget resolved URL names (the URLconf changed)."""
     _names.clear()
-
-
-@receiver(setting_changed)
-def _urlconf_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == "ROOT_URLCONF":
-        clear_caches()
 
 
 class RuleSet:

@@ -8,11 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core import mail
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 from ratelimit_app.algorithms import refusals, windows
-from ratelimit_app.conf import affects_limiter
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 
@@ -89,8 +86,7 @@ def counted_down(elapsed: float, r: Result) -> Result:
     return Result(usages, r.namespace, r.meter)
 
 
-@receiver(setting_changed)
-def _forget_refusals(*, setting: str, **kwargs: Any) -> None:
-    # Rules, backends and keys may mean something else now.
-    if affects_limiter(setting):
-        REFUSALS.clear()
+def forget() -> None:
+    """Forget every refusal remembered (rules, backends and keys may mean something else
+    now): :mod:`ratelimit_app.runtime` calls it when the settings change."""
+    REFUSALS.clear()

@@ -3,15 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
 from ratelimit_app.algorithms import windows
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends.base import Op
-from ratelimit_app.conf import affects_limiter
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import Moment, Step, register
@@ -29,10 +23,10 @@ _READY: dict[int, tuple[Check, int, int, str, windows.Plan, Op]] = {}
 READY_MEMO = 4096
 
 
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):  # a namespace may hash to something else now
-        _READY.clear()
+def forget() -> None:
+    """Forget the checks made ready (a namespace may hash to something else now):
+    :mod:`ratelimit_app.runtime` calls it when the settings change."""
+    _READY.clear()
 
 
 @register

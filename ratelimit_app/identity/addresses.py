@@ -8,15 +8,12 @@ from __future__ import annotations
 import ipaddress
 import socket
 from functools import lru_cache
-from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.conf import conf
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -197,10 +194,10 @@ def _no_address(request: HttpRequest) -> str:
     )
 
 
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):
-        _trusted.clear()
+def forget() -> None:
+    """Forget which addresses are trusted proxies (:mod:`ratelimit_app.runtime` calls it
+    when the settings change)."""
+    _trusted.clear()
 
 
 #: The networks an address is shown in where only part of it may be (the admin's *Refused

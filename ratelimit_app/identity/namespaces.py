@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-
-from ratelimit_app.conf import affects_limiter, conf
+from ratelimit_app.conf import conf
 
 #: Subjects whose namespaces a process remembers (a busy site sees the same ones again);
 #: the memo starts over when full. A value is the client's text: one longer than an
@@ -37,7 +32,7 @@ def namespace(group: str, kind: str, value: str) -> str:
     return found
 
 
-@receiver(setting_changed)
-def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if affects_limiter(setting):
-        _namespaces.clear()
+def forget() -> None:
+    """Forget the namespaces made (the salt or the hash may be another now):
+    :mod:`ratelimit_app.runtime` calls it when the settings change."""
+    _namespaces.clear()
