@@ -115,19 +115,19 @@ def ratelimit(
         if isinstance(fn, type):
             # Each view class gets its own default group, even when it inherits dispatch.
             name = f"{fn.__module__}.{fn.__qualname__}"
-            guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
+            guard = ViewLimit(name, group or name, key, rate, method, block, algorithm, burst)
             guard.configure(cost, shadow, concurrent, lease, ban)
             fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
         name = group_name(fn)
-        guard = _Guard(name, group or name, key, rate, method, block, algorithm, burst)
+        guard = ViewLimit(name, group or name, key, rate, method, block, algorithm, burst)
         guard.configure(cost, shadow, concurrent, lease, ban)
         return _wrap(fn, guard)
 
     return decorator
 
 
-class _Guard:
+class ViewLimit:
     """One decorated view's limit, and what its requests get before the view runs."""
 
     __slots__ = ("_parts", "block", "holds", "limit", "policy", "problems", "view_name")
@@ -227,7 +227,7 @@ class _Guard:
         return Outcome(request, shown, held)
 
 
-def _wrap(fn: F, guard: _Guard) -> F:
+def _wrap(fn: F, guard: ViewLimit) -> F:
     """``fn`` (sync or async) with ``guard`` before it, and the outcome finished after it
     (after an exception too: the places are given back)."""
     if iscoroutinefunction(fn):
@@ -273,7 +273,7 @@ def _wrap(fn: F, guard: _Guard) -> F:
     return wrapped  # type: ignore[return-value]
 
 
-def _limits(fn: Callable[..., Any], guard: _Guard) -> tuple[_Guard, ...]:
+def _limits(fn: Callable[..., Any], guard: ViewLimit) -> tuple[ViewLimit, ...]:
     """The guards of every ``@ratelimit`` on ``fn``, this one last, left on its wrapper:
     the admin and the commands find a view's limits there (:mod:`ratelimit_app.config.views`)."""
     return (*getattr(fn, "ratelimit_limits", ()), guard)

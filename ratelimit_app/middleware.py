@@ -115,7 +115,7 @@ def before(
         current = store.current()
     subjects: Subjects = {}  # each key's subject, found once (the screen's address too)
     if current.screens:  # lists or site-wide bans (no call without)
-        screened = _screened(request, current, rules, subjects)
+        screened = _lists_and_site_bans(request, current, rules, subjects)
         if screened is not None:
             return None if screened is _ALLOWED else screened
     found = _decisions(request, rules, current, subjects)
@@ -144,7 +144,7 @@ def before(
     return Outcome(request, shown, held, provisional)
 
 
-def _screened(
+def _lists_and_site_bans(
     request: HttpRequest,
     current: store.Snapshot,
     rules: Sequence[CompiledRule],

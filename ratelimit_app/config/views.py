@@ -33,7 +33,7 @@ DEPTH = 16
 
 
 class Guard(Protocol):
-    """What ``@ratelimit`` leaves on a view (:class:`ratelimit_app.decorators._Guard`)."""
+    """What ``@ratelimit`` leaves on a view (:class:`ratelimit_app.decorators.ViewLimit`)."""
 
     view_name: str
     limit: Limit | None

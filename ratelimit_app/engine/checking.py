@@ -16,7 +16,7 @@ from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import bans, in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
 from ratelimit_app.engine.memory import remember
 from ratelimit_app.engine.result import Result
-from ratelimit_app.engine.step import STEPS, Moment, Step
+from ratelimit_app.engine.step import STEPS, CheckTime, Step
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.provenance import page_sent
@@ -50,7 +50,7 @@ def check_many(
     any; a refusal of it that a page made the browser send is no strike toward a ban
     (:func:`~ratelimit_app.identity.provenance.page_sent`).
     """
-    moment = Moment(clock.now() if at is None else at)
+    moment = CheckTime(clock.now() if at is None else at)
     steps: list[Step] = []
     ops = []
     for c in checks:  # loops, not comprehensions (each a function call): on every request
@@ -67,7 +67,7 @@ def check_unless_banned(
     (None for the checks left unchecked) from the bans this process holds, with no round
     trip; and whether it was banned. The bans are looked up by the steps' namespaces, which
     the checks need anyway."""
-    moment = Moment(clock.now() if at is None else at)
+    moment = CheckTime(clock.now() if at is None else at)
     steps: list[Step] = []
     ops = []
     if store.banning:  # bans held: looked for in the loop that makes the namespaces
@@ -97,7 +97,7 @@ def _run(
     checks: Sequence[Check],
     steps: list[Step],
     ops: list[Any],
-    moment: Moment,
+    moment: CheckTime,
     take_back: TakeBack,
     exact: bool,
     request: Any,
@@ -151,15 +151,15 @@ def _tell(backend: Backend, seconds: float, failed: bool) -> None:
 
 
 def _second_trip(
-    backend: Backend, steps: list[Step], exact: bool, moment: Moment, request: Any = None
+    backend: Backend, steps: list[Step], exact: bool, moment: CheckTime, request: Any = None
 ) -> list[Result]:
     """The take-backs and exact reads of a call where someone was refused, and the count
     of each refusal of a limit that bans (its strike), in one round trip."""
     sent = [(s, op) for s in steps if (op := s.follow_up(exact)) is not None]
-    struck = _struck(steps, request)
-    strikes = [_strike(s.check, moment) for s in struck]
+    striking = _striking(steps, request)
+    strikes = [_strike(s.check, moment) for s in striking]
     # A strike is not remembered: each one must reach its count.
-    timed = [s for s in steps if (s.check.ban is None or s not in struck) and s.exact_wait()]
+    timed = [s for s in steps if (s.check.ban is None or s not in striking) and s.exact_wait()]
     if sent or strikes:
         try:
             ops = [op for _, op in sent] + [op for op, _ in strikes]
@@ -171,7 +171,7 @@ def _second_trip(
             return [s.result for s in steps]
         for (s, _), reply in zip(sent, replies[: len(sent)], strict=True):
             s.refine(reply)
-        _count_strikes(struck, strikes, replies[len(sent) :], moment)
+        _count_strikes(striking, strikes, replies[len(sent) :], moment)
     remember([(s.check, s.result) for s in timed], moment.t)
     return [s.result for s in steps]
 
@@ -180,7 +180,7 @@ def _second_trip(
 STRIKES = "\x00strikes"
 
 
-def _struck(steps: list[Step], request: Any) -> list[Step]:
+def _striking(steps: list[Step], request: Any) -> list[Step]:
     """The counted refusals of limits that ban, but those a page made the browser send
     (a stranger's page would get its readers banned): each is a strike. A site-wide ban
     counts only what the client asked for itself (``strict``)."""
@@ -195,15 +195,15 @@ def _struck(steps: list[Step], request: Any) -> list[Step]:
 
 
 def _count_strikes(
-    struck: list[Step], strikes: list[tuple[Op, int]], replies: list[Any], moment: Moment
+    striking: list[Step], strikes: list[tuple[Op, int]], replies: list[Any], moment: CheckTime
 ) -> None:
-    """Mark each refusal whose strike brings its subject to its ban (``Result.struck``)."""
-    for s, (op, after), reply in zip(struck, strikes, replies, strict=True):
+    """Mark each refusal whose strike brings its subject to its ban (``Result.reaches_ban``)."""
+    for s, (op, after), reply in zip(striking, strikes, replies, strict=True):
         count = windows.evaluate(op.plan, reply, moment.t, True)[0].count
-        s.result.struck = count >= after
+        s.result.reaches_ban = count >= after
 
 
-def _strike(check: Check, moment: Moment) -> tuple[Op, int]:
+def _strike(check: Check, moment: CheckTime) -> tuple[Op, int]:
     """The op that counts one refusal of ``check``'s subject toward its ban, and the count
     that bans."""
     spec = check.ban
@@ -236,7 +236,7 @@ def charge(checks: Sequence[Check], hits: int) -> None:
     taken back: a charge over the limit refuses the subject's next requests, whose own
     checks then time their waits. A leaky bucket's level rises by ``hits`` even past its
     capacity. Raises ``BackendError``."""
-    moment = Moment(clock.now())
+    moment = CheckTime(clock.now())
     ops = []
     for c in checks:
         ops.append(STEPS[c.algorithm].charge_op(c._replace(cost=hits), moment))

@@ -378,7 +378,7 @@ def _refusal(request: Any, d: Decision) -> bool:
     run (then logged)."""
     result, check = d.result, d.check
     dry = d.dry_run()
-    if result is not None and result.struck and check.increment and not dry:
+    if result is not None and result.reaches_ban and check.increment and not dry:
         seconds = bans.impose(d.name or d.limit.group, check, request)
         if seconds:
             d.result = bans.banned(check, seconds)

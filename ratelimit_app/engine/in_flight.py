@@ -17,7 +17,7 @@ from ratelimit_app.backends.base import Op
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.sliding_window import SlidingWindow
-from ratelimit_app.engine.step import Moment, register
+from ratelimit_app.engine.step import CheckTime, register
 
 #: Seconds a refused request is told to wait (``Retry-After``), and the refusal remembered.
 RETRY_AFTER = 1.0
@@ -46,5 +46,5 @@ class InFlight(SlidingWindow):
         return self.result.limited
 
     @staticmethod
-    def charge_op(check: Check, moment: Moment) -> Op:
+    def charge_op(check: Check, moment: CheckTime) -> Op:
         raise TypeError("an in-flight limit is not charged: a place is one request")

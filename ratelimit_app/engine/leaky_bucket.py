@@ -7,7 +7,7 @@ from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.backends.base import MeterOp, MeterReply
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result, meter_result
-from ratelimit_app.engine.step import Moment, Step, register
+from ratelimit_app.engine.step import CheckTime, Step, register
 from ratelimit_app.identity.namespaces import namespace
 
 
@@ -20,7 +20,7 @@ class LeakyBucket(Step):
     __slots__ = ("admitted", "meter")
     algorithm = LEAKY_BUCKET
 
-    def __init__(self, check: Check, moment: Moment) -> None:
+    def __init__(self, check: Check, moment: CheckTime) -> None:
         ns = namespace(check.scope, *check.subject)
         self.check, self.namespace, self.moment, self.undo = check, ns, moment, False
         self.meter = gcra.meter(check.rates, check.burst)
@@ -46,7 +46,7 @@ class LeakyBucket(Step):
         return MeterOp(self.namespace, self.meter, take_back=self.admitted, cost=self.check.cost)
 
     @staticmethod
-    def charge_op(check: Check, moment: Moment) -> MeterOp:
+    def charge_op(check: Check, moment: CheckTime) -> MeterOp:
         meter = gcra.meter(check.rates, check.burst)
         ns = namespace(check.scope, *check.subject)
         return MeterOp(ns, meter, True, None, check.cost, True)

@@ -14,7 +14,16 @@ class Result:
     """Outcome of one check of one subject (built on every request: a plain slotted class,
     cheaper to make than a frozen dataclass)."""
 
-    __slots__ = ("banned", "limited", "meter", "namespace", "plan", "reply", "struck", "usages")
+    __slots__ = (
+        "banned",
+        "limited",
+        "meter",
+        "namespace",
+        "plan",
+        "reaches_ban",
+        "reply",
+        "usages",
+    )
 
     def __init__(
         self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None
@@ -32,7 +41,7 @@ class Result:
         self.limited = usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
         #: A refusal that brings the subject's refusals to its limit's ban (``Check.ban``),
         #: and a refusal by a ban (:mod:`ratelimit_app.engine.bans`).
-        self.struck = self.banned = False
+        self.reaches_ban = self.banned = False
 
     def __repr__(self) -> str:
         return f"Result({self.usages!r}, {self.namespace!r}, meter={self.meter!r})"

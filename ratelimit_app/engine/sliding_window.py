@@ -8,7 +8,7 @@ from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends.base import Op
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
-from ratelimit_app.engine.step import Moment, Step, register
+from ratelimit_app.engine.step import CheckTime, Step, register
 from ratelimit_app.identity.namespaces import namespace
 
 _tuple = tuple.__new__
@@ -19,14 +19,14 @@ _tuple = tuple.__new__
 #: requests within one fine bucket find them made. Each entry holds its check (so the
 #: identity is never another's while the entry lives) and the bucket it was made for; the
 #: memo starts over when full (or when settings change).
-_READY: dict[int, tuple[Check, int, int, str, windows.Plan, Op]] = {}
+_PREPARED: dict[int, tuple[Check, int, int, str, windows.Plan, Op]] = {}
 READY_MEMO = 4096
 
 
 def forget() -> None:
     """Forget the checks made ready (a namespace may hash to something else now):
     :mod:`ratelimit_app.runtime` calls it when the settings change."""
-    _READY.clear()
+    _PREPARED.clear()
 
 
 @register
@@ -36,7 +36,7 @@ class SlidingWindow(Step):
     __slots__ = ("detail", "plan")
     algorithm = SLIDING_WINDOW
 
-    def __init__(self, check: Check, moment: Moment) -> None:
+    def __init__(self, check: Check, moment: CheckTime) -> None:
         # Made for every check of every request: no super() call, and the common case (one
         # rate, a fine bucket seen already) a memo's look.
         self.check, self.moment, self.undo = check, moment, False
@@ -45,7 +45,7 @@ class SlidingWindow(Step):
         rates = check.rates
         if len(rates) == 1 and check.increment and not moment.hierarchical:  # (kept checks)
             index = int(moment.t * moment.per_window // rates[0].seconds)
-            ready = _READY.get(id(check))
+            ready = _PREPARED.get(id(check))
             if (
                 ready is not None
                 and ready[0] is check
@@ -55,9 +55,9 @@ class SlidingWindow(Step):
                 self.namespace, self.plan, self.op = ready[3], ready[4], ready[5]
                 return
             self._make()
-            if len(_READY) >= READY_MEMO:
-                _READY.clear()
-            _READY[id(check)] = (
+            if len(_PREPARED) >= READY_MEMO:
+                _PREPARED.clear()
+            _PREPARED[id(check)] = (
                 check,
                 index,
                 moment.per_window,
@@ -116,7 +116,7 @@ class SlidingWindow(Step):
         return self.result.limited and (self.detail is not None or not self._coarse())
 
     @staticmethod
-    def charge_op(check: Check, moment: Moment) -> Op:
+    def charge_op(check: Check, moment: CheckTime) -> Op:
         plan = windows.plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
         return Op(namespace(check.scope, *check.subject), plan, True, None, check.cost)
 

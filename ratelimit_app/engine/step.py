@@ -18,7 +18,7 @@ from ratelimit_app.engine.result import Result
 from ratelimit_app.identity.namespaces import namespace
 
 
-class Moment:
+class CheckTime:
     """When the checks of one call run, and the bucket layout then in force."""
 
     __slots__ = ("hierarchical", "now_us", "per_window", "t")
@@ -38,7 +38,7 @@ class Step:
     #: The algorithm name checks give (``Check.algorithm``).
     algorithm: ClassVar[str]
 
-    def __init__(self, check: Check, moment: Moment) -> None:
+    def __init__(self, check: Check, moment: CheckTime) -> None:
         self.check = check
         #: The subject's namespace (:func:`~ratelimit_app.identity.namespaces.namespace`).
         self.namespace = namespace(check.scope, *check.subject)
@@ -75,7 +75,7 @@ class Step:
         return self.result.limited
 
     @staticmethod
-    def charge_op(check: Check, moment: Moment) -> Any:
+    def charge_op(check: Check, moment: CheckTime) -> Any:
         """The operation that adds ``check.cost`` hits to its subject whether they fit or
         not (:func:`ratelimit_app.engine.charge`)."""
         raise NotImplementedError

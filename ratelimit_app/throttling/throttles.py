@@ -152,7 +152,7 @@ class _SettingsRates:
         return found
 
 
-class _Dispatch:
+class _SharedDecisions:
     """What the throttles of one request share: the decisions of the view's one check, each
     waiting for its throttle, with the verdict it is part of; and, when the throttles write
     the ``RateLimit`` headers, the decisions they show (:func:`_show`)."""
@@ -450,28 +450,28 @@ def _decided(
 ) -> tuple[Decision, Verdict]:
     """This throttle's decision, decided: left by the first throttle of the request, which
     decided the view's throttles of ours together, or decided now."""
-    dispatch = _dispatch(request)
-    if dispatch is not None:
-        waiting = dispatch.waiting.get(decision.check)
+    shared = _shared_decisions(request)
+    if shared is not None:
+        waiting = shared.waiting.get(decision.check)
         if waiting:
             return waiting.pop(0)
         batch = [decision]  # the view's check has run: this one is extra, decided alone
     else:
         batch = _view_decisions(decision, request, view)
-        dispatch = _Dispatch()
+        shared = _SharedDecisions()
         kept = request_state.state(request)  # (None: a request that takes no attribute)
         if kept is not None:
-            kept.throttles = dispatch
+            kept.throttles = shared
     at = None if _own_timer(throttle) else t
     made = [d.check for d in batch]  # as made: an override may replace a decision's check
     own = decision.check
     verdict = enforce.decide(request, batch, at=at)
     for check, d in zip(made, batch, strict=True):
-        dispatch.waiting.setdefault(check, []).append((d, verdict))
-    return dispatch.waiting[own].pop(0)
+        shared.waiting.setdefault(check, []).append((d, verdict))
+    return shared.waiting[own].pop(0)
 
 
-def _dispatch(request: Any) -> _Dispatch | None:
+def _shared_decisions(request: Any) -> _SharedDecisions | None:
     """What the request's throttles share so far (None: nothing yet). Read from the
     instance's own attributes: DRF's ``Request`` answers a missing attribute by raising
     twice (its own and the wrapped request's), which would cost more than the rest."""
@@ -528,16 +528,16 @@ def _show(request: Any, view: Any, decision: Decision) -> None:
     through the view's ``headers``, which DRF adds to every response it finalises, a 429
     included; else they leave their decisions to the outer layer, which writes them all."""
     headers = getattr(view, "headers", None)
-    dispatch = _dispatch(request)
-    if not isinstance(headers, dict) or dispatch is None:
+    shared = _shared_decisions(request)
+    if not isinstance(headers, dict) or shared is None:
         return
     shown = [decision] if decision.shown else []
-    if dispatch.shown is not None:  # the view's first throttle took the writing
-        dispatch.shown.extend(shown)
+    if shared.shown is not None:  # the view's first throttle took the writing
+        shared.shown.extend(shown)
     else:
-        dispatch.shown = show(request, shown)
-        if dispatch.shown is None:  # an outer layer writes
+        shared.shown = show(request, shown)
+        if shared.shown is None:  # an outer layer writes
             return
         release(request)  # the view's response is DRF's to finalise: nothing outer writes
-    if dispatch.shown:
-        headers.update(responses.decision_headers(dispatch.shown))
+    if shared.shown:
+        headers.update(responses.decision_headers(shared.shown))

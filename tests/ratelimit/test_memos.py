@@ -2,7 +2,7 @@
 
 A client's requests within one fine bucket make the same check: its limit keeps the
 :class:`~ratelimit_app.config.limits.Check` of each recent subject, and the sliding-window
-step the subject's namespace, plan and operation for the fine bucket (``_READY``). Both are
+step the subject's namespace, plan and operation for the fine bucket (``_PREPARED``). Both are
 bounded (a botnet of new subjects starts them over), and a settings change that may change
 a namespace forgets them.
 """
@@ -44,14 +44,14 @@ def test_a_check_finds_its_fine_bucket_made_and_a_new_bucket_makes_it_again() ->
     key = id(check)
     with frozen_clock(T0) as clock:
         check_many([check])
-        made = sliding_window._READY[key]
+        made = sliding_window._PREPARED[key]
         clock.advance(0.1)  # the same fine bucket (one second for '5/m')
         check_many([check])
-        assert sliding_window._READY[key] is made
+        assert sliding_window._PREPARED[key] is made
         clock.advance(1.0)  # the next one
         check_many([check])
-        assert sliding_window._READY[key] is not made
-        assert sliding_window._READY[key][4] is not made[4]  # its plan
+        assert sliding_window._PREPARED[key] is not made
+        assert sliding_window._PREPARED[key][4] is not made[4]  # its plan
 
 
 def test_the_ready_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +60,7 @@ def test_the_ready_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     with frozen_clock(T0):
         for i in range(5):
             check_many([limit.check(request(f"192.0.2.{20 + i}"))])  # type: ignore[list-item]
-            assert len(sliding_window._READY) <= 2
+            assert len(sliding_window._PREPARED) <= 2
 
 
 def test_a_new_secret_key_forgets_the_namespaces_made() -> None:

@@ -10,7 +10,7 @@ buckets of the limited checks and counts the strikes of limits that ban).
 :class:`LimiterMachine` sends the same random requests to ``check_many`` on a backend and to
 the model, and every result must be equal: counts, ``limited``, ``remaining``,
 ``retry_after`` and ``reset`` of every rate (exactly: both sides feed the same integers to
-the same functions), a leaky bucket's state, ``struck`` (the refusal's strike brought its
+the same functions), a leaky bucket's state, ``reaches_ban`` (the refusal's strike brought its
 subject to the ban); and the refusal memory must hold exactly the refusals the model says
 are remembered (never one of a limit that bans: each must reach its strike).
 
@@ -171,7 +171,7 @@ class ModelResult:
     #: The plan of the hit it still holds (a counted check's, None once taken back).
     plan: windows.Plan | None = None
     #: Its refusal brought its subject to its limit's ban.
-    struck: bool = False
+    reaches_ban: bool = False
     #: Its refusal is remembered (the engine's refusal memory).
     remembered: bool = False
 
@@ -381,7 +381,7 @@ class Model:
         remembered: a counted refusal whose wait is exact and not 0, of no limit that bans
         (each of its refusals must reach its strike)."""
         if c.ban is not None and c.increment:
-            r.struck = self.strike(c, t)
+            r.reaches_ban = self.strike(c, t)
         wait = max((u.retry_after for u in r.usages if u.limited), default=0.0)
         r.remembered = c.increment and c.ban is None and exact_wait and wait > 0
 
@@ -400,7 +400,7 @@ def observed(result: Result | ModelResult) -> tuple[Any, ...]:
     if state is not None:
         meter = (state.admitted, state.limited, state.level, state.remaining)
         meter += (state.retry_after, state.empty_in)
-    return (result.namespace, result.limited, usages, meter, result.struck)
+    return (result.namespace, result.limited, usages, meter, result.reaches_ban)
 
 
 # -- the machine --------------------------------------------------------------------------------
@@ -682,7 +682,7 @@ def _tell(c: Check, r: ModelResult) -> None:
     if c.cost > 1:
         event(f"a cost of {'2 to 5' if c.cost <= 5 else 'over the limit'}")
     if c.ban is not None and r.limited and c.increment:
-        event(f"a strike{' that bans' if r.struck else ''}")
+        event(f"a strike{' that bans' if r.reaches_ban else ''}")
 
 
 class _Collect(logging.Handler):

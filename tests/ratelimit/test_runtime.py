@@ -30,7 +30,7 @@ def fill() -> None:
     store.current()
     backends.get_backend()
     memory.REFUSALS.remember(("runtime",), 0.0, 1e12, None)  # type: ignore[arg-type]
-    sliding_window._READY[-1] = None  # type: ignore[assignment]
+    sliding_window._PREPARED[-1] = None  # type: ignore[assignment]
     rules._names[("runtime", None)] = None
 
 
@@ -44,7 +44,7 @@ def held() -> dict[str, bool]:
         "store": store.in_force is not None,
         "backends": bool(backends._backends),
         "refusals": len(memory.REFUSALS) > 0,
-        "ready": -1 in sliding_window._READY,
+        "ready": -1 in sliding_window._PREPARED,
         "url names": bool(rules._names),
     }
 
