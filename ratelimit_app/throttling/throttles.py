@@ -306,9 +306,6 @@ class SimpleRateThrottle(BaseThrottle):
         it to weigh requests (a bulk endpoint by the items it takes)."""
         return self.cost
 
-    def _fails_open(self) -> bool:
-        return conf.FAIL_OPEN if self.fail_open is None else self.fail_open
-
     def allow_request(self, request: Any, view: Any) -> bool:
         """Count the request; False when it is over the limit (then :meth:`wait` says how
         long). Calls :meth:`throttle_success` or :meth:`throttle_failure`, as DRF does."""
@@ -318,8 +315,8 @@ class SimpleRateThrottle(BaseThrottle):
             return True
         self.now = t = self.timer()
         decision, verdict = _decided(self, decision, request, view, t)
-        if verdict.failed is not None:
-            if self._fails_open():
+        if verdict.failed is not None:  # (the policy's fail_open, decided in the decision)
+            if decision.fail_open:
                 return True
             raise ThrottleUnavailable(self.name)
         outcome = decision.result
