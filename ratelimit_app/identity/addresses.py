@@ -8,6 +8,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from functools import lru_cache
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
@@ -212,3 +213,32 @@ def shown_network(value: str) -> str | None:
         return None
     prefix = SHOWN_IPV4_PREFIX if addr.version == 4 else SHOWN_IPV6_PREFIX
     return str(ipaddress.ip_network((addr, prefix), strict=False))
+
+
+def drf_forwarded(meta: Any, num_proxies: int) -> str:
+    """The client's address by DRF's ``NUM_PROXIES`` rule (``0``: ``REMOTE_ADDR``; ``n``:
+    the n-th address from the right of ``X-Forwarded-For``), with our guards: a peer that is
+    not one of ``RATELIMIT_TRUSTED_PROXIES`` (when set) counts itself, and a hop that is no
+    address counts the proxy that sent it (the DRF throttles' ``get_ident``)."""
+    problem = num_proxies_problem(num_proxies)
+    if problem:
+        raise ImproperlyConfigured(problem)
+    remote = meta.get("REMOTE_ADDR") or ""
+    xff = meta.get("HTTP_X_FORWARDED_FOR")
+    if num_proxies == 0 or xff is None:
+        return remote
+    if conf.TRUSTED_PROXIES and parse_address(remote) and not trusted_proxy(remote):
+        return remote
+    hops = xff.split(",")
+    hop = hops[-min(num_proxies, len(hops))]
+    return hop if parse_address(hop) else remote
+
+
+def num_proxies_problem(value: object) -> str | None:
+    """What is wrong with a ``NUM_PROXIES`` (None: nothing)."""
+    if value is None or (type(value) is int and value >= 0):
+        return None
+    return (
+        f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number of proxies, 0 or "
+        f"more; got {value!r}."
+    )

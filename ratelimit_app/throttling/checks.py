@@ -11,12 +11,9 @@ from rest_framework.settings import api_settings
 
 from ratelimit_app.algorithms import rates
 from ratelimit_app.conf import drf_throttles_named
+from ratelimit_app.identity.addresses import num_proxies_problem
 from ratelimit_app.throttling.limits import NoRate, throttle_limit
-from ratelimit_app.throttling.throttles import (
-    ScopedRateThrottle,
-    SimpleRateThrottle,
-    num_proxies_problem,
-)
+from ratelimit_app.throttling.throttles import ScopedRateThrottle, SimpleRateThrottle
 
 __all__ = ["problems"]
 

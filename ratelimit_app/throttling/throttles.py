@@ -53,7 +53,6 @@ __all__ = [
     "SimpleRateThrottle",
     "ThrottleUnavailable",
     "UserRateThrottle",
-    "num_proxies_problem",
 ]
 
 #: A throttle's limits are named ``drf:<scope>``: their group, the rule of their metrics
@@ -107,39 +106,9 @@ class BaseThrottle(drf_throttling.BaseThrottle):
             except ImproperlyConfigured:  # no address: allow_request says what to do
                 self._no_ident = True
                 return None
-        masked = addresses.mask_ip(_forwarded(request.META, num_proxies))
+        masked = addresses.mask_ip(addresses.drf_forwarded(request.META, num_proxies))
         self._no_ident = masked is None
         return masked
-
-
-def _forwarded(meta: Any, num_proxies: int) -> str:
-    """DRF's ``NUM_PROXIES`` rule, with the checks :meth:`BaseThrottle.get_ident` lists."""
-    problem = num_proxies_problem(num_proxies)
-    if problem:
-        raise ImproperlyConfigured(problem)
-    remote = meta.get("REMOTE_ADDR") or ""
-    xff = meta.get("HTTP_X_FORWARDED_FOR")
-    if num_proxies == 0 or xff is None:
-        return remote
-    if (
-        conf.TRUSTED_PROXIES
-        and addresses.parse_address(remote)
-        and not addresses.trusted_proxy(remote)
-    ):
-        return remote
-    hops = xff.split(",")
-    hop = hops[-min(num_proxies, len(hops))]
-    return hop if addresses.parse_address(hop) else remote
-
-
-def num_proxies_problem(value: object) -> str | None:
-    """What is wrong with a ``NUM_PROXIES`` (None: nothing)."""
-    if value is None or (type(value) is int and value >= 0):
-        return None
-    return (
-        f"REST_FRAMEWORK['NUM_PROXIES'] must be None or a whole number of proxies, 0 or "
-        f"more; got {value!r}."
-    )
 
 
 class _SettingsRates:
