@@ -31,45 +31,23 @@ path runs a check on the event loop when it is a bounded round trip that touches
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import clock, keys, responses, store
+from ratelimit_app import keys, responses, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import enforce
+from ratelimit_app.engine import enforce, screen
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import NOTHING, Outcome, show
 from ratelimit_app.exceptions import Ratelimited
-from ratelimit_app.identity import addresses
 
 __all__ = ["RatelimitMiddleware"]
-
-
-#: :func:`_listed`'s answer for a client on the allow list: no rule applies.
-_ALLOWED = HttpResponse()
-
-
-def _listed(
-    request: HttpRequest, current: store.Snapshot, rules: Sequence[CompiledRule]
-) -> HttpResponse | None:
-    """The client's own address and user against the lists: the 403 of a denied one,
-    :data:`_ALLOWED` for an allowed one (when rules apply), or None."""
-    allow, deny = current.allow, current.deny
-    if not (allow.networks or allow.users or deny.networks or deny.users):
-        return None
-    address = addresses.client_address(request) if allow.networks or deny.networks else None
-    if deny.has_ip(address) or deny.has_user(request):
-        return responses.denied(request)
-    if rules and (allow.has_ip(address) or allow.has_user(request)):
-        return _ALLOWED
-    return None
 
 
 def _decisions(
@@ -115,9 +93,9 @@ def before(
         current = store.current()
     subjects: Subjects = {}  # each key's subject, found once (the screen's address too)
     if current.screens:  # lists or site-wide bans (no call without)
-        screened = _lists_and_site_bans(request, current, rules, subjects)
+        screened = screen.screen(request, current, rules, subjects)
         if screened is not None:
-            return None if screened is _ALLOWED else screened
+            return None if screened is screen.ALLOWED else screened
     found = _decisions(request, rules, current, subjects)
     if isinstance(found, HttpResponse):
         return found
@@ -142,42 +120,6 @@ def before(
     held = enforce.holding(decisions) if current.rules.holds else ()
     provisional = [d for d in failing if d.provisional()] if failing else ()
     return Outcome(request, shown, held, provisional)
-
-
-def _lists_and_site_bans(
-    request: HttpRequest,
-    current: store.Snapshot,
-    rules: Sequence[CompiledRule],
-    subjects: Subjects,
-) -> HttpResponse | None:
-    """The lists' answer (:func:`_listed`), else the 429 of an address banned on every
-    path, else None. The address found is kept in ``subjects`` for the rules keyed on it.
-    A ban on every path is found by the address itself (unsealed from its row by
-    :mod:`ratelimit_app.store`): a dictionary look-up, no hash."""
-    if current.lists:
-        listed = _listed(request, current, rules)
-        if listed is not None:
-            return listed
-    if not current.site_bans:
-        return None
-    subject = subjects.get("ip")
-    if subject is None:
-        try:
-            subject = subjects["ip"] = keys.subject("ip", "", request)
-        except Exception:  # no address: the rules say what to do
-            return None
-    until = current.bans.site.get(subject[1])
-    return None if until is None else _site_banned(request, until)
-
-
-def _site_banned(request: HttpRequest, until: float) -> HttpResponse | None:
-    """The 429 of a client whose address a limit banned on every path until ``until``
-    (None once it has ended)."""
-    wait = until - clock.now()
-    if wait <= 0:
-        return None
-    usage = {"retry_after": max(1, math.ceil(wait)), "banned": True}
-    return responses.too_many_requests(request, conf.EXCEPTION_CLASS(), usage=usage)
 
 
 def _refused(request: HttpRequest, verdict: enforce.Verdict, refusing: Decision) -> HttpResponse:

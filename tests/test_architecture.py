@@ -54,6 +54,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "engine": 4,
         "engine.enforce": 5,
         "engine.outcome": 5,
+        "engine.screen": 5,
         "core": 5,
         "operations": 5,
         "responses": 5,

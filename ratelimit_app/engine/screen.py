@@ -1,0 +1,80 @@
+"""Who may pass before any rule is checked: the allow and deny lists, and bans on every path.
+
+The middleware asks :func:`screen` first when the configuration in force holds lists or a
+ban on every path (``Snapshot.screens``): a denied client's address or user gets a 403, an
+allowed one skips every rule, and an address a limit banned on every path gets its 429,
+all with no round trip. The lists' emails are a claim the request makes, not the client's
+identity: they are matched against the rules keyed on an email, by the middleware.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from django.http import HttpRequest, HttpResponse
+
+from ratelimit_app import clock, keys, responses, store
+from ratelimit_app.conf import conf
+from ratelimit_app.config.limits import Subjects
+from ratelimit_app.config.rules import CompiledRule
+from ratelimit_app.identity import addresses
+
+__all__ = ["ALLOWED", "screen"]
+
+
+#: :func:`_listed`'s answer for a client on the allow list: no rule applies.
+ALLOWED = HttpResponse()
+
+
+def _listed(
+    request: HttpRequest, current: store.Snapshot, rules: Sequence[CompiledRule]
+) -> HttpResponse | None:
+    """The client's own address and user against the lists: the 403 of a denied one,
+    :data:`ALLOWED` for an allowed one (when rules apply), or None."""
+    allow, deny = current.allow, current.deny
+    if not (allow.networks or allow.users or deny.networks or deny.users):
+        return None
+    address = addresses.client_address(request) if allow.networks or deny.networks else None
+    if deny.has_ip(address) or deny.has_user(request):
+        return responses.denied(request)
+    if rules and (allow.has_ip(address) or allow.has_user(request)):
+        return ALLOWED
+    return None
+
+
+def screen(
+    request: HttpRequest,
+    current: store.Snapshot,
+    rules: Sequence[CompiledRule],
+    subjects: Subjects,
+) -> HttpResponse | None:
+    """The lists' answer (:func:`_listed`: the 403 of a denied client, :data:`ALLOWED` for
+    an allowed one), else the 429 of an address banned on every path, else None. The
+    address found is kept in ``subjects`` for the rules keyed on it. A ban on every path is
+    found by the address itself (unsealed from its row by :mod:`ratelimit_app.store`): a
+    dictionary look-up, no hash."""
+    if current.lists:
+        listed = _listed(request, current, rules)
+        if listed is not None:
+            return listed
+    if not current.site_bans:
+        return None
+    subject = subjects.get("ip")
+    if subject is None:
+        try:
+            subject = subjects["ip"] = keys.subject("ip", "", request)
+        except Exception:  # no address: the rules say what to do
+            return None
+    until = current.bans.site.get(subject[1])
+    return None if until is None else _site_banned(request, until)
+
+
+def _site_banned(request: HttpRequest, until: float) -> HttpResponse | None:
+    """The 429 of a client whose address a limit banned on every path until ``until``
+    (None once it has ended)."""
+    wait = until - clock.now()
+    if wait <= 0:
+        return None
+    usage = {"retry_after": max(1, math.ceil(wait)), "banned": True}
+    return responses.too_many_requests(request, conf.EXCEPTION_CLASS(), usage=usage)
