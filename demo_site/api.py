@@ -42,9 +42,8 @@ from demo_site.shortener.models import Link
 from demo_site.shortener.views import CREATE_LIMIT, bounds, short_url
 from metrics_app import query
 from metrics_app.admin import period_from, step_of
-from metrics_app.conf import conf as metrics_conf
+from metrics_app.buffer import flusher
 from ratelimit_app import core, responses
-from ratelimit_app.conf import conf
 from ratelimit_app.config import limits
 from ratelimit_app.config.policy import policy
 from ratelimit_app.core import limit_decision
@@ -106,7 +105,7 @@ class LinkList(DemoAPIView):
         decision = limit_decision(request._request, policy(limits.build(**CREATE_LIMIT)))
         if decision is None:
             return
-        if conf.HEADERS and decision.shown and core.show(request, [decision]) is not None:
+        if decision.shown and core.show(request, [decision]) is not None:
             # No layer outside the view shows limits (no rule matched): the view writes its
             # own, after its throttles' (one list of policies).
             core.release(request)
@@ -122,8 +121,7 @@ class LinkList(DemoAPIView):
 
 class LinkVisits(DemoAPIView):
     """``GET``: a link's visits, counted by ``metrics_app`` as its redirects are served
-    (they reach the database when the web process flushes, every
-    ``METRICS_FLUSH_INTERVAL`` seconds)."""
+    (they reach the database when the web process flushes, every 10 seconds)."""
 
     def get(self, request: Request, key: str) -> Response:
         link = get_object_or_404(Link, key=key)
@@ -133,7 +131,7 @@ class LinkVisits(DemoAPIView):
             **link_json(request, link),
             "total": query.total(link.series_name),
             "period": period.key,
-            "flush_interval": metrics_conf.FLUSH_INTERVAL,
+            "flush_interval": flusher.FLUSH_INTERVAL,
         }
         try:
             points = query.series(link.series_name, start, end)

@@ -98,9 +98,6 @@ SILENCED_SYSTEM_CHECKS = env.silenced_checks(CACHES)
 # -- Rate limits (docs/rules.rst): the demo's scenarios, as rules the middleware applies. ----
 RATELIMIT_USE_CACHE = "ratelimit"
 RATELIMIT_FAIL_OPEN = True  # the demo stays up when a counter server goes away
-# The demo's 429 page shows nothing of the request (templates/ratelimit_app/429.html): render
-# it once per answer, so a flood of refusals costs less than serving.
-RATELIMIT_CACHE_PAGES = True
 # What fails, for the "failures" rules: a 404 (the "shorturl-scan" rule counts the keys a
 # client guesses wrong) and a 401 (a refused HTTP Basic password on the API). Wrong passwords
 # are told by Django's user_login_failed, which every door that checks one sends. Not 400 or
@@ -247,8 +244,8 @@ REST_FRAMEWORK = {
 }
 
 # -- Metrics: visits per short link, flushed from memory every 10 s, downsampled by Celery. --
-METRICS_FLUSH_INTERVAL = 10
-METRICS_LOCK_CACHE = "default"
+# (Both are metrics_app's defaults: the memory buffer, and the downsample lock in the
+# "default" cache, which every process shares.)
 
 # -- Celery: the worker runs metrics_app's downsampling on the beat schedule (celery.py). ----
 CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS = env.celery_broker(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import formats
@@ -22,7 +23,6 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from metrics_app import charts, clock, query, views
-from metrics_app.conf import conf
 from metrics_app.models import Series
 
 # Public here too: sites import the chart periods from the admin (demo_site/api.py does).
@@ -99,8 +99,9 @@ class SeriesAdmin(SeriesAdminBase):
         return SeriesChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Series]:
-        # Series live in METRICS_DATABASE, which need not be the admin's own database.
-        return super().get_queryset(request).using(conf.DATABASE)
+        # Series live where the database routers put them (db_for_read), which need not be
+        # the admin's own database.
+        return super().get_queryset(request).using(router.db_for_read(Series))
 
     @admin.display(description=_("total"), ordering="total")
     def total_count(self, obj: Series) -> str:

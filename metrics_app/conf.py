@@ -1,8 +1,8 @@
-"""Typed access to the ``METRICS_*`` settings, read on every access.
+"""Typed access to the two ``METRICS_*`` settings, read on every access.
 
 Nothing is snapshotted at import, so ``override_settings`` just works. The parsed retention
-is cached and the cache is cleared by a ``setting_changed`` receiver. See ``docs/metrics.rst``
-for the meaning of each setting.
+is cached and the cache is cleared by a ``setting_changed`` receiver. See ``docs/settings.rst``
+(section "Metrics") for their meaning.
 """
 
 from __future__ import annotations
@@ -17,73 +17,54 @@ from django.dispatch import receiver
 from metrics_app.retention import DEFAULT_RETENTION, Retention, parse_retention
 
 DEFAULTS: dict[str, Any] = {
-    "METRICS_FLUSH_INTERVAL": 10.0,
     "METRICS_RETENTION": DEFAULT_RETENTION,
-    "METRICS_MAX_BUFFERED_KEYS": 100_000,
-    "METRICS_MAX_CLIENT_KEYS": None,
     "METRICS_BUFFER": "memory",
-    "METRICS_REDIS_CACHE": "default",
-    "METRICS_REDIS_KEY": "metrics:buffer",
-    "METRICS_DATABASE": "default",
-    "METRICS_LOCK_CACHE": "default",
-    "METRICS_QUERY_DOWNSAMPLE": "celery",
-    "METRICS_HANDLE_SIGTERM": True,
 }
+
+#: The django-redis cache alias of ``METRICS_BUFFER = "redis"``; ``"redis:<alias>"`` names
+#: another.
+DEFAULT_REDIS_ALIAS = "default"
 
 
 def _get(name: str) -> Any:
     return getattr(settings, name, DEFAULTS[name])
 
 
-class Settings:
-    """One property per setting; see ``docs/metrics.rst`` for their meaning."""
+def parse_buffer(value: object) -> str | None:
+    """The django-redis cache alias a ``METRICS_BUFFER`` value names, None for ``"memory"``.
 
-    @property
-    def FLUSH_INTERVAL(self) -> float:
-        return float(_get("METRICS_FLUSH_INTERVAL"))
+    ``"redis"`` is the alias ``"default"``, ``"redis:<alias>"`` that alias. Raises
+    ``ValueError`` for any other value.
+    """
+    if value == "memory":
+        return None
+    if value == "redis":
+        return DEFAULT_REDIS_ALIAS
+    if isinstance(value, str) and value.startswith("redis:") and value[len("redis:") :]:
+        return value[len("redis:") :]
+    raise ValueError(value)
+
+
+class Settings:
+    """One property per setting; see ``docs/settings.rst`` for their meaning."""
 
     @property
     def RETENTION(self) -> Retention:
         return _parsed_retention(str(_get("METRICS_RETENTION")))
 
     @property
-    def MAX_BUFFERED_KEYS(self) -> int:
-        return int(_get("METRICS_MAX_BUFFERED_KEYS"))
-
-    @property
-    def MAX_CLIENT_KEYS(self) -> int:
-        """Explicit, or a tenth of ``METRICS_MAX_BUFFERED_KEYS`` (at least 1)."""
-        value = _get("METRICS_MAX_CLIENT_KEYS")
-        return max(1, self.MAX_BUFFERED_KEYS // 10) if value is None else int(value)
-
-    @property
     def BUFFER(self) -> str:
-        return str(_get("METRICS_BUFFER"))
+        """``"redis"`` for the Redis buffer (any alias), else ``"memory"`` (the system check
+        ``metrics_app.E004`` reports a value that is neither)."""
+        return "memory" if self.BUFFER_CACHE is None else "redis"
 
     @property
-    def REDIS_CACHE(self) -> str:
-        return str(_get("METRICS_REDIS_CACHE"))
-
-    @property
-    def REDIS_KEY(self) -> str:
-        return str(_get("METRICS_REDIS_KEY"))
-
-    @property
-    def DATABASE(self) -> str:
-        return str(_get("METRICS_DATABASE"))
-
-    @property
-    def LOCK_CACHE(self) -> str:
-        return str(_get("METRICS_LOCK_CACHE"))
-
-    @property
-    def QUERY_DOWNSAMPLE(self) -> str | None:
-        value = _get("METRICS_QUERY_DOWNSAMPLE")
-        return None if not value else str(value)
-
-    @property
-    def HANDLE_SIGTERM(self) -> bool:
-        return bool(_get("METRICS_HANDLE_SIGTERM"))
+    def BUFFER_CACHE(self) -> str | None:
+        """The django-redis cache alias of the Redis buffer; None with the memory buffer."""
+        try:
+            return parse_buffer(_get("METRICS_BUFFER"))
+        except ValueError:
+            return None
 
 
 conf = Settings()

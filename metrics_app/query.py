@@ -1,7 +1,8 @@
 """Reading series back: ``series`` (one or, with ``series_many``, several), ``total``, ``top``.
 
 Queries read the database only; call :func:`metrics_app.flush` first to include what this
-process still buffers.
+process still buffers. They read the database the routers choose for the models
+(``db_for_read``; the default one without routers).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from metrics_app.models import Bucket, Series
 from metrics_app.retention import align
 
 logger = logging.getLogger("metrics_app")
+
+#: Whether a read that finds buckets past their tier sends ``downsample_series`` for the
+#: series (:func:`schedule_downsample`); the metrics tests turn it off.
+DOWNSAMPLE_ON_READ = True
 
 Point = tuple[datetime, int]
 
@@ -101,7 +106,7 @@ def series_many(
 def _rows_near(lo: int, hi: int, size: int | None) -> QuerySet[Bucket]:
     """Every bucket that may hold part of ``[lo, hi)``: a margin of the coarsest step."""
     margin = max(max(conf.RETENTION.precisions), size or 0)
-    return Bucket.objects.using(conf.DATABASE).filter(start__lt=hi + margin, start__gt=lo - margin)
+    return Bucket.objects.filter(start__lt=hi + margin, start__gt=lo - margin)
 
 
 Row = tuple[int, int, int]
@@ -205,32 +210,29 @@ def _too_fine(rows: list[Row], now: float) -> bool:
 
 
 def schedule_downsample(name: str) -> None:
-    """Ask for ``downsample_series(name)``, at most once a minute per series.
+    """Send the Celery task ``downsample_series(name)``, at most once a minute per series.
 
-    ``METRICS_QUERY_DOWNSAMPLE`` says how: ``"celery"`` (default) sends the task,
-    ``"inline"`` runs it now, ``None`` does nothing.
+    It is sent from a background thread: a page never waits on the broker. Without Celery
+    installed nothing is sent (``manage.py metrics_downsample``, run from cron, does the
+    work); nor with :data:`DOWNSAMPLE_ON_READ` off.
     """
-    mode = conf.QUERY_DOWNSAMPLE
-    if mode is None:
-        return
-    if not caches[conf.LOCK_CACHE].add(f"metrics_app:scheduled:{name}", 1, 60):
+    if not DOWNSAMPLE_ON_READ:
         return
     try:
-        if mode == "inline":
-            from metrics_app.rollup import downsample
-
-            downsample(series_names=[name])
-        else:  # sent from a background thread: a page never waits on the broker
-            from metrics_app.tasks import downsample_series, publisher
-
-            publisher.send(downsample_series, (name,))
+        from metrics_app.tasks import downsample_series, publisher
+    except ImportError:  # no Celery (an optional extra): nothing to send to
+        return
+    if not caches["default"].add(f"metrics_app:scheduled:{name}", 1, 60):
+        return
+    try:
+        publisher.send(downsample_series, (name,))
     except Exception as exc:  # a query must not fail because the broker is down
         logger.warning("metrics: could not schedule downsample_series(%r): %s", name, exc)
 
 
 def total(name: str) -> int:
     """All-time count of ``name`` (0 for an unknown series); retention never lowers it."""
-    value = Series.objects.using(conf.DATABASE).filter(name=name).values_list("total", flat=True)
+    value = Series.objects.filter(name=name).values_list("total", flat=True)
     return int(value[0]) if value else 0
 
 
@@ -241,15 +243,10 @@ def top(n: int, since: datetime | None = None) -> list[tuple[str, int]]:
     around it (a coarse bucket that starts before ``since`` is left out whole).
     """
     if since is None:
-        return list(
-            Series.objects.using(conf.DATABASE)
-            .order_by("-total", "name")
-            .values_list("name", "total")[:n]
-        )
+        return list(Series.objects.order_by("-total", "name").values_list("name", "total")[:n])
     lo = _seconds(since, "since")
     rows = (
-        Bucket.objects.using(conf.DATABASE)
-        .filter(start__gte=lo)
+        Bucket.objects.filter(start__gte=lo)
         .values("series__name")
         .annotate(n=Sum("count"))
         .order_by("-n", "series__name")[:n]

@@ -1,10 +1,10 @@
 """``METRICS_BUFFER = "redis"``: one buffer in Redis shared by every process.
 
 For sites that cannot lose a killed worker's last seconds: each :func:`metrics_app.record`
-is one script call (one round trip) that adds to a field ``<minute>:<name>`` of a hash,
-through the django-redis cache named by ``METRICS_REDIS_CACHE``, instead of a dict
-increment. The Celery task :func:`metrics_app.tasks.flush_redis_buffer` (in the beat
-schedule) drains it:
+is one script call (one round trip) that adds to a field ``<minute>:<name>`` of a hash
+:data:`REDIS_KEY`, through the django-redis cache ``METRICS_BUFFER`` names (``"default"``,
+or the alias of ``"redis:<alias>"``), instead of a dict increment. The Celery task
+:func:`metrics_app.tasks.flush_redis_buffer` (in the beat schedule) drains it:
 
 1. each hash already pending (a run that failed before) is written with
    :func:`metrics_app.storage.write_counts` under the flush id ``redis:<uuid>``, then
@@ -18,10 +18,11 @@ again and the ledger makes that a no-op. Keys share one hash tag (``{...}``), so
 also run on Redis Cluster.
 
 **The bounds**, as in the memory buffer: the live hash holds at most
-``METRICS_MAX_BUFFERED_KEYS`` fields, of which at most ``METRICS_MAX_CLIENT_KEYS`` have a
-client-chosen name (counted in ``<key>:client``, reset when the hash is renamed). A count
-for a new field past a bound is dropped. While the database is down, step 1 fails and the
-live hash is not renamed, so the buffer stays within one live hash and the pending ones.
+:data:`~metrics_app.buffer.aggregator.MAX_BUFFERED_KEYS` fields, of which at most
+:data:`~metrics_app.buffer.aggregator.MAX_CLIENT_KEYS` have a client-chosen name (counted in
+``<key>:client``, reset when the hash is renamed). A count for a new field past a bound is
+dropped. While the database is down, step 1 fails and the live hash is not renamed, so the
+buffer stays within one live hash and the pending ones.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from metrics_app.conf import conf
+from metrics_app.buffer import aggregator
+from metrics_app.conf import DEFAULT_REDIS_ALIAS, conf
+
+#: The name of the live hash, used inside a hash tag (``{metrics:buffer}``); the buffer does
+#: not use the cache's ``KEY_PREFIX``, so sites sharing one Redis need databases of their own.
+REDIS_KEY = "metrics:buffer"
 
 _MOVE = """
 redis.call('DEL', KEYS[4])
@@ -60,19 +66,19 @@ return 1
 def _connection() -> Any:
     from django_redis import get_redis_connection
 
-    return get_redis_connection(conf.REDIS_CACHE)
+    return get_redis_connection(conf.BUFFER_CACHE or DEFAULT_REDIS_ALIAS)
 
 
 def _key() -> str:
-    return "{" + conf.REDIS_KEY + "}"
+    return "{" + REDIS_KEY + "}"
 
 
 def record(name: str, minute: int, count: int, client_chosen: bool = False) -> bool:
     """Add ``count`` to ``(name, minute)``; False when a bound dropped it (see the module)."""
     conn = _connection()
     key = _key()
-    share = max(1, conf.MAX_CLIENT_KEYS) if client_chosen else 0
-    args = [f"{minute}:{name}", count, conf.MAX_BUFFERED_KEYS, share]
+    share = max(1, aggregator.MAX_CLIENT_KEYS) if client_chosen else 0
+    args = [f"{minute}:{name}", count, aggregator.MAX_BUFFERED_KEYS, share]
     # A registered script is sent by its SHA (EVALSHA), the source only the first time.
     return bool(conn.register_script(_RECORD)(keys=[key, f"{key}:client"], args=args))
 

@@ -21,7 +21,7 @@ SQLite serialises writes anyway.
 
 Idempotent (a second run finds nothing due), catches up (tiers are processed finest first,
 so rows folded into tier ``i+1`` are themselves folded further in the same run), and one run
-at a time: a lock with a TTL in the cache ``METRICS_LOCK_CACHE``, refreshed every batch.
+at a time: a lock with a TTL in Django's ``"default"`` cache, refreshed every batch.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import caches
-from django.db import connections, transaction
+from django.db import connections, router, transaction
 
 from metrics_app import clock, storage
 from metrics_app.conf import conf
@@ -77,7 +77,7 @@ class DownsampleResult:
 
 class _Lock:
     def __init__(self) -> None:
-        self.cache = caches[conf.LOCK_CACHE]
+        self.cache = caches["default"]
         self.token = uuid.uuid4().hex
         self.ttl = LOCK_TTL
 
@@ -134,7 +134,7 @@ def _downsample(
     progress: Progress | None,
     lock: _Lock,
 ) -> DownsampleResult:
-    alias = conf.DATABASE
+    alias = router.db_for_write(Bucket)
     now = clock.now() if now is None else now
     retention = conf.RETENTION
     size = batch_size or DOWNSAMPLE_BATCH_SIZE

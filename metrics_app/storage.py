@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from django.db import connections, transaction
+from django.db import connections, router, transaction
 
 from metrics_app import clock
 from metrics_app.conf import conf
@@ -50,7 +50,7 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
     Minutes are aligned to the finest retention tier here (at write time), so the
     in-process buffer never reads a setting.
     """
-    alias = using or conf.DATABASE
+    alias = using or router.db_for_write(Bucket)
     precision = conf.RETENTION.finest.precision
     buckets: dict[tuple[str, int], int] = {}
     series: dict[str, list[int]] = {}  # name -> [total, first start, last start]
@@ -141,7 +141,7 @@ def write_tops(
 
     A row adds up the keys' certain counts (``Entry.count``, never above the truth), so a
     sum over flushes and processes never is either."""
-    alias = using or conf.DATABASE
+    alias = using or router.db_for_write(TopKey)
     rows = sorted(
         (name, align(int(e.last), TOP_BUCKET), key, e, keep)
         for name, (keep, sketch) in sketches.items()
@@ -190,5 +190,6 @@ def write_tops(
 def expire_tops(*, using: str | None = None) -> int:
     """Delete the top-keys rows past their ``expires``; how many."""
     now = datetime.fromtimestamp(clock.now(), tz=UTC)
-    deleted, _ = TopKey.objects.using(using or conf.DATABASE).filter(expires__lt=now).delete()
+    alias = using or router.db_for_write(TopKey)
+    deleted, _ = TopKey.objects.using(alias).filter(expires__lt=now).delete()
     return deleted

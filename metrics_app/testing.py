@@ -1,4 +1,4 @@
-"""Helpers for tests, ours and yours: a clock you can move."""
+"""Helpers for tests, ours and yours: a clock you can move, and flushing by hand."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import datetime
 from unittest import mock
 
 from metrics_app import clock
+from metrics_app.buffer import flusher, process
 
 
 class FrozenClock:
@@ -38,3 +39,25 @@ def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
     fake = FrozenClock(t)
     with mock.patch.object(clock, "now", fake):
         yield fake
+
+
+@contextmanager
+def manual_flush() -> Iterator[None]:
+    """Inside the block, this process's buffer flushes only when told: no flusher thread
+    (a running one stops), and a buffer that starts installs no SIGTERM handler. A test calls
+    :func:`metrics_app.flush`.
+
+    Use it around a whole test session (a session-scoped autouse fixture, or a test
+    runner's ``setup_test_environment``) or around one test. On leaving, a started buffer
+    starts its thread again. Counting, the ``atexit`` flush and the Redis buffer work as
+    usual.
+    """
+    try:
+        with (
+            mock.patch.object(flusher, "FLUSH_INTERVAL", 0),
+            mock.patch.object(process, "HANDLE_SIGTERM", False),
+        ):
+            process.current().configure()  # stops a running thread
+            yield
+    finally:
+        process.current().configure()  # a started buffer starts its thread again

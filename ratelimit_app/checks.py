@@ -52,7 +52,6 @@ MESSAGES: dict[str, str] = {
     "E015": "RATELIMIT_ALLOW and RATELIMIT_DENY must be lists of IPs, CIDR networks, "
     "'user:<id>' entries or email addresses.",
     "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
-    "E017": "RATELIMIT_FAIL_CLOSED_STATUS must be an HTTP error status code (400-599).",
     "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be built as cls(alias, cache).",
     "E020": "REST_FRAMEWORK names throttles of ratelimit_app.throttling, but Django REST "
     "framework is not installed.",
@@ -300,9 +299,6 @@ def _statuses() -> Iterable[checks.CheckMessage]:
     statuses = _setting("RATELIMIT_FAILURE_STATUSES")
     if isinstance(statuses, str | int) or not all(_int_in(x, 100, 599) for x in statuses):
         yield _error("E016", f"Got {statuses!r}.")
-    closed = _setting("RATELIMIT_FAIL_CLOSED_STATUS")
-    if not _int_in(closed, 400, 599):
-        yield _error("E017", f"Got {closed!r}.")
 
 
 def _reading_the_user(found: list[CompiledRule]) -> list[str]:
@@ -314,8 +310,8 @@ def _reading_the_user(found: list[CompiledRule]) -> list[str]:
     user_keyed = [r.name for r in found if r.key in ("user", "user_or_ip")]
     if user_keyed:
         said.append(f"Rules keyed on the user: {', '.join(map(repr, user_keyed))}.")
-    elif _setting("RATELIMIT_DB_RULES"):
-        said.append("Rules added in the admin (RATELIMIT_DB_RULES) may be keyed on the user.")
+    else:
+        said.append("Rules added in the admin may be keyed on the user.")
     return said
 
 

@@ -43,13 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "RATELIMIT_ALLOW": (),
     "RATELIMIT_DENY": (),
     "RATELIMIT_FAILURE_STATUSES": (400, 401, 403),
-    "RATELIMIT_HEADERS": True,
-    "RATELIMIT_FAIL_CLOSED_STATUS": 503,
-    "RATELIMIT_DB_RULES": True,
-    "RATELIMIT_CACHE_PAGES": False,
-    "RATELIMIT_SHADOW": False,
     "RATELIMIT_REFUSED_SUBJECTS": "masked",
-    "RATELIMIT_REFUSED_RETENTION": 7,
     "RATELIMIT_TELEMETRY": "auto",
 }
 
@@ -164,35 +158,14 @@ class Settings:
         return read("RATELIMIT_BACKEND")
 
     @functools.cached_property
-    def DB_RULES(self) -> bool:
-        return bool(read("RATELIMIT_DB_RULES"))
-
-    @functools.cached_property
     def FAILURE_STATUSES(self) -> frozenset[int]:
         return frozenset(read("RATELIMIT_FAILURE_STATUSES"))
-
-    @functools.cached_property
-    def HEADERS(self) -> bool:
-        return bool(read("RATELIMIT_HEADERS"))
-
-    @functools.cached_property
-    def FAIL_CLOSED_STATUS(self) -> int:
-        return int(read("RATELIMIT_FAIL_CLOSED_STATUS"))
-
-    @functools.cached_property
-    def CACHE_PAGES(self) -> bool:
-        return bool(read("RATELIMIT_CACHE_PAGES"))
 
     @functools.cached_property
     def MIDDLEWARE_INSTALLED(self) -> bool:
         """``RatelimitMiddleware`` is in ``MIDDLEWARE``: it keeps the configuration snapshot
         (database rules, overrides, bans) fresh; without it, the checks do."""
         return MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ())
-
-    @functools.cached_property
-    def SHADOW(self) -> bool:
-        """A dry run of every limit: nothing is refused, what would be is reported."""
-        return bool(read("RATELIMIT_SHADOW"))
 
 
 conf = Settings()

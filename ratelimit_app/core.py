@@ -19,9 +19,8 @@ from django.http import HttpRequest
 
 from ratelimit_app import ALL, UNSAFE, keys
 from ratelimit_app.algorithms import rates
-from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.conf import conf
-from ratelimit_app.config import limits
+from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Method, method_set
 from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.engine import enforce, failure_dict
@@ -73,7 +72,7 @@ def get_usage(
     method: Method = ALL,
     increment: bool = False,
     fail_open: bool | None = None,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = kinds.DEFAULT,
     burst: int | None = None,
     cost: limits.CostSpec = 1,
     shadow: bool = False,
@@ -92,8 +91,8 @@ def get_usage(
     hits the request counts, ``shadow``: a dry run, ``ban``: who it refuses too often it
     bans (each as ``@ratelimit`` takes it).
 
-    Under ``RATELIMIT_SHADOW`` (a dry run), ``should_limit`` is False and ``shadow_limited``
-    True where the limit would refuse.
+    A dry run (``shadow=True``) has ``should_limit`` False and ``shadow_limited`` True where
+    the limit would refuse.
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
@@ -163,7 +162,7 @@ def is_ratelimited(
     rate: rates.RateSpec = None,
     method: Method = ALL,
     increment: bool = False,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = kinds.DEFAULT,
     burst: int | None = None,
     cost: limits.CostSpec = 1,
     shadow: bool = False,

@@ -13,19 +13,17 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase
 
-from ratelimit_app import ALL, UNSAFE, keys, responses
-from ratelimit_app.algorithms import gcra, rates
-from ratelimit_app.algorithms.gcra import IN_FLIGHT
-from ratelimit_app.backends import get_backend
+from ratelimit_app import ALL, UNSAFE, keys
+from ratelimit_app.algorithms import rates
 from ratelimit_app.conf import conf
-from ratelimit_app.config import limits
+from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.core import group_name, limit_verdict
-from ratelimit_app.engine.enforce import holding
-from ratelimit_app.engine.outcome import NOTHING, Outcome, show
+from ratelimit_app.engine.matched import on_the_loop
+from ratelimit_app.engine.outcome import Outcome, view_outcome
 
 __all__ = ["ratelimit"]
 
@@ -64,7 +62,7 @@ def ratelimit(
     rate: rates.RateSpec = None,
     method: Method = ALL,
     block: bool = True,
-    algorithm: str = gcra.SLIDING_WINDOW,
+    algorithm: str = kinds.DEFAULT,
     burst: int | None = None,
     cost: limits.CostSpec = 1,
     shadow: bool = False,
@@ -78,14 +76,14 @@ def ratelimit(
     limited request raises ``RATELIMIT_EXCEPTION_CLASS`` (``Ratelimited``, a
     ``PermissionDenied``) before the view runs.
 
-    With ``RATELIMIT_HEADERS`` on, the view's response gets the ``RateLimit`` headers of
+    The view's response gets the ``RateLimit`` headers of
     the limit when it counts the client itself (an ``ip``, ``user`` or ``user_or_ip`` key),
     or is over; each limit of a request once, written by the outermost layer
     (:func:`ratelimit_app.core.show`).
 
     When the counter backend is down, ``RATELIMIT_FAIL_OPEN`` decides: open, no limit
     applies; closed (the default), ``request.limited`` is true and, with ``block=True``, the
-    view is answered ``RATELIMIT_FAIL_CLOSED_STATUS`` (503, "service unavailable") as a
+    view is answered 503 ("service unavailable") as a
     fail-closed rule is, rather than a refusal that would blame the client.
 
     ``algorithm="leaky_bucket"`` meters a leaky bucket instead
@@ -111,17 +109,24 @@ def ratelimit(
             "@ratelimit(key=..., rate=...), e.g. @ratelimit(key='ip', rate='5/m')."
         )
 
+    more: dict[str, Any] = {
+        "cost": cost,
+        "shadow": shadow,
+        "concurrent": concurrent,
+        "lease": lease,
+        "ban": ban,
+    }
+
     def decorator(fn: F) -> F:
         if isinstance(fn, type):
             # Each view class gets its own default group, even when it inherits dispatch.
             name = f"{fn.__module__}.{fn.__qualname__}"
-            guard = ViewLimit(name, group or name, key, rate, method, block, algorithm, burst)
-            guard.configure(cost, shadow, concurrent, lease, ban)
+        else:
+            name = group_name(fn)
+        guard = ViewLimit(name, block, group or name, key, rate, method, algorithm, burst, **more)
+        if isinstance(fn, type):
             fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
-        name = group_name(fn)
-        guard = ViewLimit(name, group or name, key, rate, method, block, algorithm, burst)
-        guard.configure(cost, shadow, concurrent, lease, ban)
         return _wrap(fn, guard)
 
     return decorator
@@ -130,19 +135,13 @@ def ratelimit(
 class ViewLimit:
     """One decorated view's limit, and what its requests get before the view runs."""
 
-    __slots__ = ("_parts", "block", "holds", "limit", "policy", "problems", "view_name")
+    __slots__ = ("block", "holds", "limit", "policy", "problems", "view_name")
 
     def __init__(
-        self,
-        view_name: str,
-        group: str,
-        key: keys.KeySpec | None,
-        rate: rates.RateSpec,
-        method: Method,
-        block: bool,
-        algorithm: str,
-        burst: int | None,
+        self, view_name: str, block: bool, *limit: Any, shadow: bool = False, **options: Any
     ) -> None:
+        """The limit of ``view_name`` and its policy: ``limit`` and ``options`` as
+        :func:`ratelimit_app.config.limits.build` takes them; ``shadow``: a dry run."""
         self.view_name = view_name
         self.block = block
         self.holds = False
@@ -150,36 +149,12 @@ class ViewLimit:
         #: How the limit is enforced (None: no limit, or a mistake in it).
         self.policy: Policy | None = None
         self.problems: list[str] = []
-        self._parts = (group, key, rate, method, algorithm, burst)
-
-    def configure(
-        self,
-        cost: limits.CostSpec,
-        shadow: bool,
-        concurrent: int | None = None,
-        lease: str | int | None = None,
-        ban: dict[str, Any] | None = None,
-    ) -> None:
-        """Build the limit (with its ``cost`` and in-flight limit) and its policy;
-        ``shadow``: a dry run."""
-        group, key, rate, method, algorithm, burst = self._parts
-        if rate is None and concurrent is None:  # django-ratelimit's "no rate, no limit"
-            registry[self.view_name] = Registered(unlimited=True)
+        if limit[2] is None and options["concurrent"] is None:  # "no rate, no limit"
+            registry[view_name] = Registered(unlimited=True)
             return
         try:
-            self.limit = limits.build(
-                group,
-                key,
-                rate,
-                method,
-                algorithm,
-                burst,
-                cost=cost,
-                concurrent=concurrent,
-                lease=lease,
-                ban=ban,
-            )
-            self.holds = self.limit.inflight is not None or self.limit.algorithm == IN_FLIGHT
+            self.limit = limits.build(*limit, **options)
+            self.holds = self.limit.inflight is not None or self.limit.algorithm_kind.holds_places
             self.policy = policy(self.limit, shadow=bool(shadow))
             over = self.limit.cost_problem()
             if over is not None:
@@ -193,9 +168,9 @@ class ViewLimit:
         """True when an async view's check may run on the event loop: one bounded round
         trip, cheaper than a thread."""
         # (A limit of places always runs in a thread, as its give-back does.)
-        return self.limit is not None and not self.holds and self.limit.async_safe and _inline_ok()
+        return self.limit is not None and not self.holds and on_the_loop([self.limit])
 
-    def enter(self, request: HttpRequest) -> HttpResponse | Outcome:
+    def enter(self, request: HttpRequest) -> HttpResponseBase | Outcome:
         """Count the request: the answer instead of the view's (a 503 when the counters are
         down and the limit fails closed; a refusal raises ``RATELIMIT_EXCEPTION_CLASS`` when
         the limit blocks), else what to do after the view (:class:`Outcome`: places to give
@@ -204,27 +179,10 @@ class ViewLimit:
             raise ImproperlyConfigured(
                 f"@ratelimit on {self.view_name}: {' '.join(self.problems)}"
             )
-        already = getattr(request, "limited", False)
         verdict = None
         if self.policy is not None and conf.ENABLE:
             verdict = limit_verdict(request, self.policy)
-        if verdict is None:  # no limit applies, or the counters failed open
-            request.limited = already  # type: ignore[attr-defined]
-            return NOTHING
-        if verdict.failed is not None:
-            # The counters are down and the limit fails closed: the page is unavailable, as
-            # a fail-closed rule's is; the client did nothing wrong.
-            request.limited = True  # type: ignore[attr-defined]
-            return responses.unavailable(request) if self.block else NOTHING
-        request.limited = verdict.limited or already  # type: ignore[attr-defined]
-        refusing = verdict.refusing() if verdict.limited else None
-        if refusing is not None and self.block:
-            raise responses.exception(refusing)
-        shown = show(request, verdict.shown) if conf.HEADERS else None
-        held = holding(verdict.decisions) if self.holds else ()
-        if shown is None and not held:
-            return NOTHING
-        return Outcome(request, shown, held)
+        return view_outcome(request, verdict, self.block, self.holds)
 
 
 def _wrap(fn: F, guard: ViewLimit) -> F:
@@ -277,13 +235,6 @@ def _limits(fn: Callable[..., Any], guard: ViewLimit) -> tuple[ViewLimit, ...]:
     """The guards of every ``@ratelimit`` on ``fn``, this one last, left on its wrapper:
     the admin and the commands find a view's limits there (:mod:`ratelimit_app.config.views`)."""
     return (*getattr(fn, "ratelimit_limits", ()), guard)
-
-
-def _inline_ok() -> bool:
-    try:
-        return get_backend().inline_ok
-    except Exception:  # cannot be built: get_usage reports it, off the event loop
-        return False
 
 
 ratelimit.ALL = ALL  # type: ignore[attr-defined]

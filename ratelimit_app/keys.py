@@ -473,3 +473,25 @@ def ignores_group(spec: KeySpec) -> bool:
     kinds and accessors; not a function, which is passed the group): one request's rules may
     share the value."""
     return type(spec) is str and (spec in SIMPLE_KEYS or ":" in spec)
+
+
+@lru_cache(maxsize=256)
+def _throttle_ident_prefix(cache_format: str, scope: str | None) -> str | None:
+    """What a key of ``cache_format`` holds before its ident (None: the ident is not last,
+    or the format is not DRF's kind)."""
+    if not cache_format.endswith("%(ident)s"):
+        return None
+    try:
+        return cache_format % {"scope": scope, "ident": ""}
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def throttle_subject(key: str, cache_format: str, scope: str | None) -> str:
+    """The value a throttle's counters are filed under: the ident of a key in the
+    throttle's own format (so a person finds it by a user id or an IP), else the key; filed
+    under the ``user_or_ip`` kind."""
+    prefix = _throttle_ident_prefix(cache_format, scope)
+    if prefix is not None and key.startswith(prefix):
+        key = key[len(prefix) :]
+    return normalize_value("user_or_ip", key) or key

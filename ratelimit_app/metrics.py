@@ -6,7 +6,7 @@
 * The subjects a limit refuses feed a bounded top-k per limit (:mod:`metrics_app.topk`),
   which the admin's *Refused lately* page reads (:mod:`ratelimit_app.refused`). A row keeps
   the hashed subject, and of its value what ``RATELIMIT_REFUSED_SUBJECTS`` allows
-  (:func:`shown`), for ``RATELIMIT_REFUSED_RETENTION`` days.
+  (:func:`shown`), for :data:`RETENTION_DAYS` days after its last refusal.
 
 Connected when ``metrics_app`` is installed: a few in-memory increments per refused request,
 nothing per admitted one. A failure here never fails the request: it is logged.
@@ -34,6 +34,8 @@ SHADOW_PREFIX = "ratelimit-shadow:"
 #: What the *Refused lately* page may show of a subject (``RATELIMIT_REFUSED_SUBJECTS``).
 FULL, MASKED, HASHED = "full", "masked", "hashed"
 MODES = (FULL, MASKED, HASHED)
+#: Days a refused subject's rows are kept after its last refusal.
+RETENTION_DAYS = 7
 
 
 def series_name(limit: str, shadow: bool = False) -> str:
@@ -58,14 +60,6 @@ def mode() -> str:
     of :data:`MODES` (the *Refused lately* page then says so)."""
     value = read("RATELIMIT_REFUSED_SUBJECTS")
     return value if value in MODES else HASHED
-
-
-def retention_days() -> float:
-    """``RATELIMIT_REFUSED_RETENTION``, the days a refused subject's rows are kept, or the
-    default when it is no positive number."""
-    value = read("RATELIMIT_REFUSED_RETENTION")
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 3650
-    return float(value) if ok else 7.0
 
 
 def limit_key(rule: str | None, group: str, request: HttpRequest | None) -> keys.KeySpec | None:
@@ -137,7 +131,7 @@ def _remember(
         spec = limit_key(rule, group, request) if how != HASHED else None
         if spec is not None and request is not None:
             label, ref = shown(*keys.subject(spec, group, request), request, how)
-        record_top(series_name(rule or group), subject, label, ref, keep=retention_days() * 86400)
+        record_top(series_name(rule or group), subject, label, ref, keep=RETENTION_DAYS * 86400)
     except Exception:  # never the request's failure: the page misses one refusal
         logger.exception("ratelimit: a refusal of %.80r was not kept for the admin", rule or group)
 

@@ -11,6 +11,7 @@ A row is data, not code: its key is a built-in kind and its rate a literal
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
@@ -18,24 +19,30 @@ from django.core.exceptions import NON_FIELD_ERRORS, ImproperlyConfigured, Valid
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
+from django.utils.choices import BaseChoiceIterator
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app import keys
-from ratelimit_app.algorithms import gcra
-from ratelimit_app.config import access, declared, names, overrides, rules, sources
+from ratelimit_app.config import access, declared, kinds, names, overrides, rules, sources
 
 
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.replace(",", "\n").splitlines() if line.strip()]
 
 
+class KindChoices(BaseChoiceIterator):
+    """The kinds of limit a rule may name (:func:`ratelimit_app.config.kinds.choices`), read
+    whenever a form, a filter or a validation asks: a kind registered later is offered too.
+    A migration compares it with, and writes it as, the choices it stands for."""
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        yield from kinds.choices()
+
+
 class Rule(models.Model):
     """A ``RATELIMIT_RULES`` entry kept in the database."""
 
-    ALGORITHM_CHOICES = [
-        (gcra.SLIDING_WINDOW, _("sliding window")),
-        (gcra.LEAKY_BUCKET, _("leaky bucket")),
-    ]
+    ALGORITHM_CHOICES = KindChoices()
     COUNT_CHOICES = [
         (rules.COUNT_ALL, _("every matching request")),
         (rules.COUNT_FAILURES, _("failed requests only")),
@@ -111,7 +118,7 @@ class Rule(models.Model):
         _("algorithm"),
         max_length=20,
         choices=ALGORITHM_CHOICES,
-        default=gcra.SLIDING_WINDOW,
+        default=kinds.DEFAULT,
         help_text=_("Sliding window: at most N per window. Leaky bucket: a steady rate."),
     )
     burst = models.PositiveIntegerField(
@@ -186,7 +193,7 @@ class Rule(models.Model):
         if _lines(self.methods):
             out["methods"] = _lines(self.methods)
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
-        if self.algorithm != gcra.SLIDING_WINDOW or self.burst is not None:
+        if self.algorithm != kinds.DEFAULT or self.burst is not None:
             out["algorithm"] = self.algorithm
         if self.burst is not None:
             out["burst"] = self.burst
@@ -392,7 +399,7 @@ def _known(name: str) -> _Known | None:
     for rule in declared.rules():
         if rule.name == name:
             lim = rule.limit
-            places = lim.algorithm == gcra.IN_FLIGHT
+            places = lim.algorithm_kind.holds_places
             return _Known(lim.algorithm, lim.burst, keys.kind(lim.key), places)
     if name.startswith(f"{sources.DRF}:"):
         scope = sources.limit(name)
@@ -465,13 +472,11 @@ def _unfit(known: _Known, found: overrides.Rates) -> dict[str, str] | None:
                 )
             )
         }
-    if known.algorithm != gcra.LEAKY_BUCKET or found == overrides.UNLIMITED:
+    kind = kinds.KINDS.get(known.algorithm)
+    if kind is None or found == overrides.UNLIMITED:
         return None
-    try:
-        gcra.meter(found, known.burst)
-    except ImproperlyConfigured as exc:
-        return {"rate": str(exc)}
-    return None
+    why = kind.unfit(found, known.burst)
+    return None if why is None else {"rate": why}
 
 
 class Ban(models.Model):

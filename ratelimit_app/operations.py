@@ -19,10 +19,10 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ratelimit_app import ALL, clock, keys, store
-from ratelimit_app.algorithms import gcra, rates, windows
-from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
+from ratelimit_app.algorithms import rates, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.config import limits, sources, views
+from ratelimit_app.config.kinds import DEFAULT, fixed_suffixes
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import REFUSALS, Check, bans, check_many, refusal_key, usage_dict
@@ -265,7 +265,7 @@ def find_limit(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = DEFAULT,
     burst: int | None = None,
 ) -> Limit:
     """The one limit a name stands for (see :func:`find_limits`), or, with the decorator's
@@ -296,7 +296,7 @@ def target(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = DEFAULT,
     burst: int | None = None,
 ) -> Target | None:
     """The counters ``subject`` has under a limit (see :func:`find_limit`). ``subject`` is
@@ -325,7 +325,7 @@ def reset(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = DEFAULT,
     burst: int | None = None,
 ) -> bool:
     """Clear the counters of one subject (an IP, an email, a user id) of a rule or group:
@@ -338,10 +338,10 @@ def reset(
     found = target(rule_or_group, subject, key, rate, method, algorithm, burst)
     if found is None:
         return False
-    suffixes = [gcra.SUFFIX]
-    if not found.limit.metered:
-        now = clock.now()
-        suffixes += sorted(windows.stored_suffixes(found.rates, now, windows.BUCKETS_PER_WINDOW))
+    # Every kind's fixed counters (a limit whose algorithm changed leaves none behind), and
+    # the buckets of its own kind.
+    suffixes = fixed_suffixes()
+    suffixes += found.limit.algorithm_kind.buckets(found.rates, clock.now())
     REFUSALS.forget(refusal_key(c) for c in found.checks())
     backend = get_backend()
     spec = found.limit.ban
@@ -361,7 +361,7 @@ def unban(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = DEFAULT,
     burst: int | None = None,
 ) -> tuple[list[Any], int]:
     """Lift the bans of one subject by a limit (and its ban on every path, for an
@@ -428,7 +428,7 @@ def lookup(
     key: keys.KeySpec | None = None,
     rate: rates.RateSpec = None,
     method: Method = ALL,
-    algorithm: str = SLIDING_WINDOW,
+    algorithm: str = DEFAULT,
     burst: int | None = None,
 ) -> dict[str, Any] | None:
     """The usage of one subject (as :func:`get_usage` reports it, counting nothing): for a

@@ -28,7 +28,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app.conf import read
-from ratelimit_app.metrics import MODES, SERIES_PREFIX, mode, retention_days
+from ratelimit_app.metrics import MODES, RETENTION_DAYS, SERIES_PREFIX, mode
 
 #: Subjects shown per limit, most refused in the last day first.
 SHOWN = 25
@@ -63,9 +63,7 @@ def refused_lately(now: float, shown: int = SHOWN) -> list[Refused]:
     from metrics_app.models import TopKey
     from metrics_app.storage import TOP_BUCKET
 
-    rows = TopKey.objects.using(_database()).filter(
-        name__startswith=SERIES_PREFIX, start__gt=now - DAY - TOP_BUCKET
-    )
+    rows = TopKey.objects.filter(name__startswith=SERIES_PREFIX, start__gt=now - DAY - TOP_BUCKET)
     names = sorted(set(rows.values_list("name", flat=True)))
     found = []
     for name in names:
@@ -124,12 +122,6 @@ def _lately() -> list[Refused]:
     return refused_lately(clock.now())
 
 
-def _database() -> str:
-    from metrics_app.conf import conf as metrics_conf
-
-    return metrics_conf.DATABASE
-
-
 def _url(name: str) -> str | None:
     try:
         return reverse(name)
@@ -144,14 +136,6 @@ def problems() -> list[str]:
         found.append(
             _("RATELIMIT_REFUSED_SUBJECTS is %(value)r, not one of %(modes)s: subjects hidden.")
             % {"value": read("RATELIMIT_REFUSED_SUBJECTS"), "modes": ", ".join(MODES)}
-        )
-    if retention_days() != read("RATELIMIT_REFUSED_RETENTION"):
-        found.append(
-            _(
-                "RATELIMIT_REFUSED_RETENTION is %(value)r, not a number of days from 1 to 3650: "
-                "rows are kept %(days)s days."
-            )
-            % {"value": read("RATELIMIT_REFUSED_RETENTION"), "days": retention_days()}
         )
     return found
 
@@ -178,7 +162,7 @@ def page(request: HttpRequest, site: admin.AdminSite, opts: Any) -> HttpResponse
         "can_ban": user.has_perm("ratelimit_app.add_ban"),
         "ban_url": _url("admin:ratelimit_app_rule_ban"),
         "mode": mode(),
-        "days": retention_days(),
+        "days": RETENTION_DAYS,
         "problems": problems(),
     }
     return TemplateResponse(request, "admin/ratelimit_app/refused_lately.html", context)

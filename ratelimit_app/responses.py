@@ -10,8 +10,10 @@
 * The body follows content negotiation: clients that prefer JSON get an RFC 9457 problem
   (``application/problem+json``: ``type``, ``title``, ``status``, ``detail``, plus
   ``retry_after`` and ``rule``); others get the template ``ratelimit_app/429.html`` (override
-  it in your templates). ``RATELIMIT_VIEW`` (a dotted path to ``view(request, exception)``),
-  when set, answers limited requests instead, as in django-ratelimit.
+  it in your templates), rendered from its context alone (no request, no context
+  processors) and kept, so a flood of refusals renders each distinct page once.
+  ``RATELIMIT_VIEW`` (a dotted path to ``view(request, exception)``), when set, answers
+  limited requests instead, as in django-ratelimit: a page that needs the request.
 * The page says whom the limit counted (``counted``, from the limit's key: the client's
   address, its account, an account or address the request named...), so a per-account
   limit does not tell a visitor that the requests "came from you".
@@ -19,8 +21,8 @@
   ``banned_until`` in the problem (ISO 8601) and the page, and the ``detail``. A usage dict
   of one without a decision says it with ``banned: True``.
 * A limit that cannot be checked because the counter backend is down and the limit fails
-  closed is not the client's doing: :func:`unavailable` answers
-  ``RATELIMIT_FAIL_CLOSED_STATUS`` (503), for rules and ``@ratelimit`` alike.
+  closed is not the client's doing: :func:`unavailable` answers 503 (service unavailable),
+  for rules, ``@ratelimit`` and the DRF throttles alike.
 * Every word a client reads (the page, the problem's ``title`` and ``detail``) is in the
   active language (``LANGUAGE_CODE``, or ``LocaleMiddleware``'s pick from
   ``Accept-Language``); French, German and Spanish ship in ``locale/``.
@@ -37,7 +39,6 @@ import math
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -226,34 +227,13 @@ def problem(
         )
     context = {**body, **page} if page else body
     try:
-        if conf.CACHE_PAGES or _own(template):
-            # During a flood every refusal renders the same few pages: rendering costs more
-            # than the check, so the page of each distinct answer is kept.
-            html = _rendered(template, language, tuple(context.items()))
-        else:  # a project's own template may use the request and its context processors
-            html = loader.render_to_string(template, context, request)
+        # From its context alone, and kept: during a flood every refusal renders the same
+        # few pages, and rendering costs more than the check.
+        html = _rendered(template, language, tuple(context.items()))
     except Exception:  # a broken override must not turn a 429 into a 500
         logger.exception("ratelimit: cannot render %s; answering in plain text", template)
         return HttpResponse(f"{title}: {detail}\n", status=status, content_type="text/plain")
     return HttpResponse(html, status=status)
-
-
-#: This app's templates: a page rendered from them depends on its context alone.
-TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
-
-
-@functools.lru_cache(maxsize=32)
-def _own(template: str) -> bool:
-    """True when ``template`` and the page it extends are this app's own (not overridden)."""
-    names = {template, "ratelimit_app/problem.html"}
-    try:
-        origins = [getattr(loader.get_template(name), "origin", None) for name in names]
-    except Exception:  # not found or broken: rendered the ordinary way, which reports it
-        return False
-    return all(
-        o is not None and Path(str(o.name)).resolve().is_relative_to(TEMPLATES_DIR)
-        for o in origins
-    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -270,9 +250,8 @@ def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any
 
 
 def forget_templates() -> None:
-    """Forget which templates are the app's own and the pages rendered from them (the
-    templates may be others now): :mod:`ratelimit_app.runtime` calls it."""
-    _own.cache_clear()
+    """Forget the pages rendered (the templates may be others now):
+    :mod:`ratelimit_app.runtime` calls it."""
     _rendered.cache_clear()
 
 
@@ -470,11 +449,16 @@ def denied(request: HttpRequest) -> HttpResponse:
     return problem(request, 403, gettext("Requests from this client are not accepted."))
 
 
+#: The status of a fail-closed limit's answer while the counter backend is down: the failure
+#: is the server's (a 429 would blame the client).
+FAIL_CLOSED_STATUS = 503
+
+
 def unavailable(request: HttpRequest, decision: Decision | None = None) -> HttpResponse:
     """The answer of a fail-closed limit (a rule, or ``@ratelimit`` with
     ``RATELIMIT_FAIL_OPEN = False``) while the counter backend is down: the service is
-    unavailable (``RATELIMIT_FAIL_CLOSED_STATUS``), which is not the client's doing."""
-    status = conf.FAIL_CLOSED_STATUS
+    unavailable (:data:`FAIL_CLOSED_STATUS`), which is not the client's doing."""
+    status = FAIL_CLOSED_STATUS
     rule = decision.name if decision is not None else None
     retry_after = max(1, int(base.DEAD_RETRY))
     if rule:

@@ -36,7 +36,6 @@ from typing import Any
 from ratelimit_app import clock
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
-from ratelimit_app.conf import conf
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
 from ratelimit_app.config.overrides import OverrideError, Subject, Table
@@ -265,11 +264,6 @@ def settings_only() -> Snapshot:
 
 
 def _refresh(snap: Snapshot | None) -> Snapshot:
-    if not conf.DB_RULES:
-        snap = settings_only()
-        snap.deadline = math.inf  # settings changes clear it (forget)
-        _publish(snap)
-        return snap
     version = _read_version()
     if snap is None or not _reads_changes(snap, version):
         work = partial(_load, version, snap)

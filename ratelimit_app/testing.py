@@ -53,10 +53,11 @@ def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
 def forget_refusals() -> None:
     """Forget every refusal this process remembers (:mod:`ratelimit_app.algorithms.refusals`).
 
-    Needed only by tests that turn the memory on (:func:`remember_refusals`): inside Django's
-    test environment nothing is remembered, so ``cache.clear()`` resets every limit, as in
-    django-ratelimit. (Overriding any ``RATELIMIT_*`` setting, and
-    :func:`ratelimit_app.operations.reset`, forget them too.)
+    Needed only by tests that flood (the memory keeps refusals from 50 a second) or turn the
+    memory on (:func:`remember_refusals`) and then clear the counters: otherwise each refusal
+    is checked, so ``cache.clear()`` resets every limit, as in django-ratelimit. (Overriding
+    any ``RATELIMIT_*`` setting, and :func:`ratelimit_app.operations.reset`, forget them
+    too.)
     """
     from ratelimit_app.engine import REFUSALS  # imported when used: the app may not be ready
 
@@ -65,13 +66,13 @@ def forget_refusals() -> None:
 
 @contextmanager
 def remember_refusals() -> Iterator[None]:
-    """Remember refusals inside Django's test environment too, for tests of what the
-    memory does (a flood served from memory, its round trips). Call :func:`forget_refusals`
-    where such a test clears the counters."""
-    from ratelimit_app.engine import remember_in_tests
+    """Remember every refusal, not only a flood's, for tests of what the memory does (a
+    flood served from memory, its round trips). Call :func:`forget_refusals` where such a
+    test clears the counters."""
+    from ratelimit_app.engine import remember_always
 
-    before = remember_in_tests(True)
+    before = remember_always(True)
     try:
         yield
     finally:
-        remember_in_tests(before)
+        remember_always(before)

@@ -117,10 +117,11 @@ def django_db_modify_db_settings(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _remember_refusals() -> Iterator[None]:
-    """The refusal memory is off inside Django's test environment (so that a project's
-    ``cache.clear()`` resets its limits); this suite tests what the memory does, so it keeps
-    it on, and its fixtures forget the refusals where they clear the counters. The peer's
-    suite run by ``manage.py test`` (tests/peers/test_manage_py.py) runs without it."""
+    """The refusal memory keeps only a flood's refusals (so that a project's few refusals
+    and its ``cache.clear()`` reset its limits); this suite tests what the memory does, so it
+    keeps every refusal, and its fixtures forget the refusals where they clear the counters.
+    The peer's suite run by ``manage.py test`` (tests/peers/test_manage_py.py) runs
+    without it."""
     from ratelimit_app.testing import remember_refusals
 
     with remember_refusals():
@@ -130,8 +131,11 @@ def _remember_refusals() -> Iterator[None]:
 @pytest.fixture(scope="session", autouse=True)
 def _forget_buffered_metrics() -> Iterator[None]:
     """Rules count their blocks as metrics in this process's buffer; most tests have no
-    database to flush them to, and the process's final flush would say it lost them."""
-    yield
+    database to flush them to, and the process's final flush would say it lost them. No
+    flusher thread or SIGTERM handler meanwhile: tests flush by hand."""
     from metrics_app import buffer
+    from metrics_app.testing import manual_flush
 
+    with manual_flush():
+        yield
     buffer.reset()

@@ -96,9 +96,7 @@ USE_I18N = True
 STATIC_URL = "/static/"
 
 # No flusher thread or SIGTERM handler in the test process (rules record their blocks as
-# metrics): tests flush by hand.
-METRICS_FLUSH_INTERVAL = 0
-METRICS_HANDLE_SIGTERM = False
+# metrics): tests flush by hand, under metrics_app.testing.manual_flush() (tests/conftest.py).
 
 # Both sinks: the suite reads prometheus-client's registry and OpenTelemetry's in-memory
 # reader. The dev group installs OpenTelemetry's exporters (the observability page's

@@ -57,12 +57,15 @@ def _configure(database: dict[str, Any]) -> None:
         DATABASES={"default": database},
         CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
         USE_TZ=True,
-        METRICS_FLUSH_INTERVAL=0,
-        METRICS_QUERY_DOWNSAMPLE=None,
-        METRICS_HANDLE_SIGTERM=False,
         DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
     )
     django.setup()
+    from metrics_app import query
+    from metrics_app.buffer import flusher, process
+
+    flusher.FLUSH_INTERVAL = 0  # no flusher thread: the bench flushes when it says
+    process.HANDLE_SIGTERM = False
+    query.DOWNSAMPLE_ON_READ = False  # no broker: queries send no downsample
 
 
 def bench_record(calls: int, rounds: int) -> list[list[object]]:

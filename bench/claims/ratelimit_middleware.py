@@ -6,7 +6,7 @@ One view, three ways, in one process against the same throwaway servers:
   and answers ``HttpResponse("ok")``);
 * **+ 3 rules**: ``RatelimitMiddleware`` wrapping the same view, with ``RATELIMIT_RULES``
   ``ip`` per minute, ``email`` per hour and ``ip`` per day on the path ``/login/``
-  (``RATELIMIT_HEADERS`` on, so the ``RateLimit`` headers are part of the cost);
+  (the ``RateLimit`` headers are part of the cost);
 * **+ 3 decorators**: the same view under three stacked django-ratelimit decorators,
   ``@ratelimit(key="ip", rate=".../m")``, ``@ratelimit(key="post:email", rate=".../h")``,
   ``@ratelimit(key="ip", rate=".../d")``.
@@ -269,7 +269,6 @@ def _rule_settings(backend: str, operators: bool = False) -> dict[str, Any]:
         "RATELIMIT_USE_CACHE": backend,
         "RATELIMIT_RULES": operator_rules() if operators else RULES,
         "RATELIMIT_ENABLE": True,
-        "RATELIMIT_HEADERS": True,
         "RATELIMIT_ALLOW": (),
         "RATELIMIT_DENY": (),
         "RATELIMIT_FAIL_OPEN": False,

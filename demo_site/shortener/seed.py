@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
-from django.test.utils import override_settings
 
 import metrics_app
 from demo_site.shortener.models import Link
 from metrics_app import clock, rollup
 from metrics_app.rollup import DownsampleResult
+from metrics_app.testing import manual_flush
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
 #: How far back the history goes: the 52 weeks the default retention keeps.
@@ -145,7 +145,7 @@ def seed(links: tuple[SeedLink, ...] = LINKS, now: float | None = None) -> SeedR
     at = clock.now() if now is None else now
     # No flusher thread while recording: the one flush below writes everything, inside the
     # transaction (a thread would write part of it on a connection of its own).
-    with override_settings(METRICS_FLUSH_INTERVAL=0), transaction.atomic():
+    with manual_flush(), transaction.atomic():
         if Link.objects.filter(seeded=True).exists():
             return SeedResult(
                 created=False,

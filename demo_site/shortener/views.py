@@ -26,7 +26,7 @@ from demo_site.shortener.keys import KeyspaceExhausted, create_link
 from demo_site.shortener.models import Link
 from metrics_app import charts, clock, query, views
 from metrics_app.admin import SPARKLINE_POINTS
-from metrics_app.conf import conf as metrics_conf
+from metrics_app.buffer import flusher
 from metrics_app.decorators import count_visits
 from metrics_app.models import Series
 from ratelimit_app import responses
@@ -82,11 +82,7 @@ def recent_rows(request: HttpRequest) -> list[LinkRow]:
     names = [link.series_name for link in links]
     start, end = bounds(views.DEFAULT_PERIOD)
     recent = query.series_many(names, start, end)
-    totals = dict(
-        Series.objects.using(metrics_conf.DATABASE)
-        .filter(name__in=names)
-        .values_list("name", "total")
-    )
+    totals = dict(Series.objects.filter(name__in=names).values_list("name", "total"))
     rows = []
     for link in links:
         counts = [count for _, count in recent[link.series_name]]
@@ -199,9 +195,9 @@ def link(request: HttpRequest, key: str) -> HttpResponse:
     """``/links/<key>/``: a link's visits, as the admin charts them (24 hours, 7 days, 30
     days or a year, ``?period=``, and an hour of them by the minute, ``?zoom=``).
 
-    Visits reach the chart when the web process flushes its buffer, every
-    ``METRICS_FLUSH_INTERVAL`` seconds. An unknown key is a 404 that the ``shorturl-scan``
-    rule counts, as on ``/s/``: this page tells which keys exist, too.
+    Visits reach the chart when the web process flushes its buffer, every 10 seconds. An
+    unknown key is a 404 that the ``shorturl-scan`` rule counts, as on ``/s/``: this page
+    tells which keys exist, too.
     """
     found = Link.objects.filter(key=key).first()
     if found is None:
@@ -211,7 +207,7 @@ def link(request: HttpRequest, key: str) -> HttpResponse:
         "short_url": short_url(request, key),
         "total": query.total(found.series_name),
         "periods": views.period_links(request),
-        "flush_interval": metrics_conf.FLUSH_INTERVAL,
+        "flush_interval": flusher.FLUSH_INTERVAL,
         "series_admin_url": _series_admin_url(request, found.series_name),
     }
     try:
@@ -231,12 +227,7 @@ def _series_admin_url(request: HttpRequest, name: str) -> str | None:
     user = request.user
     if not (user.is_active and user.is_staff and user.has_perm("metrics_app.view_series")):
         return None
-    pk = (
-        Series.objects.using(metrics_conf.DATABASE)
-        .filter(name=name)
-        .values_list("pk", flat=True)
-        .first()
-    )
+    pk = Series.objects.filter(name=name).values_list("pk", flat=True).first()
     if pk is None:
         return None
     return reverse("admin:metrics_app_series_change", args=[pk])

@@ -8,10 +8,11 @@ queues it as a :class:`Batch` with an id ``<process uuid>:<sequence>``. A batch 
 queue only once it is written (:meth:`Aggregator.written`), so a batch that failed keeps its
 id for the retry, and the flush ledger knows a retry whose first commit succeeded.
 
-**The bounds.** Buffered keys (the live dict plus queued batches) never exceed ``max_keys``,
-and of them, keys whose name a client chose (``client_chosen``: built from a URL, say) never
-exceed ``max_client_keys``. So a client that makes up a new name per request fills at most
-its share, and the rest, ``max_keys - max_client_keys``, stays free for the names the code
+**The bounds.** Buffered keys (the live dict plus queued batches) never exceed ``max_keys``
+(:data:`MAX_BUFFERED_KEYS`), and of them, keys whose name a client chose (``client_chosen``:
+built from a URL, say) never exceed ``max_client_keys`` (:data:`MAX_CLIENT_KEYS`). So a
+client that makes up a new name per request fills at most its share, and the rest,
+``max_keys - max_client_keys``, stays free for the names the code
 chooses (the limiter's ``ratelimit:<rule>`` among them): a flood of junk names cannot push
 out the counts that chart the attack.
 
@@ -44,6 +45,12 @@ CountsDict = dict[tuple[str, int], int]
 #: (:mod:`metrics_app.telemetry`). Empty unless one is installed.
 DROPS: list[Callable[[int], None]] = []
 
+#: The most ``(series, minute)`` keys a process buffers, live and queued (about 200 bytes
+#: each: some 20 MB); also the most fields of the Redis buffer's live hash.
+MAX_BUFFERED_KEYS = 100_000
+#: Of :data:`MAX_BUFFERED_KEYS`, the most keys whose name a client chose: a tenth.
+MAX_CLIENT_KEYS = MAX_BUFFERED_KEYS // 10
+
 
 def notify(observers: list[Callable[..., None]], *args: Any) -> None:
     """Call each of ``observers`` with ``args``; one that raises is logged and removed (an
@@ -71,7 +78,9 @@ class Batch:
 class Aggregator:
     """This process's counts: the live dict, the queue of sealed batches, what was dropped."""
 
-    def __init__(self, max_keys: int = 100_000, max_client_keys: int = 10_000) -> None:
+    def __init__(
+        self, max_keys: int = MAX_BUFFERED_KEYS, max_client_keys: int = MAX_CLIENT_KEYS
+    ) -> None:
         #: Keys (live and queued) past which a new key is dropped.
         self.max_keys = max_keys
         #: Keys with a client-chosen name (live and queued) past which a new one is dropped.
@@ -132,20 +141,20 @@ class Aggregator:
             if self._client_drop_reported:
                 return
             self._client_drop_reported = True
-            setting, bound = "METRICS_MAX_CLIENT_KEYS", self.max_client_keys
+            which, bound = "MAX_CLIENT_KEYS", self.max_client_keys
         else:
             if self._drop_reported:
                 return
             self._drop_reported = True
-            setting, bound = "METRICS_MAX_BUFFERED_KEYS", self.max_keys
+            which, bound = "MAX_BUFFERED_KEYS", self.max_keys
         logger.error(
             "metrics buffer full (%s=%d): dropping counts for new keys such as %r until a "
             "flush succeeds",
-            setting,
+            which,
             bound,
             name,
         )
-        buffer_full.send(sender=None, name=name, count=count, max_keys=bound, setting=setting)
+        buffer_full.send(sender=None, name=name, count=count, max_keys=bound, bound=which)
 
     def seal(self, blocking: bool = True) -> bool:
         """Queue the live counts as a new batch (if any). False if the lock was busy."""

@@ -2,8 +2,8 @@
 
 A flush seals the live counts into a batch and writes the queued batches oldest first with
 :func:`metrics_app.storage.write_counts`. A batch that fails stays queued, with its id, and
-the thread retries with exponential backoff (``METRICS_FLUSH_INTERVAL`` doubled per
-failure, at most :data:`MAX_RETRY_DELAY`). Because the id never changes, a retry of a
+the thread retries with exponential backoff (:data:`FLUSH_INTERVAL` doubled per failure, at
+most :data:`MAX_RETRY_DELAY`). Because the id never changes, a retry of a
 batch whose first commit succeeded is recognised by the flush ledger and not counted twice.
 
 The top keys gathered since the last flush (:mod:`metrics_app.topk`) are written after the
@@ -21,12 +21,14 @@ from collections.abc import Callable
 from django.db import connections
 
 from metrics_app.buffer.aggregator import Aggregator, Batch, notify
-from metrics_app.conf import conf
 from metrics_app.signals import flush_failed, flushed
 from metrics_app.topk import Sketches
 
 logger = logging.getLogger("metrics_app")
 
+#: Seconds between the thread's flushes: how late a count reaches the database. 0 (only
+#: :func:`metrics_app.testing.manual_flush` sets it) starts no thread.
+FLUSH_INTERVAL = 10.0
 #: Longest wait, in seconds, between retries of a failing flush.
 MAX_RETRY_DELAY = 300.0
 
@@ -51,7 +53,7 @@ class Flusher:
 
     @property
     def thread(self) -> threading.Thread | None:
-        """The thread that flushes every ``METRICS_FLUSH_INTERVAL`` (the last one started)."""
+        """The thread that flushes every :data:`FLUSH_INTERVAL` (the last one started)."""
         return self._thread
 
     def flush(self, *, raise_errors: bool = True, blocking: bool = True) -> int | None:
@@ -164,11 +166,11 @@ class Flusher:
             connections.close_all()
 
     def _loop(self) -> None:
-        delay = conf.FLUSH_INTERVAL
+        delay = FLUSH_INTERVAL
         while True:
             self._wakeup.wait(delay)
             self._wakeup.clear()
-            interval = conf.FLUSH_INTERVAL
+            interval = FLUSH_INTERVAL
             # A thread that start() replaced is no longer ``_thread``; one that reads an
             # interval of 0 before it is stopped must not spin on wait(0).
             if self._stopped or threading.current_thread() is not self._thread or interval <= 0:

@@ -5,10 +5,10 @@ All the state lives in one :class:`ProcessBuffer`: its aggregator, its flusher a
 what they start from cannot drift apart.
 
 Importing this module starts nothing. The first ``record()`` (or ``record_top()``) of a
-process starts its buffer: it reads the settings, installs the exit hooks (:mod:`.lifecycle`),
-chooses the target (the in-memory aggregator, or Redis with ``METRICS_BUFFER = "redis"``) and
-starts the flusher thread (which, for the Redis target, writes the top keys only). A change
-to a setting the buffer caches chooses again.
+process starts its buffer: it installs the exit hooks (:mod:`.lifecycle`), chooses the
+target (the in-memory aggregator, or Redis with ``METRICS_BUFFER = "redis"``) and starts the
+flusher thread (which, for the Redis target, writes the top keys only). A change to
+``METRICS_BUFFER`` chooses again.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from metrics_app import clock, redis_buffer
-from metrics_app.buffer import lifecycle
+from metrics_app.buffer import aggregator, flusher, lifecycle
 from metrics_app.buffer.aggregator import Aggregator
 from metrics_app.buffer.flusher import Flusher
 from metrics_app.conf import conf
@@ -31,6 +31,10 @@ from metrics_app.names import MAX_NAME_LENGTH, check_name
 from metrics_app.topk import Sketches
 
 logger = logging.getLogger("metrics_app")
+
+#: Whether a started buffer installs the SIGTERM handler that flushes before the process
+#: exits (:mod:`.lifecycle`); :func:`metrics_app.testing.manual_flush` turns it off.
+HANDLE_SIGTERM = True
 
 
 class Target(Protocol):
@@ -55,8 +59,8 @@ class RedisTarget:
             if redis_buffer.record(name, minute, count, client_chosen):
                 return
             reason = (
-                "the Redis buffer is at a bound (METRICS_MAX_CLIENT_KEYS for names chosen "
-                "by clients, else METRICS_MAX_BUFFERED_KEYS)"
+                "the Redis buffer is at a bound (MAX_CLIENT_KEYS for names chosen by "
+                "clients, else MAX_BUFFERED_KEYS)"
             )
         except Exception as exc:
             reason = f"the Redis buffer failed: {exc}"
@@ -92,20 +96,21 @@ class ProcessBuffer:
         with self._start_lock:
             if self.started:
                 return
-            _exit_hooks.install(sigterm=conf.HANDLE_SIGTERM)
+            _exit_hooks.install(sigterm=HANDLE_SIGTERM)
             self.started = True
             self.configure()
 
     def configure(self) -> None:
-        """Read the settings this buffer caches: choose the target, start or stop the thread."""
+        """Read what this buffer caches (the bounds, ``METRICS_BUFFER``): choose the target,
+        start or stop the thread."""
         if not self.started:
             return
-        self.aggregator.max_keys = conf.MAX_BUFFERED_KEYS
-        self.aggregator.max_client_keys = conf.MAX_CLIENT_KEYS
+        self.aggregator.max_keys = aggregator.MAX_BUFFERED_KEYS
+        self.aggregator.max_client_keys = aggregator.MAX_CLIENT_KEYS
         in_memory = conf.BUFFER != "redis"
         self.target = self.aggregator if in_memory else self.redis
         # With the Redis buffer the thread writes the top keys only (counts stay in Redis).
-        if conf.FLUSH_INTERVAL > 0:
+        if flusher.FLUSH_INTERVAL > 0:
             self.flusher.start()
         else:
             self.flusher.stop()
@@ -143,8 +148,8 @@ def record(
     to :data:`MAX_COUNT`.
 
     ``client_chosen=True`` says a client chose ``name`` (it holds part of a URL, say): such
-    names share ``METRICS_MAX_CLIENT_KEYS`` of the buffer, so a client that makes up a new
-    name per request cannot crowd out the names the code chooses.
+    names share :data:`~metrics_app.buffer.aggregator.MAX_CLIENT_KEYS` of the buffer, so a
+    client that makes up a new name per request cannot crowd out the names the code chooses.
     """
     if type(name) is not str or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable():
         # Three cheap tests pass the usual name without a call (this runs on every counted
@@ -217,18 +222,9 @@ def _flush_if_started() -> None:
 _exit_hooks = lifecycle.ExitHooks(flush, kept_keys=lambda: _buffer.aggregator.pending_keys)
 lifecycle.on_fork_in_child(_renew_after_fork)
 
-#: The settings a started buffer caches (the others are read where they are used).
-_CACHED_SETTINGS = frozenset(
-    {
-        "METRICS_BUFFER",
-        "METRICS_FLUSH_INTERVAL",
-        "METRICS_MAX_BUFFERED_KEYS",
-        "METRICS_MAX_CLIENT_KEYS",
-    }
-)
-
 
 @receiver(setting_changed)
 def _settings_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in _CACHED_SETTINGS:
+    # The one setting a started buffer caches (it chose its target from it).
+    if setting == "METRICS_BUFFER":
         _buffer.configure()

@@ -46,6 +46,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ratelimit_app.algorithms.rates import MAX_COUNT, MAX_SECONDS, Rate
 
+#: The names of the built-in kinds of limit. Their registry, which validation, the admin and
+#: the commands read, is :data:`ratelimit_app.config.kinds.KINDS`: a kind is asked, never
+#: compared by name; :data:`ALGORITHMS` is only what :func:`validate_algorithm` accepts.
 SLIDING_WINDOW = "sliding_window"
 LEAKY_BUCKET = "leaky_bucket"
 ALGORITHMS = (SLIDING_WINDOW, LEAKY_BUCKET)

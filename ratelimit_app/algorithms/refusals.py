@@ -16,6 +16,11 @@ forgets it when the window has room after all. The same look confirms the refusa
 will be due **soon** (:meth:`Memory.soon`), so a botnet of many refused subjects costs a few
 looks per cap, not one per subject.
 
+The memory keeps refusals only while the process is refusing a **flood**
+(:attr:`Memory.flood` refusals within a second or so; :meth:`Memory.flooding`): below that
+each refusal is checked by a round trip, which a trickle can afford, and a count that went
+down by any means (a reset, ``cache.clear()`` in a test suite) is seen at once.
+
 The memory is a bounded least-recently-used map (:attr:`Memory.size` subjects),
 O(1) and thread-safe, and a forked child starts with its own lock (the parent's refusals
 stay true in the child). Times are the limiter's clock (:mod:`ratelimit_app.clock`).
@@ -38,8 +43,15 @@ class Memory(Generic[T]):
     """Refusals by key: each with the time it was made, the time it ends, and what it was
     (the caller's result)."""
 
-    def __init__(self, size: int = 10_000) -> None:
+    def __init__(self, size: int = 10_000, flood: int = 50) -> None:
         self.size = size
+        #: Refusals within about a second from which the process remembers them.
+        self.flood = flood
+        #: Remember every refusal, flood or not (tests of the memory itself).
+        self.always = False
+        #: The second refusals are being counted in, their number, the second before's.
+        self._second = 0
+        self._counted = self._before = 0
         self._lock = threading.Lock()
         #: key -> (refused at, refused from memory until, the wait ends at, what it was).
         #: Read it only to know whether any refusal is held: ``if memory.entries`` is the
@@ -48,6 +60,17 @@ class Memory(Generic[T]):
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def flooding(self, at: float) -> bool:
+        """Count a refusal made at ``at``: True when the process has refused at least
+        :attr:`flood` requests in this second and the one before (this one included), or
+        when told to remember :attr:`always`. No lock: a race miscounts one refusal."""
+        second = int(at)
+        if second != self._second:
+            self._before = self._counted if second == self._second + 1 else 0
+            self._second, self._counted = second, 0
+        self._counted += 1
+        return self.always or self._counted + self._before >= self.flood
 
     def remember(
         self, key: Hashable, at: float, until: float, what: T, ends: float | None = None
@@ -141,9 +164,10 @@ class Memory(Generic[T]):
                 self.entries.pop(key, None)
 
     def clear(self) -> None:
-        """Forget every refusal (settings changed)."""
+        """Forget every refusal (settings changed), and the flood's count."""
         with self._lock:
             self.entries.clear()
+            self._counted = self._before = 0
 
     def _after_fork(self) -> None:
         # Another thread may have held the lock when the process forked: a new one. The

@@ -24,16 +24,19 @@ import difflib
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, NoReturn, Self, TypeVar
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from ratelimit_app import ALL, keys
-from ratelimit_app.algorithms import bans, gcra, rates
+from ratelimit_app.algorithms import bans, rates
+from ratelimit_app.config import kinds
+from ratelimit_app.config.kinds import Kind
+from ratelimit_app.config.mistakes import LimitError, Mistake, collect, raise_all
 
-__all__ = ["Check", "Limit", "LimitError", "Mistake", "build"]
+__all__ = ["Check", "Limit", "LimitError", "Mistake", "build", "collect", "raise_all"]
 
 #: Keys whose values can be read on an event loop: no database query, no user code.
 ASYNC_SAFE_KEYS = ("ip", "email", "device")
@@ -42,48 +45,6 @@ ASYNC_SAFE_ACCESSORS = ("email:", "header:", "get:", "post:")
 Method = str | Sequence[str | None] | None
 #: What a limit's ``cost`` may be: hits, or what returns them per request.
 CostSpec = int | str | Callable[[str, Any], int]
-
-
-class Mistake(ImproperlyConfigured):
-    """A configuration mistake, found together with the others of the same limit or rule.
-
-    Validation goes on past the first mistake, so one run of the system checks reports every
-    mistake at once; ``errors`` holds them all, this one first (the one raised)."""
-
-    errors: tuple[Self, ...]
-
-    def __init__(self: Self, message: str) -> None:
-        super().__init__(message)
-        self.errors = (self,)
-
-
-M = TypeVar("M", bound=Mistake)
-T = TypeVar("T")
-
-
-def collect(errors: list[M], kind: type[M], check: Callable[..., T], *args: Any) -> T | None:
-    """``check(*args)``, or None with its mistakes (of class ``kind``) added to ``errors``."""
-    try:
-        return check(*args)
-    except kind as exc:
-        errors.extend(exc.errors)
-        return None
-
-
-def raise_all(errors: Sequence[M]) -> NoReturn:
-    """Raise the first of ``errors``, carrying all of them in its ``errors``."""
-    first = errors[0]
-    first.errors = tuple(errors)
-    raise first
-
-
-class LimitError(Mistake):
-    """A limit that cannot be used; ``field`` names the part that is wrong (``key``,
-    ``rate``, ``method``, ``algorithm`` or ``burst``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
 
 
 def method_set(method: Method) -> frozenset[str] | None:
@@ -121,7 +82,7 @@ class Check(NamedTuple):
     subject: tuple[str, str]
     rates: tuple[rates.Rate, ...]
     increment: bool
-    algorithm: str = gcra.SLIDING_WINDOW
+    algorithm: str = kinds.DEFAULT
     burst: int | None = None
     cost: int = 1
     ban: bans.BanSpec | None = None
@@ -149,7 +110,7 @@ class Limit:
     key: keys.KeySpec
     rate: rates.RateSpec
     methods: frozenset[str] | None = None
-    algorithm: str = gcra.SLIDING_WINDOW
+    algorithm: str = kinds.DEFAULT
     #: A leaky bucket's capacity (None: the rate's count).
     burst: int | None = None
     #: The hits a request counts: an integer, or a callable (or its dotted path) called as
@@ -169,6 +130,9 @@ class Limit:
     static_scope: str | None = field(init=False, repr=False)
     #: the name its subjects are filed under (``"ip"``, ``"email"``, a callable's name),
     kind: str = field(init=False, repr=False)
+    #: its kind of limit (:class:`~ratelimit_app.config.kinds.Kind`: what its algorithm
+    #: means wherever it differs),
+    algorithm_kind: Kind = field(init=False, repr=False)
     #: the methods as the scope spells them (upper case, sorted, comma-joined; "" for all),
     method_text: str = field(init=False, repr=False)
     #: the methods of the requests it counts (:func:`counted_methods`: HEAD with GET),
@@ -198,14 +162,16 @@ class Limit:
         set_("counts", counted_methods(self.methods))
         set_("static_scope", None if static is None else rates.scope(self.group, text, static))
         set_("kind", kind)
+        of = kinds.KINDS[self.algorithm]
+        set_("algorithm_kind", of)
         set_("shares_value", keys.ignores_group(self.key))
         set_("_checks", {})
         cost = self.cost if type(self.cost) is int else None
         set_("static_cost", cost)
         inflight = None
-        if self.concurrent is not None and self.algorithm != gcra.IN_FLIGHT:
+        if self.concurrent is not None and not of.holds_places:
             slots = rates.Slots(self.concurrent, self.lease)
-            inflight = Limit(self.group, self.key, slots, self.methods, gcra.IN_FLIGHT)
+            inflight = Limit(self.group, self.key, slots, self.methods, kinds.IN_FLIGHT)
         set_("inflight", inflight)
         set_(
             "async_safe",
@@ -215,11 +181,6 @@ class Limit:
             and isinstance(self.key, str)
             and (self.key in ASYNC_SAFE_KEYS or self.key.startswith(ASYNC_SAFE_ACCESSORS)),
         )
-
-    @property
-    def metered(self) -> bool:
-        """True for a leaky bucket."""
-        return self.algorithm == gcra.LEAKY_BUCKET
 
     def applies_to(self, request: HttpRequest) -> bool:
         """True when the request's method is one the limit counts (HEAD where GET is)."""
@@ -231,8 +192,8 @@ class Limit:
         if self.static_rates is not None:
             return self.static_rates
         found = rates.resolve(self.rate, self.group, request)
-        if found and self.metered:
-            gcra.meter(found, self.burst)
+        if found:
+            self.algorithm_kind.fit(found, self.burst)
         return found
 
     def check(
@@ -301,12 +262,7 @@ class Limit:
         cost, found = self.static_cost, self.static_rates
         if cost is None or cost == 1 or not found:
             return None
-        if self.metered:
-            whole = self.burst if self.burst is not None else found[0].count
-            what = "the bucket's capacity"
-        else:
-            whole = min(r.count for r in found)
-            what = f"rate {min(found, key=lambda r: r.count)}"
+        whole, what = self.algorithm_kind.whole(found, self.burst)
         if cost <= whole:
             return None
         return f"{self.group}: cost {cost} is over {what} ({whole}): every request is refused."
@@ -324,7 +280,7 @@ def build(
     key: object,
     rate: object,
     method: Method = ALL,
-    algorithm: object = gcra.SLIDING_WINDOW,
+    algorithm: object = kinds.DEFAULT,
     burst: object = None,
     *,
     trusted: bool = True,
@@ -403,6 +359,10 @@ def _build(
     return Limit(group, key, rate, methods, algorithm, burst, cost)
 
 
+# A limit validated against the kinds registered then: forgotten when they change.
+kinds.when_changed(_build.cache_clear)
+
+
 def _in_flight(
     group: str,
     key: object,
@@ -443,7 +403,7 @@ def _in_flight(
         raise_all(errors)
     assert type(concurrent) is int
     if rate is None or rate == "":
-        return Limit(group, key, rates.Slots(concurrent, seconds), methods, gcra.IN_FLIGHT)  # type: ignore[arg-type]
+        return Limit(group, key, rates.Slots(concurrent, seconds), methods, kinds.IN_FLIGHT)  # type: ignore[arg-type]
     return Limit(group, key, rate, methods, algorithm, burst, cost, concurrent, seconds)  # type: ignore[arg-type]
 
 
@@ -478,8 +438,8 @@ def _mistakes(
     collect(errors, LimitError, _validate_cost, cost, trusted)
     collect(errors, LimitError, _validate_key, key, trusted)
     static = collect(errors, LimitError, _validate_rate, rate, trusted)
-    # Without a valid algorithm, a burst is judged only on whether it can be a capacity.
-    known = collect(errors, LimitError, _validate_algorithm, algorithm)
+    # Without a valid algorithm, a burst is judged only on whether it can be one.
+    known = collect(errors, LimitError, kinds.kind, algorithm)
     collect(errors, LimitError, _validate_burst, burst, known, static)
     return errors
 
@@ -520,35 +480,14 @@ def _validate_cost(cost: object, trusted: bool) -> None:
     )
 
 
-def _validate_algorithm(algorithm: object) -> str:
-    if not isinstance(algorithm, str) or algorithm not in gcra.ALGORITHMS:
-        raise LimitError(
-            "algorithm",
-            f"Unknown algorithm {algorithm!r}: expected {gcra.SLIDING_WINDOW!r} (default) or "
-            f"{gcra.LEAKY_BUCKET!r}.",
-        )
-    return algorithm
-
-
 def _validate_burst(
-    burst: object, algorithm: str | None, static: tuple[rates.Rate, ...] | None
+    burst: object, kind: Kind | None, static: tuple[rates.Rate, ...] | None
 ) -> None:
-    """``burst`` for ``algorithm`` and the literal rates (either None: not known)."""
-    if burst is not None and algorithm == gcra.SLIDING_WINDOW:
-        raise LimitError(
-            "burst",
-            f"Burst {burst!r}: a burst is the capacity of a leaky bucket: set the algorithm "
-            f"to {gcra.LEAKY_BUCKET!r}, or remove the burst.",
-        )
-    try:
-        capacity = gcra.validate_burst(burst)
-    except ImproperlyConfigured as exc:
-        raise LimitError("burst", str(exc)) from None
-    if algorithm == gcra.LEAKY_BUCKET and static is not None:
-        try:
-            gcra.meter(static, capacity)
-        except ImproperlyConfigured as exc:
-            raise LimitError("rate" if len(static) != 1 else "burst", str(exc)) from None
+    """``burst`` for the ``kind`` of limit and the literal rates (either None: not known)."""
+    if kind is None:
+        kinds.judge_burst(burst)
+    else:
+        kind.validate(burst, static)
 
 
 def _validate_key(key: object, trusted: bool) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.config.limits import Limit
 
 __all__ = ["Policy", "policy"]
@@ -63,6 +62,6 @@ def policy(
     places = None
     if limit.inflight is not None:
         places = Policy(limit.inflight, name, block, fail_open, shadow, False, sender, False, None)
-    if limit.algorithm == IN_FLIGHT:  # a limit of places alone: shown when refused
+    if limit.algorithm_kind.holds_places:  # a limit of places alone: shown when refused
         own = False
     return Policy(limit, name, block, fail_open, shadow, failures_only, sender, own, places)

@@ -27,8 +27,8 @@ from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from ratelimit_app import keys
-from ratelimit_app.algorithms import gcra, rates
-from ratelimit_app.config import limits
+from ratelimit_app.algorithms import rates
+from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
 from ratelimit_app.config.policy import Policy, policy
 
@@ -46,7 +46,7 @@ FIELDS: dict[str, str] = {
     "count": "'all' (default) or 'failures'",
     "block": "True (default) or False",
     "fail_open": "True (default) or False",
-    "algorithm": "'sliding_window' (default) or 'leaky_bucket'",
+    "algorithm": kinds.expected(),
     "burst": "a leaky bucket's capacity: an integer from 1 (default: the rate's count)",
     "cost": "the hits each request counts: an integer from 1 (default 1), a callable or a "
     "dotted path",
@@ -102,7 +102,7 @@ class CompiledRule:
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
         object.__setattr__(self, "matches", limits.counted_methods(self.methods))
         lim = self.limit
-        holds = lim.inflight is not None or lim.algorithm == gcra.IN_FLIGHT
+        holds = lim.inflight is not None or lim.algorithm_kind.holds_places
         object.__setattr__(self, "holds", holds)
         enforced = policy(
             lim,
@@ -150,14 +150,12 @@ class CompiledRule:
         out["key"] = keys.kind(self.key)
         out["rate"] = self.rate if isinstance(self.rate, str) else repr(self.rate)
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
-        if self.algorithm == gcra.LEAKY_BUCKET:
-            out["algorithm"] = self.algorithm
-            out["burst"] = self.burst if self.burst is not None else "the rate's count"
+        out.update(self.limit.algorithm_kind.described(self.burst))
         cost = self.limit.cost
         if cost != 1:
             out["cost"] = cost if isinstance(cost, int | str) else repr(cost)
         inflight = self.limit.inflight or (
-            self.limit if self.limit.algorithm == gcra.IN_FLIGHT else None
+            self.limit if self.limit.algorithm_kind.holds_places else None
         )
         if inflight is not None:
             slots = inflight.static_rates[0]  # type: ignore[index]
@@ -278,7 +276,7 @@ def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
             f"rule:{rule}",
             key,
             rate,
-            algorithm=raw.get("algorithm", gcra.SLIDING_WINDOW),
+            algorithm=raw.get("algorithm", kinds.DEFAULT),
             burst=raw.get("burst"),
             trusted=trusted,
             cost=raw.get("cost", 1),

@@ -12,12 +12,7 @@ from __future__ import annotations
 
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.checking import charge, check_many, report_failure, take_back
-from ratelimit_app.engine.memory import (
-    REFUSALS,
-    refusal_key,
-    remember_in_tests,
-    remembers,
-)
+from ratelimit_app.engine.memory import REFUSALS, refusal_key, remember_always
 from ratelimit_app.engine.recall import LOOK_BATCH, recall_many
 from ratelimit_app.engine.result import Result, failure_dict, meter_result, usage_dict
 
@@ -32,8 +27,7 @@ __all__ = [
     "meter_result",
     "recall_many",
     "refusal_key",
-    "remember_in_tests",
-    "remembers",
+    "remember_always",
     "report_failure",
     "take_back",
     "usage_dict",

@@ -26,7 +26,6 @@ from typing import Any
 from django.http import HttpRequest
 
 from ratelimit_app import request_state, store
-from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import MAX_COUNT
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check, Subjects
@@ -77,7 +76,7 @@ class Decision:
     name, ``drf:<scope>``; None for a decorator's limit), ``blocks`` (its refusal refuses the
     request, which then counts nowhere), ``fail_open`` (what it does when the counters
     cannot be reached; the policy's None is ``RATELIMIT_FAIL_OPEN`` now), ``shadow`` (a dry
-    run, as is every limit under ``RATELIMIT_SHADOW``: it refuses nothing, and what it would
+    run: it refuses nothing, and what it would
     refuse is counted as a refusal would be, its own hit taken back, logged at INFO and
     signalled: :attr:`shadowed`), ``failures_only``, ``sender`` (who sends its
     ``ratelimited`` signal; None: the sender :func:`decide` is given) and ``own`` (its
@@ -135,8 +134,8 @@ class Decision:
         return f"Decision({self.name or self.limit.group!r}, {self.result!r})"
 
     def dry_run(self) -> bool:
-        """True when it refuses nothing: its own ``shadow``, or ``RATELIMIT_SHADOW``."""
-        return self.shadow or conf.SHADOW
+        """True when it refuses nothing: a dry run (its policy's ``shadow``)."""
+        return self.shadow
 
     def enforces(self) -> bool:
         """True when its refusal refuses the request (blocking, and no dry run)."""
@@ -481,7 +480,7 @@ def charge(request: Any, hits: int) -> int:
             c = d.check
             if d.result is None or not c.increment or d.refused or d.shadowed:
                 continue
-            if c.algorithm == IN_FLIGHT:  # a place is one request, whatever it used
+            if d.limit.algorithm_kind.holds_places:  # a place is one request, whatever it used
                 continue
             if not d.failures_only:
                 checks.setdefault((c.scope, c.subject, c.algorithm, c.burst), c)
@@ -508,7 +507,7 @@ def _verdicts(request: Any) -> list[Verdict]:
 def holding(decisions: Sequence[Decision]) -> list[Decision]:
     """The in-flight places ``decisions`` hold: those of an admitted request (a refused one
     gave its place back already), to give back when its response is done."""
-    return [d for d in decisions if d.check.algorithm == IN_FLIGHT and d.provisional()]
+    return [d for d in decisions if d.limit.algorithm_kind.holds_places and d.provisional()]
 
 
 def release_when_done(response: Any, held: Sequence[Decision]) -> None:

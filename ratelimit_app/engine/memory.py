@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.core import mail
-
 from ratelimit_app.algorithms import refusals, windows
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
@@ -18,14 +16,12 @@ from ratelimit_app.engine.result import Result
 REFUSAL_MEMORY = 5.0
 #: Refused subjects remembered at most; the least recently refused is forgotten first.
 REFUSAL_MEMORY_SIZE = 10_000
+#: Refusals a second from which a process remembers them: a flood.
+FLOOD = 50
 
 #: Each check refused, and its result.
-REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory(REFUSAL_MEMORY_SIZE)
+REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory(REFUSAL_MEMORY_SIZE, FLOOD)
 refusals.after_fork(REFUSALS)
-
-#: Whether refusals are remembered inside Django's test environment too
-#: (:func:`ratelimit_app.testing.remember_refusals`).
-_IN_TESTS = [False]
 
 
 def refusal_key(c: Check) -> tuple[Any, ...]:
@@ -33,27 +29,21 @@ def refusal_key(c: Check) -> tuple[Any, ...]:
     return (c.scope, c.subject, c.algorithm, c.burst)
 
 
-def remembers() -> bool:
-    """False inside Django's test environment (``manage.py test``, pytest-django: its set-up
-    gives ``django.core.mail`` an ``outbox``) unless a test asked for the memory: a suite
-    resets limits with ``cache.clear()``, which no process memory can see."""
-    return _IN_TESTS[0] or not hasattr(mail, "outbox")
-
-
-def remember_in_tests(on: bool) -> bool:
-    """Keep the memory on (or not) inside the test environment; returns the previous
-    choice."""
-    before, _IN_TESTS[0] = _IN_TESTS[0], on
+def remember_always(on: bool) -> bool:
+    """Remember every refusal, flood or not (``on``), or only a flood's; returns the
+    previous choice (:func:`ratelimit_app.testing.remember_refusals`)."""
+    before, REFUSALS.always = REFUSALS.always, on
     return before
 
 
 def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
-    """Remember the refusals of counted checks (their waits exact) made at ``t``."""
+    """Remember the refusals of counted checks (their waits exact) made at ``t``, when the
+    process is refusing a flood (:meth:`~ratelimit_app.algorithms.refusals.Memory.flooding`)."""
     cap = REFUSAL_MEMORY
-    if cap <= 0 or not refused or not remembers():
+    if cap <= 0 or not refused:
         return
     for c, r in refused:
-        if c.increment and r.limited:
+        if c.increment and r.limited and REFUSALS.flooding(t):
             wait = r.binding().retry_after
             REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), (c, r), t + wait)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.contrib.auth.signals import user_login_failed
@@ -22,10 +22,21 @@ from django.http import HttpResponseBase
 
 from ratelimit_app import request_state, responses
 from ratelimit_app.conf import conf
-from ratelimit_app.engine.enforce import Decision, release_when_done, take_back
+from ratelimit_app.config.limits import Check
+from ratelimit_app.engine import enforce
+from ratelimit_app.engine.enforce import Decision, Verdict, release_when_done, take_back
 from ratelimit_app.identity import provenance
 
-__all__ = ["NOTHING", "Outcome", "add_shown", "release", "show"]
+__all__ = [
+    "NOTHING",
+    "Outcome",
+    "add_shown",
+    "decided_together",
+    "release",
+    "show",
+    "shown_together",
+    "view_outcome",
+]
 
 
 class _Failure:
@@ -133,11 +144,11 @@ NOTHING = Outcome()
 def show(request: Any, decisions: Sequence[Decision]) -> list[Decision] | None:
     """Put ``decisions`` among those the request's ``RateLimit`` headers show.
 
-    The rules, ``@ratelimit`` and the DRF throttles each call it (when ``RATELIMIT_HEADERS``
-    is on) once they have decided, outermost first. The first caller of a request gets the
-    list back and writes the headers after the view (:func:`add_shown`): by then it holds
-    the limits of every layer inside it too, so a response shows all of them once. Later
-    callers get None: an outer layer writes."""
+    The rules, ``@ratelimit`` and the DRF throttles each call it once they have decided,
+    outermost first. The first caller of a request gets the list back and writes the
+    headers after the view (:func:`add_shown`): by then it holds the limits of every layer
+    inside it too, so a response shows all of them once. Later callers get None: an outer
+    layer writes."""
     kept = request_state.state(getattr(request, "_request", request))  # (DRF wraps Django's)
     if kept is None:  # a request that takes no attribute
         return list(decisions)
@@ -164,3 +175,92 @@ def add_shown(response: Any, shown: list[Decision] | None) -> Any:
     if shown and isinstance(response, HttpResponseBase):
         responses.add_headers(response, responses.decision_headers(shown))  # type: ignore[arg-type]
     return response
+
+
+def view_outcome(
+    request: Any, verdict: Verdict | None, blocks: bool, holds: bool
+) -> HttpResponseBase | Outcome:
+    """What a decorated view's request gets from its limit's ``verdict`` (None: no limit
+    applied, or it failed open), with ``request.limited`` set as django-ratelimit sets it:
+    the 503 of a blocking limit that failed closed (the counters are down: the client did
+    nothing wrong), the refusal raised (``RATELIMIT_EXCEPTION_CLASS``) when it ``blocks``,
+    else what to do after the view (``holds``: it gives back places in flight)."""
+    already = getattr(request, "limited", False)
+    if verdict is None:
+        request.limited = already
+        return NOTHING
+    if verdict.failed is not None:
+        request.limited = True
+        return responses.unavailable(request) if blocks else NOTHING
+    request.limited = verdict.limited or already
+    refusing = verdict.refusing() if verdict.limited else None
+    if refusing is not None and blocks:
+        raise responses.exception(refusing)
+    shown = show(request, verdict.shown)
+    held = enforce.holding(verdict.decisions) if holds else ()
+    if shown is None and not held:
+        return NOTHING
+    return Outcome(request, shown, held)
+
+
+# -- limits decided together: a DRF view's throttles ------------------------------------------
+
+
+class _Together:
+    """What the limits of one view decided together share on the request: each decision
+    waiting for its asker, with the verdict it is part of; and the decisions they show."""
+
+    __slots__ = ("shown", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: dict[Check, list[tuple[Decision, Verdict]]] = {}
+        self.shown: list[Decision] | None = None
+
+
+def decided_together(
+    request: Any, decision: Decision, together: Callable[[], list[Decision]], at: float | None
+) -> tuple[Decision, Verdict]:
+    """``decision`` decided, with its verdict. The request's first asker decides every
+    decision ``together()`` makes (``decision`` among them) in one check and leaves the
+    others on the request (:mod:`ratelimit_app.request_state`) for their askers, in turn; a
+    decision that was not among them is decided alone."""
+    kept = request_state.of(request)
+    shared = None if kept is None else kept.throttles
+    if shared is not None:
+        waiting = shared.waiting.get(decision.check)
+        if waiting:
+            return waiting.pop(0)
+        batch = [decision]
+    else:
+        batch = together()
+        shared = _Together()
+        kept = request_state.state(request)  # (None: a request that takes no attribute)
+        if kept is not None:
+            kept.throttles = shared
+    made = [d.check for d in batch]  # as made: an override may replace a decision's check
+    own = decision.check
+    verdict = enforce.decide(request, batch, at=at)
+    for check, d in zip(made, batch, strict=True):
+        shared.waiting.setdefault(check, []).append((d, verdict))
+    return shared.waiting[own].pop(0)
+
+
+def shown_together(request: Any, headers: Any, decision: Decision) -> None:
+    """Show ``decision`` (when :attr:`~ratelimit_app.engine.enforce.Decision.shown`) in the
+    ``RateLimit`` headers, through ``headers`` (a dict the view's response gets, DRF's
+    ``view.headers``), once for all the decisions decided together with it; unless a layer
+    outside writes (:func:`show`), which then gets them."""
+    kept = request_state.of(request)
+    shared = None if kept is None else kept.throttles
+    if not isinstance(headers, dict) or shared is None:
+        return
+    shown = [decision] if decision.shown else []
+    if shared.shown is not None:  # the first decision shown took the writing
+        shared.shown.extend(shown)
+    else:
+        shared.shown = show(request, shown)
+        if shared.shown is None:  # an outer layer writes
+            return
+        release(request)  # the view's response is DRF's to finalise: nothing outer writes
+    if shared.shown:
+        headers.update(responses.decision_headers(shared.shown))

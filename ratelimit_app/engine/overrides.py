@@ -34,11 +34,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from django.core.exceptions import ImproperlyConfigured
-
 from ratelimit_app import store
-from ratelimit_app.algorithms import gcra
-from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.config.overrides import UNLIMITED, USER_KINDS, Table, by_address
 
@@ -111,7 +107,7 @@ def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
         found = by_limit.get(d.name or d.limit.group)
         check = d.check
         # An in-flight decision shares its rule's name: an override is not about it.
-        if found is not None and check.algorithm != IN_FLIGHT:
+        if found is not None and not d.limit.algorithm_kind.holds_places:
             kind, value = check.subject
             if kind == "ip":  # an address, a network
                 rates = by_address(found, value)
@@ -178,14 +174,13 @@ def _no_groups() -> tuple[str, ...]:
 
 
 def _replaced(d: Decided, check: Check, rates: tuple[Any, ...]) -> Check:
-    """``check`` with ``rates`` and their own scope; the check itself when a leaky bucket
-    cannot take them (logged: the admin's form refuses that for a rule it knows)."""
-    if check.algorithm == gcra.LEAKY_BUCKET:
-        try:
-            gcra.meter(rates, check.burst)
-        except ImproperlyConfigured as exc:
-            logger.error("ratelimit: override of %s left out: %s", d.name or d.limit.group, exc)
-            return check
+    """``check`` with ``rates`` and their own scope; the check itself when its kind of limit
+    cannot take them (a leaky bucket takes one rate; logged: the admin's form refuses that
+    for a rule it knows)."""
+    why = d.limit.algorithm_kind.unfit(rates, check.burst)
+    if why is not None:
+        logger.error("ratelimit: override of %s left out: %s", d.name or d.limit.group, why)
+        return check
     return check._replace(scope=d.limit.scope_for(rates), rates=rates)
 
 

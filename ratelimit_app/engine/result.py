@@ -6,8 +6,8 @@ import math
 from typing import Any
 
 from ratelimit_app.algorithms import gcra, windows
-from ratelimit_app.algorithms.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.backends.base import MeterReply
+from ratelimit_app.config import kinds
 
 
 class Result:
@@ -85,20 +85,24 @@ def _rate_entry(u: windows.Usage, limit: int) -> dict[str, Any]:
 
 
 def usage_dict(result: Result) -> dict[str, Any]:
-    """django-ratelimit's dict (count, limit, should_limit, time_left) plus our fields.
+    """django-ratelimit's dict (count, limit, should_limit, time_left) plus our fields, and
+    those of the result's kind of limit (:meth:`~ratelimit_app.config.kinds.Kind.add_usage`).
 
     For a leaky bucket, ``count`` is the level rounded up, ``limit`` the capacity, ``reset``
     (and ``time_left``) the seconds until the bucket is empty, and ``level`` (fractional)
     and ``capacity`` are added.
     """
-    state = result.meter
+    state = result.meter  # (None: a kind whose results carry no state, its limit the rate's)
+    kind = kinds.BY_STATE[type(state)]
     u = result.binding()
     rate = u.rate
-    limit = rate.count if state is None else state.meter.capacity
+    limit = rate.count if state is None else kind.limit_of(rate, state)
     if len(result.usages) == 1:
         each = [_rate_entry(u, limit)]
+    elif state is None:
+        each = [_rate_entry(x, x.rate.count) for x in result.usages]
     else:
-        each = [_rate_entry(x, x.rate.count if state is None else limit) for x in result.usages]
+        each = [_rate_entry(x, kind.limit_of(x.rate, state)) for x in result.usages]
     reset = math.ceil(u.reset)
     usage: dict[str, Any] = {
         "count": u.count,
@@ -112,11 +116,10 @@ def usage_dict(result: Result) -> dict[str, Any]:
         "retry_after": max(1, math.ceil(u.retry_after)) if result.limited else 0,
         "rate": rate.text,
         "rates": each,
-        "algorithm": SLIDING_WINDOW if state is None else LEAKY_BUCKET,
+        "algorithm": kind.name,
     }
     if state is not None:
-        usage["level"] = round(state.level, 6)
-        usage["capacity"] = state.meter.capacity
+        kind.add_usage(usage, state)
     return usage
 
 

@@ -4,15 +4,19 @@
 step of the check's algorithm (:data:`STEPS`), sends each step's operation in one round
 trip, lets each step decide its result, and, when a request is refused, sends what the
 steps need in a second round trip (take-backs, reads that time a wait exactly). A new kind
-of limit is a new module with its step, registered here, and its operation's encoding in
-each backend.
+of limit is its kind (:mod:`ratelimit_app.config.kinds`: what the configuration, the
+reports and the operations ask of it), a new module with its step, registered here under
+the kind's name, and its operation's encoding in each backend.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.config import kinds
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.identity.namespaces import namespace
@@ -92,6 +96,12 @@ STEPS: dict[str, type[Step]] = {}
 
 
 def register(step: type[Step]) -> type[Step]:
-    """Make ``step`` the way checks of its algorithm run (a class decorator)."""
+    """Make ``step`` the way checks of its algorithm run (a class decorator): the name of a
+    kind of limit (:data:`ratelimit_app.config.kinds.KINDS`)."""
+    if step.algorithm not in kinds.KINDS:
+        raise ImproperlyConfigured(
+            f"{step.__name__}: no kind of limit is named {step.algorithm!r}; register its "
+            "Kind (ratelimit_app.config.kinds) first."
+        )
     STEPS[step.algorithm] = step
     return step

@@ -234,6 +234,28 @@ def drf_forwarded(meta: Any, num_proxies: int) -> str:
     return hop if parse_address(hop) else remote
 
 
+def drf_ident(request: HttpRequest, num_proxies: int | None) -> str | None:
+    """The client's address a DRF throttle counts (``get_ident``), masked; None when the
+    request has none. ``NUM_PROXIES`` None (DRF's default, which would take the whole
+    ``X-Forwarded-For``): our own rule (:func:`client_ip`); else DRF's (:func:`drf_forwarded`)."""
+    if num_proxies is None:
+        try:
+            return client_ip(request)
+        except ImproperlyConfigured:
+            return None
+    return mask_ip(drf_forwarded(request.META, num_proxies))
+
+
+#: A DRF throttle's error for a request without an address (``%s``: the throttle's class).
+NO_DRF_IDENT = (
+    "ratelimit: %s: the request has no client IP address (REMOTE_ADDR, or the "
+    "X-Forwarded-For hop NUM_PROXIES names): counting it would put every such client in one "
+    "bucket. Serve Django over TCP so that the server fills REMOTE_ADDR, or set "
+    "RATELIMIT_IP_META_KEY, and list your proxies in RATELIMIT_TRUSTED_PROXIES (see "
+    "docs/drf.rst)."
+)
+
+
 def num_proxies_problem(value: object) -> str | None:
     """What is wrong with a ``NUM_PROXIES`` (None: nothing)."""
     if value is None or (type(value) is int and value >= 0):

@@ -27,8 +27,8 @@ from django.core.management.base import (
 )
 
 from ratelimit_app import ALL, UNSAFE
-from ratelimit_app.algorithms import gcra, rates
-from ratelimit_app.config import limits
+from ratelimit_app.algorithms import rates
+from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import LimitError, Method
 from ratelimit_app.config.rules import parse_rules
 from ratelimit_app.exceptions import BackendError
@@ -184,8 +184,9 @@ def _group(
             "rate and method of its @ratelimit decorator."
         )
     _parse_rate(rate)
-    if burst is not None and algorithm != gcra.LEAKY_BUCKET:
-        raise CommandError("--burst is for --algorithm leaky_bucket.")
+    bursting = [n for n in kinds.names() if kinds.KINDS[n].takes_burst]
+    if burst is not None and algorithm not in bursting:
+        raise CommandError(f"--burst is for --algorithm {' or '.join(bursting)}.")
     known = _known_as(name.strip())
     if not known:
         limit = _build(name, key, rate, method, algorithm, burst)
@@ -252,7 +253,7 @@ def _build(
             key,
             rate,
             parse_method(method) if method is not None else ALL,
-            algorithm or gcra.SLIDING_WINDOW,
+            algorithm or kinds.DEFAULT,
             burst,
         )
     except LimitError as exc:
@@ -373,8 +374,8 @@ class LimitCommand(BaseCommand):
         )
         parser.add_argument(
             "--algorithm",
-            choices=gcra.ALGORITHMS,
-            help="The group's decorator algorithm= argument (default: sliding_window).",
+            choices=kinds.names(),
+            help=f"The group's decorator algorithm= argument (default: {kinds.DEFAULT}).",
         )
         parser.add_argument(
             "--burst",

@@ -16,12 +16,11 @@ What a view's throttles of this package do, per request:
 * a refusal is sent as :data:`ratelimit_app.signals.ratelimited` with ``rule="drf:<scope>"``
   (so ``metrics_app`` counts it in the series ``ratelimit:drf:<scope>``);
 * when the backend fails, the throttle fails open or closed (``fail_open``, default
-  ``RATELIMIT_FAIL_OPEN``); closed answers ``RATELIMIT_FAIL_CLOSED_STATUS`` (503).
+  ``RATELIMIT_FAIL_OPEN``); closed answers 503.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -31,17 +30,16 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework import throttling as drf_throttling
 from rest_framework.settings import api_settings
 
-from ratelimit_app import ALL, clock, keys, request_state, responses
+from ratelimit_app import ALL, clock, keys, responses
 from ratelimit_app.algorithms import rates
-from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
-from ratelimit_app.config import limits, sources
-from ratelimit_app.config.limits import Check, Limit
+from ratelimit_app.config import kinds, limits, sources
+from ratelimit_app.config.limits import Limit
 from ratelimit_app.config.policy import policy
-from ratelimit_app.core import release, show
-from ratelimit_app.engine import Result, enforce
-from ratelimit_app.engine.enforce import Decision, Verdict
+from ratelimit_app.engine import Result
+from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.engine.outcome import decided_together, shown_together
 from ratelimit_app.identity import addresses
 
 __all__ = [
@@ -66,12 +64,12 @@ SUBJECT_KIND = "user_or_ip"
 
 class ThrottleUnavailable(drf_exceptions.APIException):
     """A fail-closed throttle could not reach its counters: answered with
-    ``RATELIMIT_FAIL_CLOSED_STATUS`` (503) and ``Retry-After: 5`` (``base.DEAD_RETRY``)."""
+    503 and ``Retry-After: 5`` (``base.DEAD_RETRY``)."""
 
     default_code = "throttle_unavailable"
 
     def __init__(self, name: str) -> None:
-        self.status_code = conf.FAIL_CLOSED_STATUS
+        self.status_code = responses.FAIL_CLOSED_STATUS
         #: DRF's exception handler turns ``wait`` into ``Retry-After``.
         self.wait = max(1, math.ceil(base.DEAD_RETRY))
         unchecked = gettext("The rate limit %(name)s cannot be checked right now.")
@@ -98,17 +96,9 @@ class BaseThrottle(drf_throttling.BaseThrottle):
         by ``RATELIMIT_IPV4_MASK`` / ``RATELIMIT_IPV6_MASK`` (a client holds a whole IPv6
         /64). None when the request has no usable address (DRF's ``REMOTE_ADDR`` of None).
         """
-        self._no_ident = False
-        num_proxies = api_settings.NUM_PROXIES
-        if num_proxies is None:
-            try:
-                return addresses.client_ip(request)
-            except ImproperlyConfigured:  # no address: allow_request says what to do
-                self._no_ident = True
-                return None
-        masked = addresses.mask_ip(addresses.drf_forwarded(request.META, num_proxies))
-        self._no_ident = masked is None
-        return masked
+        ident = addresses.drf_ident(request, api_settings.NUM_PROXIES)
+        self._no_ident = ident is None  # (allow_request says what to do)
+        return ident
 
 
 class _SettingsRates:
@@ -119,18 +109,6 @@ class _SettingsRates:
     def __get__(self, instance: object, owner: type | None = None) -> dict[str, Any]:
         found: dict[str, Any] = api_settings.DEFAULT_THROTTLE_RATES
         return found
-
-
-class _SharedDecisions:
-    """What the throttles of one request share: the decisions of the view's one check, each
-    waiting for its throttle, with the verdict it is part of; and, when the throttles write
-    the ``RateLimit`` headers, the decisions they show (:func:`_show`)."""
-
-    __slots__ = ("shown", "waiting")
-
-    def __init__(self) -> None:
-        self.waiting: dict[Check, list[tuple[Decision, Verdict]]] = {}
-        self.shown: list[Decision] | None = None
 
 
 class SimpleRateThrottle(BaseThrottle):
@@ -153,7 +131,7 @@ class SimpleRateThrottle(BaseThrottle):
     scope: str | None = None
     rate: Any = None
     THROTTLE_RATES: Any = _SettingsRates()
-    algorithm: str = SLIDING_WINDOW
+    algorithm: str = kinds.DEFAULT
     burst: int | None = None
     fail_open: bool | None = None
     #: The hits each request counts (see :meth:`get_cost`).
@@ -243,15 +221,9 @@ class SimpleRateThrottle(BaseThrottle):
         if key is None:
             return None
         if self._no_ident:
-            raise ImproperlyConfigured(
-                f"ratelimit: {type(self).__name__}: the request has no client IP address "
-                f"(REMOTE_ADDR, or the X-Forwarded-For hop NUM_PROXIES names): counting it "
-                f"would put every such client in one bucket. Serve Django over TCP so that "
-                f"the server fills REMOTE_ADDR, or set RATELIMIT_IP_META_KEY, and list your "
-                f"proxies in RATELIMIT_TRUSTED_PROXIES (see docs/drf.rst)."
-            )
+            raise ImproperlyConfigured(addresses.NO_DRF_IDENT % type(self).__name__)
         lim = self.limit()
-        subject = (SUBJECT_KIND, _subject(str(key), self.cache_format, self.scope))
+        subject = (SUBJECT_KIND, keys.throttle_subject(str(key), self.cache_format, self.scope))
         check = lim.check(request, subject=subject)
         assert check is not None  # a throttle's rate is literal: parse_rate took it
         cost = self.cost if type(self).get_cost is SimpleRateThrottle.get_cost else None
@@ -283,7 +255,10 @@ class SimpleRateThrottle(BaseThrottle):
         if decision is None:
             return True
         self.now = t = self.timer()
-        decision, verdict = _decided(self, decision, request, view, t)
+        at = None if _own_timer(self) else t
+        decision, verdict = decided_together(
+            request, decision, lambda: _view_decisions(decision, request, view), at
+        )
         if verdict.failed is not None:  # (the policy's fail_open, decided in the decision)
             if decision.fail_open:
                 return True
@@ -293,8 +268,7 @@ class SimpleRateThrottle(BaseThrottle):
             return True
         self.result = outcome
         self.usage = decision.usage()
-        if conf.HEADERS:
-            _show(request, view, decision)
+        shown_together(request, getattr(view, "headers", None), decision)
         if decision.refused:
             return bool(self.throttle_failure())
         return bool(self.throttle_success())
@@ -325,27 +299,6 @@ class SimpleRateThrottle(BaseThrottle):
         if num_requests is None or duration is None:
             return None
         return duration / float(num_requests + 1)
-
-
-@functools.lru_cache(maxsize=256)
-def _ident_prefix(cache_format: str, scope: str | None) -> str | None:
-    """What a key of ``cache_format`` holds before its ident (None: the ident is not last,
-    or the format is not DRF's kind)."""
-    if not cache_format.endswith("%(ident)s"):
-        return None
-    try:
-        return cache_format % {"scope": scope, "ident": ""}
-    except (KeyError, ValueError, TypeError):
-        return None
-
-
-def _subject(key: str, cache_format: str, scope: str | None) -> str:
-    """The value a throttle's counters are filed under: the ident of a key in the
-    throttle's own format (so a person finds it by a user id or an IP), else the key."""
-    prefix = _ident_prefix(cache_format, scope)
-    if prefix is not None and key.startswith(prefix):
-        key = key[len(prefix) :]
-    return keys.normalize_value(SUBJECT_KIND, key) or key
 
 
 class AnonRateThrottle(SimpleRateThrottle):
@@ -411,40 +364,6 @@ _CLIENT_KEYS = frozenset(
 # -- one check for all of a view's throttles -------------------------------------------------
 
 
-def _decided(
-    throttle: SimpleRateThrottle, decision: Decision, request: Any, view: Any, t: float
-) -> tuple[Decision, Verdict]:
-    """This throttle's decision, decided: left by the first throttle of the request, which
-    decided the view's throttles of ours together, or decided now."""
-    shared = _shared_decisions(request)
-    if shared is not None:
-        waiting = shared.waiting.get(decision.check)
-        if waiting:
-            return waiting.pop(0)
-        batch = [decision]  # the view's check has run: this one is extra, decided alone
-    else:
-        batch = _view_decisions(decision, request, view)
-        shared = _SharedDecisions()
-        kept = request_state.state(request)  # (None: a request that takes no attribute)
-        if kept is not None:
-            kept.throttles = shared
-    at = None if _own_timer(throttle) else t
-    made = [d.check for d in batch]  # as made: an override may replace a decision's check
-    own = decision.check
-    verdict = enforce.decide(request, batch, at=at)
-    for check, d in zip(made, batch, strict=True):
-        shared.waiting.setdefault(check, []).append((d, verdict))
-    return shared.waiting[own].pop(0)
-
-
-def _shared_decisions(request: Any) -> _SharedDecisions | None:
-    """What the request's throttles share so far (None: nothing yet). Read from the
-    instance's own attributes: DRF's ``Request`` answers a missing attribute by raising
-    twice (its own and the wrapped request's), which would cost more than the rest."""
-    kept = request_state.of(request)
-    return None if kept is None else kept.throttles
-
-
 def _view_decisions(decision: Decision, request: Any, view: Any) -> list[Decision]:
     """What every throttle of ours on ``view`` decides for the request (``decision``, the
     asking throttle's, among them), as the view's ``get_throttles()`` makes them."""
@@ -483,27 +402,3 @@ def _keyed_on_the_client(throttle: SimpleRateThrottle) -> bool:
     the request names (a posted user name): its counter is not the requester's to read, so
     only a refusal shows it (docs/security.rst)."""
     return type(throttle).get_cache_key in _CLIENT_KEYS
-
-
-def _show(request: Any, view: Any, decision: Decision) -> None:
-    """Show the throttle's decision (when :attr:`Decision.shown
-    <ratelimit_app.engine.enforce.Decision.shown>`) in the ``RateLimit`` headers.
-
-    When no layer outside the view shows limits (:func:`ratelimit_app.core.show`: the
-    middleware's rules, a ``@ratelimit`` around the view), the throttles write the headers
-    through the view's ``headers``, which DRF adds to every response it finalises, a 429
-    included; else they leave their decisions to the outer layer, which writes them all."""
-    headers = getattr(view, "headers", None)
-    shared = _shared_decisions(request)
-    if not isinstance(headers, dict) or shared is None:
-        return
-    shown = [decision] if decision.shown else []
-    if shared.shown is not None:  # the view's first throttle took the writing
-        shared.shown.extend(shown)
-    else:
-        shared.shown = show(request, shown)
-        if shared.shown is None:  # an outer layer writes
-            return
-        release(request)  # the view's response is DRF's to finalise: nothing outer writes
-    if shared.shown:
-        headers.update(responses.decision_headers(shared.shown))

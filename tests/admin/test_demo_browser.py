@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import pytest
 from django.core.cache import caches
@@ -19,7 +20,7 @@ from django.test.utils import override_settings
 
 import metrics_app
 from demo_site.shortener.models import Link
-from metrics_app import buffer
+from metrics_app import buffer, query
 from metrics_app.testing import frozen_clock
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.testing import forget_refusals
@@ -46,7 +47,8 @@ def site(demo_settings: dict[str, Any], transactional_db: None) -> Iterator[None
     overrides = {name: demo_settings[name] for name in SITE_SETTINGS}
     buffer.reset()
     with (
-        override_settings(**overrides, METRICS_QUERY_DOWNSAMPLE=None, METRICS_FLUSH_INTERVAL=0),
+        override_settings(**overrides),
+        mock.patch.object(query, "DOWNSAMPLE_ON_READ", False),
         frozen_clock(NOW) as clock,
     ):
         reset_backends()

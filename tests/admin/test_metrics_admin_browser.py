@@ -12,15 +12,15 @@ import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import pytest
-from django.test.utils import override_settings
 
 import metrics_app
 from metrics_app import buffer, charts, query, rollup, views
 from metrics_app.admin import PERIODS
 from metrics_app.models import Series
-from metrics_app.testing import frozen_clock
+from metrics_app.testing import frozen_clock, manual_flush
 from tests.admin.conftest import pixels, screenshot
 
 if TYPE_CHECKING:
@@ -58,9 +58,8 @@ def metrics(transactional_db: None) -> Iterator[None]:
     """
     buffer.reset()
     with (
-        override_settings(
-            METRICS_FLUSH_INTERVAL=0, METRICS_QUERY_DOWNSAMPLE=None, METRICS_HANDLE_SIGTERM=False
-        ),
+        manual_flush(),
+        mock.patch.object(query, "DOWNSAMPLE_ON_READ", False),
         frozen_clock(NOW) as clock,
     ):
         now = int(clock.t)

@@ -42,9 +42,7 @@ def staff_permissions() -> list[str]:
 @pytest.fixture(autouse=True)
 def site(transactional_db: None) -> Iterator[None]:
     buffer.reset()
-    with override_settings(
-        ROOT_URLCONF="tests.ratelimit.urls", RATELIMIT_RULES=RULES, METRICS_FLUSH_INTERVAL=0
-    ):
+    with override_settings(ROOT_URLCONF="tests.ratelimit.urls", RATELIMIT_RULES=RULES):
         store.forget()
         caches["default"].clear()
         yield

@@ -13,13 +13,14 @@ import runpy
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import override_settings
 
-from metrics_app import buffer
+from metrics_app import buffer, query
 from ratelimit_app.backends import reset_backends
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +76,7 @@ def site(demo_settings: dict[str, Any], db: None) -> Iterator[None]:
     """Requests go through the demo's URLconf, middleware, templates and rules."""
     overrides = {name: demo_settings[name] for name in SITE_SETTINGS}
     buffer.reset()
-    with override_settings(**overrides, METRICS_QUERY_DOWNSAMPLE=None):
+    with override_settings(**overrides), mock.patch.object(query, "DOWNSAMPLE_ON_READ", False):
         reset_backends()
         for alias in ("default", "ratelimit"):
             caches[alias].clear()

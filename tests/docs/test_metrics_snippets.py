@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import ModuleType, SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.auth.models import User
@@ -32,6 +33,7 @@ from django.utils import timezone
 import metrics_app
 from demo_site.shortener.models import Link
 from metrics_app import buffer, clock, query, rollup, tasks
+from metrics_app.buffer import flusher
 from metrics_app.models import Bucket, Series
 from tests.docs.snippets import DOCS, Snippet, snippet
 
@@ -44,6 +46,8 @@ RUNS: list[tuple[str, int]] = [
     ("admin", 0),
     ("celery", 3),
     ("celery", 4),
+    ("settings", 1),
+    ("deployment", 2),
 ]
 
 MINUTE = timedelta(minutes=1)
@@ -76,7 +80,7 @@ def routed(*patterns: URLPattern) -> Iterator[None]:
 def metrics_db(db: None) -> Iterator[None]:
     """An empty buffer, and no broker call from a query that finds old buckets."""
     buffer.reset()
-    with override_settings(METRICS_QUERY_DOWNSAMPLE=None):
+    with mock.patch.object(query, "DOWNSAMPLE_ON_READ", False):
         yield
     buffer.reset()
 
@@ -295,3 +299,44 @@ def test_the_shell_query_counts_buckets_per_resolution(metrics_db: None) -> None
     rows = list(last_value(shown, names))
     assert rows == [{"resolution": 60, "n": 2}, {"resolution": 3600, "n": 1}]
     assert Bucket.objects.count() == 3
+
+
+def test_the_tests_flush_by_hand(metrics_db: None) -> None:
+    """docs/settings.rst: under ``manual_flush()`` no flusher thread starts, and the
+    snippet's own flush writes its count."""
+    shown = snippet("settings", 1, "from metrics_app.testing import manual_flush")
+    threads: list[object] = []
+    real_flush = metrics_app.flush
+
+    def flush(**kwargs: Any) -> int | None:
+        threads.append(buffer.current().flusher.thread)  # when the snippet flushes
+        return real_flush(**kwargs)
+
+    with (
+        mock.patch.object(flusher, "FLUSH_INTERVAL", 10.0),  # as outside the test suite
+        mock.patch.object(metrics_app, "flush", flush),
+    ):
+        run(shown)
+        assert threads == [None]  # the buffer had started, with no thread
+        thread = buffer.current().flusher.thread
+        assert thread is not None and thread.is_alive()  # leaving the block starts it
+    assert query.total("signups") == 1
+
+
+def test_the_router_puts_the_metrics_tables_on_their_own_database() -> None:
+    """docs/deployment.rst's router: metrics_app's models read, write and migrate on
+    ``"metrics"``, every other app as before."""
+    from django.contrib.auth.models import User
+    from django.db import router
+
+    from metrics_app.models import FlushLedger, TopKey
+
+    shown = snippet("deployment", 2, "class MetricsRouter", "allow_migrate")
+    routed = run(shown)["MetricsRouter"]()
+    with override_settings(DATABASE_ROUTERS=[routed]):
+        for model in (Series, Bucket, FlushLedger, TopKey):
+            assert router.db_for_read(model) == router.db_for_write(model) == "metrics"
+        assert router.db_for_read(User) == router.db_for_write(User) == "default"
+        assert router.allow_migrate("metrics", "metrics_app")
+        assert not router.allow_migrate("default", "metrics_app")
+        assert router.allow_migrate("default", "auth")

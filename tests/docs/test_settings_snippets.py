@@ -81,7 +81,6 @@ CASES = [
     Case("security", 0, ("RATELIMIT_TRUSTED_PROXIES",)),
     Case("security", 1, ("HTTP_X_REAL_IP",)),
     Case("settings", 0, ("RATELIMIT_FAIL_OPEN = True",)),
-    Case("settings", 1, ("METRICS_FLUSH_INTERVAL = 0",)),
     Case("settings", 3, ('"signup"', '"login-ip"')),
 ]
 RUNS = [(case.page, case.index) for case in CASES]

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import override_settings
 from django.urls import path
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
@@ -95,12 +94,6 @@ def test_a_request_passed_again_gets_its_headers_again(scope: str) -> None:
         f'"drf:{scope}:3/m";r=2;t=61',
         f'"drf:{scope}:3/m";r=1;t=61',
     ]
-
-
-@override_settings(RATELIMIT_HEADERS=False)
-def test_none_when_the_headers_are_off(scope: str) -> None:
-    response = get(api_view(throttle(throttling.UserRateThrottle, scope, "3/m")))
-    assert "RateLimit" not in response and "RateLimit-Policy" not in response
 
 
 def test_a_decorated_drf_view_shows_both_once(scope: str) -> None:

@@ -200,7 +200,7 @@ def test_a_rule_of_the_middleware_reads_the_body_and_leaves_the_view_its_data(
     Django parsed, or the body Django kept."""
     rule = {"name": "drf-username", "path": "/undecorated/", "key": "post:username"}
     middleware = ["ratelimit_app.middleware.RatelimitMiddleware"]
-    settings = {"RATELIMIT_RULES": [{**rule, "rate": "3/m"}], "RATELIMIT_DB_RULES": False}
+    settings = {"RATELIMIT_RULES": [{**rule, "rate": "3/m"}]}
     with override_settings(MIDDLEWARE=middleware, **settings):
         store.forget()
         answers = [post("/undecorated/", {"username": "same"}, kind) for _ in range(4)]

@@ -19,6 +19,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 
 from metrics_app import tasks  # noqa: E402
+from metrics_app.buffer import flusher, process  # noqa: E402
 from metrics_app.tasks import beat_schedule  # noqa: E402
 
 app = Celery(
@@ -30,6 +31,10 @@ app.conf.update(
     beat_schedule=beat_schedule(),
 )
 app.set_default()
+
+# As in the test process: no flusher thread (the seed task flushes), no SIGTERM handler.
+flusher.FLUSH_INTERVAL = 0
+process.HANDLE_SIGTERM = False
 
 __all__ = ["app", "tasks"]
 

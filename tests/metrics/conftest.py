@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError
-from django.test.utils import override_settings
 
-from metrics_app import buffer, storage
-from metrics_app.testing import FrozenClock, frozen_clock
+from metrics_app import buffer, query, storage
+from metrics_app.testing import FrozenClock, frozen_clock, manual_flush
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,12 +26,11 @@ T0 = datetime(2024, 3, 6, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture(autouse=True)
-def _metrics_quiet() -> Iterator[None]:
+def _metrics_quiet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No flusher thread, no SIGTERM handler, no broker calls from queries; empty buffer."""
     buffer.reset()
-    with override_settings(
-        METRICS_FLUSH_INTERVAL=0, METRICS_QUERY_DOWNSAMPLE=None, METRICS_HANDLE_SIGTERM=False
-    ):
+    monkeypatch.setattr(query, "DOWNSAMPLE_ON_READ", False)
+    with manual_flush():
         yield
     buffer.reset()
 

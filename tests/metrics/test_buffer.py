@@ -9,12 +9,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.test.utils import override_settings
 
 import metrics_app
 from metrics_app import buffer
+from metrics_app.buffer import aggregator, flusher
 from metrics_app.signals import buffer_full
 from metrics_app.testing import FrozenClock
 
@@ -69,18 +71,20 @@ def test_record_is_thread_safe(clock: FrozenClock) -> None:
     assert sum(buffered().values()) == 160_000
 
 
-def test_bound_drops_new_keys_loudly(clock: FrozenClock, caplog: pytest.LogCaptureFixture) -> None:
+def test_bound_drops_new_keys_loudly(
+    clock: FrozenClock, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sent: list[dict[str, Any]] = []
 
     def receiver(**kwargs: Any) -> None:
         sent.append(kwargs)
 
     buffer_full.connect(receiver)
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 3)
     try:
-        with override_settings(METRICS_MAX_BUFFERED_KEYS=3):
-            for i in range(5):
-                metrics_app.record(f"s{i}")
-            metrics_app.record("s0", 10)  # existing keys still count at the bound
+        for i in range(5):
+            metrics_app.record(f"s{i}")
+        metrics_app.record("s0", 10)  # existing keys still count at the bound
     finally:
         buffer_full.disconnect(receiver)
     counts = buffered()
@@ -89,6 +93,7 @@ def test_bound_drops_new_keys_loudly(clock: FrozenClock, caplog: pytest.LogCaptu
     assert buffer.stats()["dropped_events"] == 2
     assert len(sent) == 1  # once per flush interval, not per call
     assert sent[0]["name"] == "s3"
+    assert (sent[0]["bound"], sent[0]["max_keys"]) == ("MAX_BUFFERED_KEYS", 3)
     assert "metrics buffer full" in caplog.text
 
 
@@ -114,7 +119,7 @@ def test_forked_child_starts_empty_and_parent_keeps_its_counts() -> None:
 
 
 def test_flusher_thread_starts_lazily_on_first_record() -> None:
-    with override_settings(METRICS_FLUSH_INTERVAL=3600):
+    with mock.patch.object(flusher, "FLUSH_INTERVAL", 3600):
         buffer.reset()
         assert buffer.current().flusher.thread is None
         metrics_app.record("a")
@@ -128,7 +133,7 @@ def test_flusher_thread_starts_lazily_on_first_record() -> None:
 
 @contextmanager
 def redis_buffer_down() -> Iterator[None]:
-    """``METRICS_BUFFER = "redis"`` on a port where nothing listens."""
+    """``METRICS_BUFFER = "redis:buffer"`` on a port where nothing listens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -139,7 +144,7 @@ def redis_buffer_down() -> Iterator[None]:
             "LOCATION": f"redis://127.0.0.1:{port}/0",
         },
     }
-    with override_settings(CACHES=dead, METRICS_BUFFER="redis", METRICS_REDIS_CACHE="buffer"):
+    with override_settings(CACHES=dead, METRICS_BUFFER="redis:buffer"):
         yield
 
 

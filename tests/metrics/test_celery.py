@@ -29,6 +29,8 @@ def test_beat_schedule() -> None:
         assert beat_schedule()["metrics-flush-redis-buffer"]["task"] == (
             "metrics_app.flush_redis_buffer"
         )
+    with override_settings(METRICS_BUFFER="redis:buffer"):  # another alias: the same
+        assert "metrics-flush-redis-buffer" in beat_schedule()
 
 
 def test_worker_downsamples_exactly_and_idempotently(celery_worker: Worker) -> None:

@@ -1,7 +1,7 @@
 """Series names a client chooses (``count_visits`` on a URL) cannot crowd out the others.
 
 A view that answers 200 for any slug turns every made-up slug into a series name. Those
-names share ``METRICS_MAX_CLIENT_KEYS`` of the buffer; the names the code chooses, the
+names share a tenth of the buffer (``MAX_CLIENT_KEYS``); the names the code chooses, the
 limiter's ``ratelimit:<rule>`` among them, keep the rest.
 """
 
@@ -11,9 +11,9 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import pytest
-from django.conf import settings
 from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.test import Client
@@ -22,6 +22,8 @@ from django.urls import path
 
 import metrics_app
 from metrics_app import buffer
+from metrics_app import redis_buffer as shared_buffer
+from metrics_app.buffer import aggregator
 from metrics_app.decorators import count_visits
 from metrics_app.models import Series
 from metrics_app.signals import buffer_full
@@ -88,8 +90,8 @@ def client_keys() -> list[str]:
 
 @contextmanager
 def redis_buffer(redis_server: str) -> Iterator[None]:
-    """``METRICS_BUFFER = "redis"`` on the session's Redis (the cache alias ``"buffer"``),
-    under a key of its own, emptied before and after."""
+    """``METRICS_BUFFER = "redis:buffer"``: the session's Redis (the cache alias
+    ``"buffer"``), under a key of its own, emptied before and after."""
     from django_redis import get_redis_connection
 
     caches = {
@@ -106,8 +108,9 @@ def redis_buffer(redis_server: str) -> Iterator[None]:
         for found in conn.scan_iter(match=f"{{{key}}}*"):
             conn.delete(found)
 
-    with override_settings(
-        CACHES=caches, METRICS_BUFFER="redis", METRICS_REDIS_CACHE="buffer", METRICS_REDIS_KEY=key
+    with (
+        override_settings(CACHES=caches, METRICS_BUFFER="redis:buffer"),
+        mock.patch.object(shared_buffer, "REDIS_KEY", key),
     ):
         clear()
         try:
@@ -139,7 +142,7 @@ def flush_buffer(kind: str) -> None:
 @pytest.mark.db_matrix
 @pytest.mark.django_db
 def test_a_flood_of_made_up_slugs_leaves_the_limiters_refusals_intact(
-    site: None, clock: FrozenClock, buffer_kind: str
+    site: None, clock: FrozenClock, buffer_kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ten minutes of an attack on the login page, hidden behind 100 junk pages a minute.
 
@@ -154,11 +157,10 @@ def test_a_flood_of_made_up_slugs_leaves_the_limiters_refusals_intact(
     buffer_full.connect(on_full)
     http = Client()
     refused = 0
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 200)
+    monkeypatch.setattr(aggregator, "MAX_CLIENT_KEYS", 20)
     try:
-        with (
-            override_settings(METRICS_MAX_BUFFERED_KEYS=200, METRICS_MAX_CLIENT_KEYS=20),
-            frozen_clock(clock.t) as limiter_clock,
-        ):
+        with frozen_clock(clock.t) as limiter_clock:
             for minute in range(10):
                 for i in range(100):
                     assert http.get(f"/page/junk-{minute}-{i}/").status_code == 200
@@ -178,7 +180,7 @@ def test_a_flood_of_made_up_slugs_leaves_the_limiters_refusals_intact(
     if buffer_kind == "memory":
         assert stats["client_keys"] == 20
         # The flood is reported, naming the bound it met, once per flush interval.
-        assert [s["setting"] for s in sent] == ["METRICS_MAX_CLIENT_KEYS"]
+        assert [s["bound"] for s in sent] == ["MAX_CLIENT_KEYS"]
 
 
 @pytest.mark.django_db
@@ -197,10 +199,11 @@ def test_the_redis_buffer_stays_bounded_while_the_database_is_down(
     def refused(*args: Any, **kwargs: Any) -> bool:
         raise OperationalError("the database is down")
 
-    with redis_buffer(redis_server), override_settings(METRICS_MAX_BUFFERED_KEYS=10):
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 10)
+    with redis_buffer(redis_server):
         conn = get_redis_connection("buffer")
 
-        key = f"{{{settings.METRICS_REDIS_KEY}}}"
+        key = f"{{{shared.REDIS_KEY}}}"
 
         def fields() -> int:
             """Fields of the live and pending hashes."""
@@ -224,13 +227,14 @@ def test_the_redis_buffer_stays_bounded_while_the_database_is_down(
 
 
 @pytest.mark.django_db
-def test_the_redis_buffer_keeps_the_client_share(redis_server: str, clock: FrozenClock) -> None:
+def test_the_redis_buffer_keeps_the_client_share(
+    redis_server: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from metrics_app import redis_buffer as shared
 
-    with (
-        redis_buffer(redis_server),
-        override_settings(METRICS_MAX_BUFFERED_KEYS=10, METRICS_MAX_CLIENT_KEYS=3),
-    ):
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 10)
+    monkeypatch.setattr(aggregator, "MAX_CLIENT_KEYS", 3)
+    with redis_buffer(redis_server):
         dropped = buffer.stats()["dropped_events"]
         for i in range(20):
             metrics_app.record(f"visit:{i}", client_chosen=True)
@@ -252,15 +256,18 @@ def test_the_redis_buffer_keeps_the_client_share(redis_server: str, clock: Froze
     }
 
 
-def test_the_code_s_names_still_meet_the_whole_buffer_bound(clock: FrozenClock) -> None:
+def test_the_code_s_names_still_meet_the_whole_buffer_bound(
+    clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Names the code chooses may use the whole buffer, client-chosen ones their share."""
-    with override_settings(METRICS_MAX_BUFFERED_KEYS=5, METRICS_MAX_CLIENT_KEYS=2):
-        for i in range(4):
-            metrics_app.record(f"visit:{i}", client_chosen=True)
-        for i in range(6):
-            metrics_app.record(f"code:{i}")
-        metrics_app.record("visit:0", 5, client_chosen=True)  # a key already buffered adds up
-        counts = {name: n for (name, _), n in buffer.current().aggregator.live_counts().items()}
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 5)
+    monkeypatch.setattr(aggregator, "MAX_CLIENT_KEYS", 2)
+    for i in range(4):
+        metrics_app.record(f"visit:{i}", client_chosen=True)
+    for i in range(6):
+        metrics_app.record(f"code:{i}")
+    metrics_app.record("visit:0", 5, client_chosen=True)  # a key already buffered adds up
+    counts = {name: n for (name, _), n in buffer.current().aggregator.live_counts().items()}
     assert counts == {"visit:0": 6, "visit:1": 1, "code:0": 1, "code:1": 1, "code:2": 1}
 
 
@@ -272,36 +279,38 @@ def test_the_share_is_freed_by_a_flush(
 
     written: list[str] = []
     monkeypatch.setattr(storage, "write_counts", lambda counts, flush_id: written.append(flush_id))
-    with override_settings(METRICS_MAX_CLIENT_KEYS=2):
-        metrics_app.record("visit:a", client_chosen=True)
-        metrics_app.record("visit:b", client_chosen=True)
-        buffer.current().aggregator.seal()  # a batch queued, not written yet
-        metrics_app.record("visit:c", client_chosen=True)
-        assert "visit:c" not in client_keys()
-        metrics_app.flush()
-        assert len(written) == 1
-        metrics_app.record("visit:c", client_chosen=True)
-        assert client_keys() == ["visit:c"]
-        assert buffer.stats()["client_keys"] == 1
+    monkeypatch.setattr(aggregator, "MAX_CLIENT_KEYS", 2)
+    metrics_app.record("visit:a", client_chosen=True)
+    metrics_app.record("visit:b", client_chosen=True)
+    buffer.current().aggregator.seal()  # a batch queued, not written yet
+    metrics_app.record("visit:c", client_chosen=True)
+    assert "visit:c" not in client_keys()
+    metrics_app.flush()
+    assert len(written) == 1
+    metrics_app.record("visit:c", client_chosen=True)
+    assert client_keys() == ["visit:c"]
+    assert buffer.stats()["client_keys"] == 1
 
 
-def test_the_default_share_is_a_tenth_of_the_buffer(clock: FrozenClock) -> None:
-    with override_settings(METRICS_MAX_BUFFERED_KEYS=50):
-        for i in range(20):
-            metrics_app.record(f"visit:{i}", client_chosen=True)
-    assert len(client_keys()) == 5
+def test_the_share_is_a_tenth_of_the_buffer(clock: FrozenClock) -> None:
+    assert (aggregator.MAX_BUFFERED_KEYS, aggregator.MAX_CLIENT_KEYS) == (100_000, 10_000)
+    metrics_app.record("visit:0", client_chosen=True)
+    held = buffer.current().aggregator
+    assert (held.max_keys, held.max_client_keys) == (100_000, 10_000)
 
 
-def test_count_visits_names_from_the_url_are_client_chosen(site: None, clock: FrozenClock) -> None:
-    with override_settings(METRICS_MAX_CLIENT_KEYS=1):
-        Client().get("/page/one/")
-        Client().get("/page/two/")
+def test_count_visits_names_from_the_url_are_client_chosen(
+    site: None, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(aggregator, "MAX_CLIENT_KEYS", 1)
+    Client().get("/page/one/")
+    Client().get("/page/two/")
 
-        @count_visits(series="hello")  # one fixed name: the code's
-        def hello(request: HttpRequest) -> HttpResponse:
-            return HttpResponse()
+    @count_visits(series="hello")  # one fixed name: the code's
+    def hello(request: HttpRequest) -> HttpResponse:
+        return HttpResponse()
 
-        hello(HttpRequest())
+    hello(HttpRequest())
     assert sorted(client_keys()) == ["hello", "page:one"]
     assert buffer.stats()["client_keys"] == 1
 

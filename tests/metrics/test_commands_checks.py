@@ -37,34 +37,21 @@ def test_default_settings_pass_but_warn_about_a_local_lock_cache() -> None:
     ("overrides", "check_id"),
     [
         ({"METRICS_RETENTION": "1m:1d,5m:1d"}, "metrics_app.E001"),
-        ({"METRICS_FLUSH_INTERVAL": -1}, "metrics_app.E002"),
-        ({"METRICS_FLUSH_INTERVAL": "10"}, "metrics_app.E002"),
-        ({"METRICS_MAX_BUFFERED_KEYS": 0}, "metrics_app.E003"),
         ({"METRICS_BUFFER": "disk"}, "metrics_app.E004"),
-        ({"METRICS_BUFFER": "redis"}, "metrics_app.E005"),
-        ({"METRICS_LOCK_CACHE": "nope"}, "metrics_app.E007"),
-        ({"METRICS_DATABASE": "nope"}, "metrics_app.E008"),
-        ({"METRICS_QUERY_DOWNSAMPLE": "cron"}, "metrics_app.E009"),
-        ({"METRICS_MAX_CLIENT_KEYS": 0}, "metrics_app.E010"),
-        ({"METRICS_MAX_CLIENT_KEYS": "10"}, "metrics_app.E010"),
-        ({"METRICS_MAX_CLIENT_KEYS": 100_000}, "metrics_app.E010"),  # no room for the code's
-        ({"METRICS_MAX_BUFFERED_KEYS": 50, "METRICS_MAX_CLIENT_KEYS": 50}, "metrics_app.E010"),
+        ({"METRICS_BUFFER": "redis:"}, "metrics_app.E004"),  # no alias after the colon
+        ({"METRICS_BUFFER": None}, "metrics_app.E004"),
+        ({"METRICS_BUFFER": "redis"}, "metrics_app.E005"),  # "default" is local memory
+        ({"METRICS_BUFFER": "redis:nope"}, "metrics_app.E005"),  # no such alias
     ],
 )
 def test_each_check_id(overrides: dict[str, object], check_id: str) -> None:
     assert check_id in ids(**overrides)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"METRICS_MAX_CLIENT_KEYS": 99_999},
-        {"METRICS_MAX_CLIENT_KEYS": None},
-        {"METRICS_MAX_BUFFERED_KEYS": 50, "METRICS_MAX_CLIENT_KEYS": 49},
-    ],
-)
-def test_a_client_share_smaller_than_the_buffer_passes(overrides: dict[str, object]) -> None:
-    assert "metrics_app.E010" not in ids(**overrides)
+def test_a_buffer_alias_missing_from_caches_is_named() -> None:
+    with override_settings(METRICS_BUFFER="redis:nope"):
+        (error,) = [m for m in run_checks() if m.id == "metrics_app.E005"]
+    assert "METRICS_BUFFER" in error.msg and "CACHES has no alias 'nope'" in error.msg
 
 
 def test_every_check_id_is_documented() -> None:
@@ -79,6 +66,11 @@ def test_redis_lock_cache_silences_the_warning(redis_server: str) -> None:
     caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server}}
     assert ids(CACHES=caches) == set()
     assert ids(CACHES=caches, METRICS_BUFFER="redis") == set()
+    # Another django-redis alias for the buffer, beside a local default cache.
+    beside = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    beside["buffer"] = caches["default"]
+    assert ids(CACHES=beside, METRICS_BUFFER="redis:buffer") == {"metrics_app.W001"}
+    assert "metrics_app.E005" in ids(CACHES=beside, METRICS_BUFFER="redis")
 
 
 def test_check_command_reports_errors() -> None:
@@ -150,14 +142,17 @@ async def test_count_visits_async_with_a_callable_name(clock: FrozenClock) -> No
 
 @pytest.mark.db_matrix
 @pytest.mark.django_db
-def test_redis_buffer_is_shared_and_flushed_once(redis_server: str, clock: FrozenClock) -> None:
+def test_redis_buffer_is_shared_and_flushed_once(
+    redis_server: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from django_redis import get_redis_connection
 
     from metrics_app import redis_buffer
     from metrics_app.tasks import flush_redis_buffer
 
     caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server}}
-    with override_settings(CACHES=caches, METRICS_BUFFER="redis", METRICS_REDIS_KEY="t:buf"):
+    monkeypatch.setattr(redis_buffer, "REDIS_KEY", "t:buf")
+    with override_settings(CACHES=caches, METRICS_BUFFER="redis"):
         get_redis_connection("default").flushdb()
         metrics_app.record("r", 2)
         metrics_app.record("r", 3, at=clock.t - 60)

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 import metrics_app
 from metrics_app import buffer, storage
+from metrics_app.buffer import flusher
 from metrics_app.models import Bucket, FlushLedger, Series
 from metrics_app.query import total
 from metrics_app.signals import flush_failed
@@ -194,7 +195,7 @@ def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
     flushed.connect(on_flushed)
     flush_failed.connect(on_failed)
     try:
-        with override_settings(METRICS_FLUSH_INTERVAL=0.05):
+        with mock.patch.object(flusher, "FLUSH_INTERVAL", 0.05):
             with mock.patch.object(storage, "write_counts", refused):
                 metrics_app.record("threaded", 4)
                 deadline = time.monotonic() + 10

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.core.cache import cache
-from django.test.utils import override_settings
 
 import metrics_app
-from metrics_app import query, rollup
+from metrics_app import query, rollup, tasks
 from metrics_app.models import Bucket, Series
 from metrics_app.testing import FrozenClock
 
@@ -157,10 +157,19 @@ def test_total_and_top(clock: FrozenClock) -> None:
     assert query.top(5, since=now - timedelta(hours=1)) == [("c", 3), ("b", 2)]
 
 
-@override_settings(METRICS_QUERY_DOWNSAMPLE="inline")
 def test_a_query_that_finds_stale_fine_buckets_downsamples_the_series(
-    clock: FrozenClock,
+    clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    sent: list[tuple[str, tuple[object, ...]]] = []
+
+    def send(task: Any, args: tuple[object, ...]) -> bool:
+        """The publisher and a worker at once: the task runs here, now."""
+        sent.append((task.name, args))
+        task(*args)
+        return True
+
+    monkeypatch.setattr(query, "DOWNSAMPLE_ON_READ", True)  # (the tests' default is off)
+    monkeypatch.setattr(tasks.publisher, "send", send)
     now = datetime.fromtimestamp(clock.t, tz=UTC)
     metrics_app.record("a", 3, at=now - timedelta(days=5))
     metrics_app.record("b", 3, at=now - timedelta(days=5))
@@ -168,6 +177,7 @@ def test_a_query_that_finds_stale_fine_buckets_downsamples_the_series(
     cache.clear()
     points = query.series("a", now - timedelta(days=6), now, step=3600)
     assert sum(c for _, c in points) == 3
+    assert sent == [("metrics_app.downsample_series", ("a",))]
     assert set(Bucket.objects.filter(series__name="a").values_list("resolution", flat=True)) == {
         3600
     }

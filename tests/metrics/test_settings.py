@@ -1,7 +1,8 @@
-"""What the database and lock settings do (their check IDs are tested in test_commands_checks).
+"""Where the metrics live, and the downsample lock's constants.
 
-* ``METRICS_DATABASE``: flushes, queries, downsampling and the admin use that alias;
-* ``METRICS_LOCK_CACHE``: the downsample lock lives in that cache (here a real Redis);
+* a database router (docs/deployment.rst's): flushes, queries, downsampling and the admin use
+  the alias it chooses for metrics_app's models;
+* the downsample lock lives in the ``"default"`` cache (here a real Redis);
 * ``rollup.LOCK_TTL`` (a constant): the lock's lifetime, so a crashed run blocks the next for
   that long;
 * ``rollup.DOWNSAMPLE_BATCH_SIZE`` (a constant): rows folded per transaction.
@@ -18,6 +19,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.db import connections
+from django.db.models import Model
 from django.db.utils import load_backend
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
@@ -59,11 +61,20 @@ def metrics_database(db: None, tmp_path: Path) -> Iterator[str]:
         del connections[ELSEWHERE]
 
 
+class MetricsRouter:
+    """docs/deployment.rst's router, for the alias :data:`ELSEWHERE`."""
+
+    def db_for_read(self, model: type[Model], **hints: object) -> str | None:
+        return ELSEWHERE if model._meta.app_label == "metrics_app" else None
+
+    db_for_write = db_for_read
+
+
 @pytest.mark.django_db
-def test_metrics_database_receives_the_flushes_and_serves_every_read(
+def test_a_routed_database_receives_the_flushes_and_serves_every_read(
     metrics_database: str, clock: FrozenClock
 ) -> None:
-    with override_settings(METRICS_DATABASE=metrics_database):
+    with override_settings(DATABASE_ROUTERS=[MetricsRouter()]):
         metrics_app.record("routed", 3)
         metrics_app.record("routed", 4, at=clock.t - 3 * DAY)
         assert metrics_app.flush() == 2
@@ -93,18 +104,18 @@ def test_metrics_database_receives_the_flushes_and_serves_every_read(
 
 @pytest.fixture
 def redis_locks(redis_server: str) -> Iterator[str]:
-    """The cache alias ``"locks"`` on the session's Redis, beside the default local cache."""
+    """The default cache on the session's Redis, beside a local cache ``"local"``."""
     caches_setting = {
-        "default": {
+        "default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server},
+        "local": {
             "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
             "LOCATION": "bucketry-tests",
         },
-        "locks": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server},
     }
-    with override_settings(CACHES=caches_setting, METRICS_LOCK_CACHE="locks"):
-        caches["locks"].delete(rollup.LOCK_KEY)
-        yield "locks"
-        caches["locks"].delete(rollup.LOCK_KEY)
+    with override_settings(CACHES=caches_setting):
+        caches["default"].delete(rollup.LOCK_KEY)
+        yield "default"
+        caches["default"].delete(rollup.LOCK_KEY)
 
 
 def due_minutes(clock: FrozenClock, n: int, name: str = "a") -> None:
@@ -116,20 +127,20 @@ def due_minutes(clock: FrozenClock, n: int, name: str = "a") -> None:
 
 @pytest.mark.db_matrix
 @pytest.mark.django_db
-def test_lock_cache_holds_the_downsample_lock(redis_locks: str, clock: FrozenClock) -> None:
+def test_the_default_cache_holds_the_downsample_lock(redis_locks: str, clock: FrozenClock) -> None:
     due_minutes(clock, 3)
     seen: list[tuple[object, object]] = []
 
     def during_the_run(message: str) -> None:
         seen.append(
-            (caches[redis_locks].get(rollup.LOCK_KEY), caches["default"].get(rollup.LOCK_KEY))
+            (caches[redis_locks].get(rollup.LOCK_KEY), caches["local"].get(rollup.LOCK_KEY))
         )
 
     rollup.downsample(progress=during_the_run)
     assert seen and all(isinstance(token, str) and other is None for token, other in seen)
     assert caches[redis_locks].get(rollup.LOCK_KEY) is None  # released at the end
-    # A lock held in that cache stops a run; the same key in the default cache does not.
-    caches["default"].add(rollup.LOCK_KEY, "elsewhere", 60)
+    # A lock held in the default cache stops a run; the same key in another cache does not.
+    caches["local"].add(rollup.LOCK_KEY, "elsewhere", 60)
     try:
         due_minutes(clock, 1, "b")
         assert rollup.downsample().folded == 1
@@ -137,7 +148,7 @@ def test_lock_cache_holds_the_downsample_lock(redis_locks: str, clock: FrozenClo
         due_minutes(clock, 1, "c")
         assert rollup.downsample().skipped
     finally:
-        caches["default"].delete(rollup.LOCK_KEY)
+        caches["local"].delete(rollup.LOCK_KEY)
 
 
 @pytest.mark.db_matrix

@@ -22,10 +22,11 @@ SCRIPT = textwrap.dedent(
         INSTALLED_APPS=["metrics_app"],
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}},
         USE_TZ=True,
-        METRICS_FLUSH_INTERVAL=3600,  # the thread will not get a chance: exit must flush
         DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
     )
     django.setup()
+    from metrics_app.buffer import flusher
+    flusher.FLUSH_INTERVAL = 3600  # the thread will not get a chance: exit must flush
     from django.core.management import call_command
     call_command("migrate", verbosity=0)
     import metrics_app

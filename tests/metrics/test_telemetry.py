@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.db import connection
-from django.test import RequestFactory, override_settings
+from django.test import RequestFactory
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import REGISTRY
@@ -69,11 +69,13 @@ def test_nothing_buffered_is_no_lag() -> None:
     assert value(telemetry.FLUSH_LAG) == 0.0 and value(telemetry.BUFFERED_KEYS) == 0.0
 
 
-def test_drops_are_counted_as_they_happen(clock: FrozenClock, otel: InMemoryMetricReader) -> None:
+def test_drops_are_counted_as_they_happen(
+    clock: FrozenClock, otel: InMemoryMetricReader, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = value(telemetry.DROPPED)
-    with override_settings(METRICS_MAX_BUFFERED_KEYS=2):
-        for i in range(4):
-            metrics_app.record(f"tele-drop-{i}", 3)
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 2)
+    for i in range(4):
+        metrics_app.record(f"tele-drop-{i}", 3)
     assert value(telemetry.DROPPED) - before == 6  # two new keys past the bound, 3 events each
     assert otel_values(otel)[telemetry.DROPPED] == 6
 
@@ -110,10 +112,10 @@ def test_an_observer_that_fails_is_removed_and_counting_goes_on(
         raise RuntimeError("exporter down")
 
     monkeypatch.setattr(aggregator, "DROPS", [broken])
-    with override_settings(METRICS_MAX_BUFFERED_KEYS=1):
-        metrics_app.record("tele-x")
-        metrics_app.record("tele-y")  # dropped: the observer fails, the call does not
-        metrics_app.record("tele-z")
+    monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 1)
+    metrics_app.record("tele-x")
+    metrics_app.record("tele-y")  # dropped: the observer fails, the call does not
+    metrics_app.record("tele-z")
     assert aggregator.DROPS == []
     assert buffer.stats()["dropped_events"] == 2
     assert [r.getMessage().endswith("failed; removed") for r in caplog.records].count(True) == 1

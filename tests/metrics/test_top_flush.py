@@ -93,11 +93,18 @@ def test_a_bad_name_is_refused_before_anything_is_kept() -> None:
     assert buffer.current().tops.size() == 0
 
 
+class Nowhere:
+    """A database router that sends every write to an alias no database has."""
+
+    def db_for_write(self, model: type, **hints: object) -> str:
+        return "nowhere"
+
+
 def test_a_failed_write_loses_the_top_keys_and_says_so(
     clock: FrozenClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     metrics_app.record_top("logins", "{k}", keep=DAY)
-    with override_settings(METRICS_DATABASE="nowhere"), caplog.at_level(logging.WARNING):
+    with override_settings(DATABASE_ROUTERS=[Nowhere()]), caplog.at_level(logging.WARNING):
         assert metrics_app.flush(raise_errors=False) == 0
     assert "1 top keys lost" in caplog.text
     assert buffer.current().tops.size() == 0  # memory stays bounded

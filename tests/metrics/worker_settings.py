@@ -14,6 +14,5 @@ CACHES = {
         "LOCATION": os.environ["METRICS_TEST_REDIS"],
     },
 }
-METRICS_FLUSH_INTERVAL = 0
-METRICS_QUERY_DOWNSAMPLE = "celery"
+# No flusher thread or SIGTERM handler in the worker: tests.metrics.celery_app says so.
 CELERY_BROKER_URL = os.environ["METRICS_TEST_REDIS"]

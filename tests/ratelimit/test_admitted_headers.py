@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse
-from django.test import RequestFactory, override_settings
+from django.test import RequestFactory
 from django.urls import path
 from django.views import View
 
@@ -64,14 +64,6 @@ def test_every_rate_of_a_limit() -> None:
         first = call(view)
     assert first["RateLimit-Policy"] == '"2/m";q=2;w=60, "10/h";q=10;w=3600'
     assert first["RateLimit"].startswith('"2/m";r=1;')
-
-
-@override_settings(RATELIMIT_HEADERS=False)
-def test_none_when_the_headers_are_off() -> None:
-    """As django-ratelimit: no header."""
-    view = ratelimit(group="adm-off", key="ip", rate="3/m")(ok)
-    response = call(view)
-    assert "RateLimit" not in response and "RateLimit-Policy" not in response
 
 
 def test_a_counter_of_what_the_request_names_shows_only_its_refusal() -> None:

@@ -81,7 +81,6 @@ AUTH_MIDDLEWARE = "django.contrib.auth.middleware.AuthenticationMiddleware"
         ({"RATELIMIT_DENY": ["user:"]}, "ratelimit_app.E015"),
         ({"RATELIMIT_FAILURE_STATUSES": [401, "403"]}, "ratelimit_app.E016"),
         ({"RATELIMIT_FAILURE_STATUSES": 401}, "ratelimit_app.E016"),
-        ({"RATELIMIT_FAIL_CLOSED_STATUS": 200}, "ratelimit_app.E017"),
         ({"RATELIMIT_RULES": [RULE], "MIDDLEWARE": []}, "ratelimit_app.W003"),
         (
             {

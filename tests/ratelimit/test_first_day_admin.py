@@ -57,7 +57,6 @@ def site() -> Iterator[None]:
         ROOT_URLCONF="tests.ratelimit.urls",
         MIDDLEWARE=MIDDLEWARE,
         RATELIMIT_RULES=RULES,
-        METRICS_FLUSH_INTERVAL=0,
     ):
         store.forget()
         forget_refusals()

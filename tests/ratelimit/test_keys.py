@@ -524,7 +524,7 @@ def test_trusted_proxies_are_read_again_when_the_setting_changes() -> None:
 
 def test_rules_keyed_alike_read_the_value_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two rules on the IP and one on a header: the address is found once per request."""
-    from ratelimit_app import middleware
+    from ratelimit_app.engine import matched
 
     calls: list[str] = []
     subject = keys.subject
@@ -544,7 +544,7 @@ def test_rules_keyed_alike_read_the_value_once(monkeypatch: pytest.MonkeyPatch) 
         from ratelimit_app import store
 
         request = RequestFactory().get("/", HTTP_X_API_KEY="k1")
-        pending = middleware.before(request, store.current().rules.match(request))
+        pending = matched.before(request, store.current().rules.match(request))
     assert pending is not None
     assert sorted(calls) == ["header:x-api-key", "ip"]
     assert set(request.ratelimit_usage) == {"a", "b", "c", "d"}  # type: ignore[attr-defined]

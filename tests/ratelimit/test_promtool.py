@@ -226,7 +226,7 @@ HOSTILE = 'scrape "quoted" \\ back\nslash é'
 @pytest.fixture
 def site() -> Iterator[None]:
     forget_refusals()
-    with override_settings(MIDDLEWARE=MIDDLEWARE, RATELIMIT_DB_RULES=False):
+    with override_settings(MIDDLEWARE=MIDDLEWARE):
         yield
     forget_refusals()
 
@@ -284,7 +284,6 @@ settings.configure(
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
     CACHES={"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
     RATELIMIT_TELEMETRY=sys.argv[1],
-    RATELIMIT_DB_RULES=False,
     SILENCED_SYSTEM_CHECKS=["ratelimit_app.W001", "metrics_app.W001"],
     USE_TZ=True,
 )

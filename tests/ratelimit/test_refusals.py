@@ -21,7 +21,7 @@ from ratelimit_app import core, engine, keys, operations, signals
 from ratelimit_app.algorithms import refusals, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import memory
-from ratelimit_app.testing import frozen_clock
+from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
 
 T0 = 1_800_000_000.0
@@ -339,29 +339,41 @@ def test_the_memory_holds_at_most_refusal_memory_size_subjects(
         assert trips.count > 0
 
 
-def test_inside_djangos_test_environment_cache_clear_alone_resets_a_limit(
+def test_a_few_refusals_are_not_remembered_so_cache_clear_alone_resets_a_limit(
     backend_kind: str,
 ) -> None:
     """What a project's suite written for django-ratelimit does in ``setUp``: no helper of
     ours, just ``cache.clear()`` (the suite-wide fixture keeps the memory on for our own
-    tests; here it is as a project has it)."""
-    from django.core import mail
+    tests; here it is as a project has it). No test environment is detected: a process
+    remembers refusals only while it refuses a flood."""
     from django.core.cache import caches
 
-    assert hasattr(mail, "outbox")  # pytest-django set up Django's test environment
     request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.48")
-    before = engine.remember_in_tests(False)
+    before = engine.remember_always(False)
+    forget_refusals()
     try:
         with frozen_clock(T0):
             for _ in range(3):
                 core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
-            assert len(engine.REFUSALS) == 0  # nothing remembered
+            assert len(engine.REFUSALS) == 0  # two refusals: nothing remembered
             caches["rl"].clear()
             usage = core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
+            assert usage is not None and not usage["should_limit"] and usage["count"] == 1
+            for _ in range(memory.FLOOD + 1):  # a flood of refusals...
+                core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
+            assert len(engine.REFUSALS) == 1  # ...is remembered
     finally:
-        engine.remember_in_tests(before)
-    assert usage is not None and not usage["should_limit"]
-    assert usage["count"] == 1
+        engine.remember_always(before)
+        forget_refusals()
+
+
+def test_the_flood_gate_counts_this_second_and_the_one_before() -> None:
+    memory: refusals.Memory[str] = refusals.Memory(flood=3)
+    assert [memory.flooding(10.1), memory.flooding(10.9)] == [False, False]
+    assert memory.flooding(11.0)  # 1 now + 2 the second before
+    assert not memory.flooding(13.0)  # a second with none in between: counted afresh
+    memory.always = True
+    assert memory.flooding(20.0)
 
 
 # -- the 429 page ------------------------------------------------------------------------
@@ -412,10 +424,11 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
         page = responses.too_many_requests(
             RequestFactory().get("/where/"), Ratelimited(), usage, "flood"
         )
-    assert page.content.decode().startswith("/where/: This request exceeds")
+    # From its context alone (no request: a page kept for one client is shown to the next).
+    assert page.content.decode().startswith(": This request exceeds")
 
 
-def test_a_projects_page_is_kept_when_it_says_it_shows_nothing_of_the_request(
+def test_a_projects_page_is_rendered_from_its_context_alone_and_kept(
     tmp_path: Any,
 ) -> None:
     from ratelimit_app import responses
@@ -434,9 +447,6 @@ def test_a_projects_page_is_kept_when_it_says_it_shows_nothing_of_the_request(
     ]
     usage = {"rate": "2/m", "retry_after": 7, "should_limit": True, "remaining": 0, "rates": []}
     with override_settings(TEMPLATES=templates):
-        page = responses.too_many_requests(RequestFactory().get("/a/"), Ratelimited(), usage)
-        assert page.content == b"[/a/] wait 7s"  # rendered with the request, every time
-    with override_settings(TEMPLATES=templates, RATELIMIT_CACHE_PAGES=True):
         pages = {
             responses.too_many_requests(RequestFactory().get(p), Ratelimited(), usage).content
             for p in ("/a/", "/b/")

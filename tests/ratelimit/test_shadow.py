@@ -1,6 +1,7 @@
-"""Dry run (docs/operators.rst, "Dry run"): ``RATELIMIT_SHADOW``, a rule's ``"shadow": True``,
-``@ratelimit(shadow=True)`` and a DRF throttle's ``shadow``: nothing is refused; what would
-be is counted as a refusal would be, logged at INFO and signalled with ``shadow=True``."""
+"""Dry run (docs/operators.rst, "Dry run"): a rule's ``"shadow": True``,
+``@ratelimit(shadow=True)``, ``get_usage(shadow=True)`` and a DRF throttle's ``shadow``:
+nothing is refused; what would be is counted as a refusal would be, logged at INFO and
+signalled with ``shadow=True``."""
 
 from __future__ import annotations
 
@@ -115,20 +116,6 @@ def test_a_shadow_rule_leaves_the_real_ones_enforcing(client: Client, signals: S
     assert signals.sent == [("strict", True), ("strict", True), ("real", False), ("real", False)]
 
 
-def test_ratelimit_shadow_makes_every_door_a_dry_run(client: Client, signals: Signals) -> None:
-    settings = override_settings(RATELIMIT_RULES=[rule("api")], RATELIMIT_SHADOW=True)
-    with settings, frozen_clock(T0):
-        assert statuses(client, "/api/", 4) == [200] * 4
-        assert statuses(client, "/enforced/", 4) == [200] * 4
-        request = RequestFactory().get("/")
-        for _ in range(3):
-            usage = core.get_usage(request, "g-shadow", key="ip", rate="2/m", increment=True)
-        assert not core.is_ratelimited(request, "g-shadow", key="ip", rate="2/m")
-    assert usage is not None and not usage["should_limit"] and usage["shadow_limited"]
-    assert signals.sent.count(("api", True)) == 2
-    assert signals.sent.count(("enforced-view", True)) == 2
-
-
 def test_a_shadow_decorator_does_not_mark_the_request(client: Client, signals: Signals) -> None:
     with frozen_clock(T0):
         answers = [client.get("/shadowed/").content for _ in range(4)]
@@ -146,3 +133,16 @@ def test_a_refusal_remembered_is_still_reported(client: Client, signals: Signals
 def test_a_dry_runs_refusals_are_their_own_series(signals: Signals) -> None:
     assert metrics.series_name("api") == "ratelimit:api"
     assert metrics.series_name("api", shadow=True) == "ratelimit-shadow:api"
+
+
+def test_get_usage_runs_dry_when_told(signals: Signals) -> None:
+    request = RequestFactory().get("/")
+    with frozen_clock(T0):
+        for _ in range(3):
+            usage = core.get_usage(
+                request, "g-shadow", key="ip", rate="2/m", increment=True, shadow=True
+            )
+        enforced = core.get_usage(request, "g-shadow", key="ip", rate="2/m")
+    assert usage is not None and not usage["should_limit"] and usage["shadow_limited"]
+    assert enforced is not None and enforced["should_limit"]  # the same counter, enforcing
+    assert signals.sent == [("g-shadow", True)]

@@ -144,7 +144,7 @@ def name() -> str:
 @pytest.fixture(autouse=True)
 def site() -> Iterator[None]:
     forget_refusals()
-    with override_settings(MIDDLEWARE=MIDDLEWARE, RATELIMIT_DB_RULES=False):
+    with override_settings(MIDDLEWARE=MIDDLEWARE):
         yield
     forget_refusals()
 

@@ -49,7 +49,7 @@ pytestmark = pytest.mark.urls(__name__)
 @pytest.fixture(autouse=True)
 def site() -> Iterator[None]:
     forget_refusals()
-    with override_settings(MIDDLEWARE=MIDDLEWARE, RATELIMIT_DB_RULES=False):
+    with override_settings(MIDDLEWARE=MIDDLEWARE):
         yield
     forget_refusals()
 
@@ -91,13 +91,12 @@ def test_a_database_rules_series_are_0_before_its_first_decision() -> None:
     from ratelimit_app.models import Rule
 
     name = f"series-db-{next(_unique)}"
-    with override_settings(RATELIMIT_DB_RULES=True):
-        Rule.objects.create(name=name, path="/nowhere/", key="ip", rate="2/m")
-        store.forget()
-        store.current()
-        get_usage(RequestFactory().get("/"), group=f"other-{name}", key="ip", rate="5/m")
-        assert value(REGISTRY, name, "admitted") == 0.0
-        assert value(REGISTRY, name, "refused") == 0.0
+    Rule.objects.create(name=name, path="/nowhere/", key="ip", rate="2/m")
+    store.forget()
+    store.current()
+    get_usage(RequestFactory().get("/"), group=f"other-{name}", key="ip", rate="5/m")
+    assert value(REGISTRY, name, "admitted") == 0.0
+    assert value(REGISTRY, name, "refused") == 0.0
 
 
 @pytest.mark.django_db

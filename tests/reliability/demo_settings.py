@@ -6,8 +6,8 @@ demo_site takes every server from the environment (``DATABASE_URL``, ``MEMCACHED
 runs ``demo_site.settings`` itself. It has no switch for ``METRICS_BUFFER``, though: its visits
 stay in each web process's memory. This module changes that one setting, for the web workers
 and the Celery worker alike (metrics_app's beat schedule then drains the buffer every 10 s).
-The buffer goes to ``METRICS_REDIS_CACHE`` (``"default"``), which demo_site puts on Redis when
-``REDIS_URL`` is set.
+The buffer goes through the django-redis cache ``"default"`` (what ``"redis"`` names), which
+demo_site puts on Redis when ``REDIS_URL`` is set.
 """
 
 from __future__ import annotations

@@ -165,7 +165,6 @@ CACHES = {
     "ratelimit": _counters,
 }
 RATELIMIT_USE_CACHE = "ratelimit"
-RATELIMIT_DB_RULES = False
 _KEY = f"header:{SUBJECT_HEADER.lower()}"
 RATELIMIT_RULES = [
     {

@@ -60,9 +60,7 @@ CACHES = {
     },
 }
 RATELIMIT_USE_CACHE = "ratelimit"
-RATELIMIT_DB_RULES = False
 RATELIMIT_RULES = [{"name": RULE, "path": "/limited/", "key": "ip", "rate": f"{LIMIT}/m"}]
-METRICS_QUERY_DOWNSAMPLE = None
 SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001", "metrics_app.W001"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

@@ -5,10 +5,11 @@ demo's pages change.
 The apps and the middleware are the ones a project installs.
 
 * ``RELIABILITY_DB``: a JSON ``DATABASES`` entry (PostgreSQL);
-* ``RELIABILITY_REDIS``: a Redis URL (the metrics buffer with ``METRICS_BUFFER=redis``, and
+* ``RELIABILITY_REDIS``: a Redis URL (the metrics buffer with ``RELIABILITY_BUFFER=redis``, and
   the counters with ``RELIABILITY_COUNTERS=redis``);
 * ``RELIABILITY_COUNTERS``: ``memcached`` (``MEMCACHED_SERVERS``), ``redis`` or ``locmem``;
-* ``RELIABILITY_FLUSH_INTERVAL``, ``RELIABILITY_BUFFER``: the metrics settings.
+* ``RELIABILITY_BUFFER``: ``memory`` or ``redis`` (``METRICS_BUFFER = "redis:buffer"``);
+* ``RELIABILITY_FLUSH_INTERVAL``: the flusher's interval (``site_wsgi`` sets the constant).
 """
 
 from __future__ import annotations
@@ -68,14 +69,11 @@ else:
     CACHES["ratelimit"] = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 
 RATELIMIT_USE_CACHE = "ratelimit"
-RATELIMIT_DB_RULES = False
 # One subject for every client (they all come from 127.0.0.1).
 RATELIMIT_RULES = [{"name": "one-subject", "path": "/limited/", "key": "ip", "rate": f"{LIMIT}/m"}]
 
-METRICS_FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "10"))
-METRICS_BUFFER = os.environ.get("RELIABILITY_BUFFER", "memory")
-METRICS_REDIS_CACHE = "buffer"
-METRICS_QUERY_DOWNSAMPLE = None
+_buffer = os.environ.get("RELIABILITY_BUFFER", "memory")
+METRICS_BUFFER = "redis:buffer" if _buffer == "redis" else _buffer
 SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001", "metrics_app.W001"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -15,3 +15,8 @@ from ratelimit_app.engine import memory  # noqa: E402
 from tests.reliability.clients import REFUSAL_MEMORY  # noqa: E402
 
 memory.REFUSAL_MEMORY = REFUSAL_MEMORY
+
+# The metrics flusher's interval the test asks for (RELIABILITY_FLUSH_INTERVAL), else 10 s.
+from metrics_app.buffer import flusher  # noqa: E402
+
+flusher.FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "10"))

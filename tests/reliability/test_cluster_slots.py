@@ -200,12 +200,8 @@ def test_the_metrics_redis_buffer_keys_share_one_slot(
 
     monkeypatch.setattr(storage, "write_counts", write_counts)
     redis_cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server}
-    with override_settings(
-        CACHES={"default": redis_cache},
-        METRICS_BUFFER="redis",
-        METRICS_REDIS_CACHE="default",
-        METRICS_REDIS_KEY=name,
-    ):
+    monkeypatch.setattr(redis_buffer, "REDIS_KEY", name)
+    with override_settings(CACHES={"default": redis_cache}, METRICS_BUFFER="redis"):
         try:
             metrics_app.record("slots:a", 2)
             metrics_app.record("slots:b", 3)

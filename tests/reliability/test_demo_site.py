@@ -44,7 +44,7 @@ SIGNUP_LIMIT = 20
 PASSWORD = "Bucketry-reliability-83150"
 #: Seconds of redirects in the visit-count tests.
 SECONDS = 4.0
-#: metrics_app's Redis buffer (``METRICS_REDIS_KEY`` in a hash tag) and its pending set.
+#: metrics_app's Redis buffer (``redis_buffer.REDIS_KEY`` in a hash tag) and its pending set.
 REDIS_BUFFER = "{metrics:buffer}"
 
 

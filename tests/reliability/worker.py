@@ -138,11 +138,15 @@ def sigterm_in_query(seconds: float) -> None:
 
 def shorten_waits() -> None:
     """Shorter retries than the constant's 300 s, and the lock time the test asks for
-    (``RELIABILITY_LOCK_TTL``), so the faults show within the test's time."""
-    from metrics_app import rollup
+    (``RELIABILITY_LOCK_TTL``), so the faults show within the test's time. The flusher's
+    interval is the test's (``RELIABILITY_FLUSH_INTERVAL``; none: no thread), and no query
+    sends a downsample to a broker."""
+    from metrics_app import query, rollup
     from metrics_app.buffer import flusher
 
     flusher.MAX_RETRY_DELAY = 1.0
+    flusher.FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "0"))
+    query.DOWNSAMPLE_ON_READ = False
     rollup.LOCK_TTL = int(os.environ.get("RELIABILITY_LOCK_TTL", "600"))
 
 

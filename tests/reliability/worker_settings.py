@@ -24,12 +24,11 @@ CACHES = {
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
     ),
 }
-METRICS_FLUSH_INTERVAL = float(os.environ.get("RELIABILITY_FLUSH_INTERVAL", "0"))
-METRICS_HANDLE_SIGTERM = True
-METRICS_QUERY_DOWNSAMPLE = None
+# The flusher's interval (RELIABILITY_FLUSH_INTERVAL, else no thread) is set by
+# tests.reliability.worker; the SIGTERM handler is installed (metrics_app's default).
 if os.environ.get("RELIABILITY_REDIS"):  # to drain the Redis buffer of the gunicorn site
     CACHES["buffer"] = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": os.environ["RELIABILITY_REDIS"],
     }
-    METRICS_REDIS_CACHE = "buffer"
+    METRICS_BUFFER = "redis:buffer"

@@ -30,7 +30,4 @@ CACHES = {
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/1")
 # metrics_app's tasks return their counts for a caller that waits; the beat never does.
 CELERY_TASK_IGNORE_RESULT = True
-# Two workers never downsample at once: the lock lives in a cache they all share. "default"
-# (this setting's default) is the limiter's cache, memcached or Redis: nothing to add.
-METRICS_LOCK_CACHE = "default"
 # -- end of Celery -----------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """``manage.py metrics_flush``: write buffered counts to the database now.
 
 It matters with the Redis buffer (``METRICS_BUFFER = "redis"``), which every process shares:
-the command drains it, as the beat's ``metrics_app.flush_redis_buffer`` does. With the memory
-buffer (the default) each process keeps its own counts and flushes them itself, every
-``METRICS_FLUSH_INTERVAL`` seconds and when it exits; this command can reach only its own
-(empty) buffer, so it says so rather than leave "Flushed 0" to be read as "nothing to flush".
+the command drains it, as the beat's ``metrics_app.flush_redis_buffer`` does. With the
+memory buffer (the default) each process keeps its own counts and flushes them itself, every
+10 seconds (:data:`metrics_app.buffer.flusher.FLUSH_INTERVAL`) and when it exits; this
+command can reach only its own (empty) buffer, so it says so rather than leave "Flushed 0"
+to be read as "nothing to flush".
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from metrics_app import buffer
+from metrics_app.buffer import flusher
 from metrics_app.conf import conf
 
 
@@ -21,7 +23,7 @@ class Command(BaseCommand):
     help = (
         "Drain the Redis buffer (METRICS_BUFFER = 'redis') into the database, with this "
         "process's own buffer. With the memory buffer, every web and worker process flushes "
-        "its own counts every METRICS_FLUSH_INTERVAL seconds: this command cannot reach them."
+        "its own counts every 10 seconds: this command cannot reach them."
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -33,7 +35,7 @@ class Command(BaseCommand):
             written += redis_buffer.flush()
         self.stdout.write(f"Flushed {written} (series, minute) keys.")
         if options["verbosity"] >= 1:
-            self.stdout.write(explain(shared, conf.FLUSH_INTERVAL))
+            self.stdout.write(explain(shared, flusher.FLUSH_INTERVAL))
 
 
 def explain(shared: bool, interval: float) -> str:
@@ -45,14 +47,14 @@ def explain(shared: bool, interval: float) -> str:
         )
     if interval > 0:
         when = (
-            f"flushes its own buffer every {interval:g} seconds (METRICS_FLUSH_INTERVAL) and "
+            f"flushes its own buffer every {interval:g} seconds and "
             f"when it exits: what they count reaches the database within {interval:g} "
             "seconds without this command"
         )
     else:
         when = (
             "keeps its own buffer until it calls metrics_app.flush() or exits "
-            "(METRICS_FLUSH_INTERVAL = 0 starts no flusher thread)"
+            "(metrics_app.testing.manual_flush() starts no flusher thread)"
         )
     return (
         'Only this command\'s own buffer: with METRICS_BUFFER = "memory", every web and '

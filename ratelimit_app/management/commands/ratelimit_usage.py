@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
+from ratelimit_app.config import kinds
 from ratelimit_app.management.base import (
     LimitCommand,
     backend_errors,
@@ -16,39 +16,12 @@ from ratelimit_app.management.base import (
 )
 from ratelimit_app.operations import Named, Target, lookup
 
-COLUMNS = ("rate", "count", "limit", "remaining", "reset (s)", "state")
-#: A leaky bucket's columns: its level (fractional: it drains continuously), its capacity,
-#: and the seconds until it is empty.
-METER_COLUMNS = ("rate", "level", "capacity", "remaining", "empty in (s)", "state")
-
 
 def _rows(usage: dict[str, Any]) -> list[tuple[str, ...]]:
-    if usage.get("algorithm") == LEAKY_BUCKET:
-        return [
-            METER_COLUMNS,
-            (
-                str(usage["rate"]),
-                f"{usage['level']:.2f}",
-                str(usage["capacity"]),
-                str(usage["remaining"]),
-                str(usage["reset"]),
-                "limited" if usage["should_limit"] else "ok",
-            ),
-        ]
-    return [
-        COLUMNS,
-        *(
-            (
-                str(r["rate"]),
-                str(r["count"]),
-                str(r["limit"]),
-                str(r["remaining"]),
-                str(r["reset"]),
-                "limited" if r["should_limit"] else "ok",
-            )
-            for r in usage["rates"]
-        ),
-    ]
+    """The table of ``usage``, as its kind of limit shows it (a usage without one: the
+    default's, one line per rate)."""
+    kind = kinds.KINDS.get(usage.get("algorithm", kinds.DEFAULT)) or kinds.KINDS[kinds.DEFAULT]
+    return kind.usage_rows(usage)
 
 
 def table(usage: dict[str, Any]) -> list[str]:

@@ -1,0 +1,195 @@
+"""The rules' path: what the rules a request matched decide, before and after the view.
+
+:class:`~ratelimit_app.middleware.RatelimitMiddleware` matches the request's rules
+(:class:`~ratelimit_app.config.rules.RuleSet`) and calls :func:`before`, which does the rest:
+
+1. Deny list: a denied IP or user gets 403 on every request, before any rule; an allowed IP
+   or user skips every rule (:mod:`.screen`, with the bans on every path). Emails on the
+   lists are matched against the rules keyed on an email: a denied one gets 403, an allowed
+   one skips those rules (the email is what the request claims, so the IP and user rules
+   still apply).
+2. Every matching rule is checked in **one** backend round trip
+   (:func:`~ratelimit_app.engine.check_many`; leaky-bucket rules on memcached add a
+   compare-and-set round trip), and every one counts the request. A limited blocking rule
+   answers 429 (:mod:`~ratelimit_app.responses`) without calling the view, and the request
+   then counts nowhere (the other rules' hits are taken back in the same second round trip
+   that times the wait).
+3. A ``count: "failures"`` rule's hit is provisional: after the view it is taken back
+   (:class:`~.outcome.Outcome`, one round trip) unless the request failed: a status in
+   ``RATELIMIT_FAILURE_STATUSES`` (but the 403 of Django's CSRF check, which tried no
+   password) or ``user_login_failed`` sent during the request (Django's ``LoginView``
+   answers a wrong password with 200). Counting before the view is what keeps concurrent
+   attempts within the limit: a rule that only looked before the view and counted after it
+   would let any number of parallel attempts through.
+
+Backend failures never raise: a rule fails open (default) or, with ``fail_open: False``,
+answers 503. :func:`on_the_loop` says when an async request's check may run on the event
+loop (a bounded round trip that touches no database), for the rules and ``@ratelimit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+from ratelimit_app import keys, responses, store
+from ratelimit_app.backends import get_backend
+from ratelimit_app.config.limits import Limit, Subjects
+from ratelimit_app.config.rules import CompiledRule
+from ratelimit_app.engine import enforce, screen
+from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.engine.outcome import NOTHING, Outcome, show
+
+__all__ = ["UsageByRule", "before", "on_the_loop"]
+
+
+def _decisions(
+    request: HttpRequest,
+    rules: Sequence[CompiledRule],
+    current: store.Snapshot,
+    subjects: Subjects,
+) -> tuple[list[Decision], list[Decision]] | HttpResponse:
+    """The decision of each rule that applies (a callable rate may say none) and those of
+    the failure-only rules among them, or the 403 of an email on the deny list. An email is
+    a claim the request makes, not the client's identity: an allowed one lifts the rules
+    keyed on it, not the others. ``subjects``: the request's subjects found so far, by key
+    (rules keyed alike, two on the IP, count one value)."""
+    emails = current.allow.emails or current.deny.emails
+    found = []
+    failing = []
+    for rule in rules:
+        check = rule.limit.check(request, subjects=subjects)
+        if check is None:
+            continue
+        if emails and keys.is_email_kind(check.subject[0]):
+            if check.subject[1] in current.deny.emails:
+                return responses.denied(request)
+            if check.subject[1] in current.allow.emails:
+                continue
+        d = Decision(rule.policy, check)  # (enforce.decisions, without a list a rule)
+        found.append(d)
+        if rule.failures_only:
+            failing.append(d)
+        if rule.holds:
+            place = enforce.places(rule.policy, request, subjects)
+            if place is not None:
+                found.append(place)
+    return found, failing
+
+
+def before(
+    request: HttpRequest,
+    rules: Sequence[CompiledRule],
+    current: store.Snapshot | None = None,
+    sender: Any = None,
+) -> HttpResponse | Outcome | None:
+    """Everything before the view: a response that answers instead of the view, what to do
+    after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from;
+    ``sender``: the sender of the ``ratelimited`` signal (the middleware's class)."""
+    if current is None:
+        current = store.current()
+    subjects: Subjects = {}  # each key's subject, found once (the screen's address too)
+    if current.screens:  # lists or site-wide bans (no call without)
+        screened = screen.screen(request, current, rules, subjects)
+        if screened is not None:
+            return None if screened is screen.ALLOWED else screened
+    found = _decisions(request, rules, current, subjects)
+    if isinstance(found, HttpResponse):
+        return found
+    decisions, failing = found
+    if not decisions:
+        return None
+    # Every rule counts the request in the check's own round trip. A failure-only rule's hit
+    # is provisional: taken back after the view unless the request failed. So concurrent
+    # attempts never pass the limit, and only requests that did not fail pay a second trip.
+    verdict = enforce.decide(request, decisions, sender=sender)
+    if verdict.failed is not None:
+        closed = verdict.closed()
+        return NOTHING if closed is None else responses.unavailable(request, closed)
+    _mark(request, verdict)
+    refusing = verdict.refusing() if verdict.limited else None
+    if refusing is not None:
+        return _refused(request, verdict, refusing)
+    # The rules' limits first; the layers inside (``@ratelimit``, DRF throttles) add theirs
+    # to the same list before the view answers, and this pass writes them all.
+    # (The list itself, even empty: the inner layers fill it.)
+    shown = show(request, verdict.shown)
+    held = enforce.holding(decisions) if current.rules.holds else ()
+    provisional = [d for d in failing if d.provisional()] if failing else ()
+    return Outcome(request, shown, held, provisional)
+
+
+def _refused(request: HttpRequest, verdict: enforce.Verdict, refusing: Decision) -> HttpResponse:
+    """The 429 of a refused request."""
+    exc = responses.exception(refusing)
+    response = responses.too_many_requests(request, exc, decision=refusing)
+    if verdict.remembered:
+        # A flood's repeats are counted (the signal, the rule's metrics series), not logged
+        # one by one: django.request logged the refusal that started it.
+        response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+class UsageByRule(Mapping[str, dict[str, Any]]):
+    """``request.ratelimit_usage``: each rule checked for the request, and its usage dict
+    (as ``get_usage`` returns it), made when read. Read it like a dict."""
+
+    __slots__ = ("_by_name", "_decisions", "_earlier")
+
+    def __init__(self, decisions: Sequence[Decision], earlier: Mapping[str, Any]) -> None:
+        self._decisions = decisions
+        self._by_name: dict[str, Decision] | None = None
+        #: What an earlier pass of the middleware left on the request.
+        self._earlier = earlier
+
+    @property
+    def _decided(self) -> dict[str, Decision]:
+        """The decided rules by name (made when first read: most views never read it)."""
+        if self._by_name is None:
+            self._by_name = {d.name: d for d in self._decisions if d.result is not None}  # type: ignore[misc]
+        return self._by_name
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        d = self._decided.get(name)
+        if d is None:
+            found: dict[str, Any] = self._earlier[name]
+            return found
+        usage = d.usage()
+        assert usage is not None  # only decided limits are listed
+        return usage
+
+    def __iter__(self) -> Iterator[str]:
+        decided = self._decided
+        yield from (n for n in self._earlier if n not in decided)
+        yield from decided
+
+    def __len__(self) -> int:
+        decided = self._decided
+        return len(decided) + sum(1 for n in self._earlier if n not in decided)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
+    """``request.ratelimit_usage`` and ``request.limited``, for the view (docs/rules:
+    "Rules that do not block")."""
+    held = request.__dict__  # (what an earlier pass left, read without getattr's calls)
+    earlier = held.get("ratelimit_usage") or {}
+    request.ratelimit_usage = UsageByRule(verdict.decisions, earlier)  # type: ignore[attr-defined]
+    request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
+
+
+def on_the_loop(limits: Iterable[Limit]) -> bool:
+    """True when the checks of ``limits`` may run on the event loop: each one bounded round
+    trip that reads no database (no user on the lists, keys that do not need
+    ``request.user``, a backend that answers inline), cheaper than a thread."""
+    current = store.current()
+    if current.allow.users or current.deny.users or not all(lim.async_safe for lim in limits):
+        return False
+    try:
+        return get_backend().inline_ok
+    except Exception:  # cannot be built: the check reports it, off the event loop
+        return False
