@@ -63,9 +63,9 @@ def downsample_series(name: str) -> dict[str, Any]:
 @shared_task(name="metrics_app.flush_redis_buffer")
 def flush_redis_buffer() -> int:
     """Drain the shared Redis buffer into the database; returns the keys written."""
-    from metrics_app import redis_buffer
+    from metrics_app.buffer import shared
 
-    return redis_buffer.flush()
+    return shared.flush()
 
 
 #: Longest a publish from a web process may take to connect and to hear back, in seconds.

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE, keys
+from ratelimit_app import ALL, UNSAFE
 from ratelimit_app.algorithms import rates
 from ratelimit_app.conf import conf
 from ratelimit_app.config import kinds, limits
@@ -28,7 +28,8 @@ from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import add_shown as add_shown
 from ratelimit_app.engine.outcome import release as release
 from ratelimit_app.engine.outcome import show as show
-from ratelimit_app.keys import get_header, user_or_ip
+from ratelimit_app.identity import keys
+from ratelimit_app.identity.keys import get_header, user_or_ip
 from ratelimit_app.operations import lookup, reset
 
 __all__ = [

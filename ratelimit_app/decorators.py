@@ -15,7 +15,7 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponseBase
 
-from ratelimit_app import ALL, UNSAFE, keys
+from ratelimit_app import ALL, UNSAFE
 from ratelimit_app.algorithms import rates
 from ratelimit_app.conf import conf
 from ratelimit_app.config import kinds, limits
@@ -24,6 +24,7 @@ from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.core import group_name, limit_verdict
 from ratelimit_app.engine.matched import on_the_loop
 from ratelimit_app.engine.outcome import Outcome, view_outcome
+from ratelimit_app.identity import keys
 
 __all__ = ["ratelimit"]
 

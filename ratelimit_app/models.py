@@ -22,8 +22,8 @@ from django.utils import timezone
 from django.utils.choices import BaseChoiceIterator
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app import keys
 from ratelimit_app.config import access, declared, kinds, names, overrides, rules, sources
+from ratelimit_app.identity import keys
 
 
 def _lines(text: str) -> list[str]:
@@ -387,7 +387,7 @@ class _Known(NamedTuple):
 
     algorithm: str
     burst: int | None
-    #: The key's kind (:func:`ratelimit_app.keys.kind`): what a subject is a value of.
+    #: The key's kind (:func:`ratelimit_app.identity.keys.kind`): what a subject is a value of.
     key: str
     #: It limits requests in flight only (no rate): an override, which changes rates, has
     #: nothing to change.

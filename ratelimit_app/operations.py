@@ -18,7 +18,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import ALL, clock, keys, store
+from ratelimit_app import ALL, clock, store
 from ratelimit_app.algorithms import rates, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.config import limits, sources, views
@@ -27,7 +27,7 @@ from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import REFUSALS, Check, bans, check_many, refusal_key, usage_dict
 from ratelimit_app.engine.checking import STRIKES
-from ratelimit_app.identity import addresses
+from ratelimit_app.identity import addresses, keys
 from ratelimit_app.identity.namespaces import namespace
 
 __all__ = [

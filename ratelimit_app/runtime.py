@@ -7,7 +7,7 @@ the values read (:mod:`ratelimit_app.conf`), the trusted proxies and the namespa
 (:mod:`ratelimit_app.config.rules`), the counter backends (:mod:`ratelimit_app.backends`),
 the configuration in force (:mod:`ratelimit_app.store`), the refusals remembered and the
 checks made ready (:mod:`ratelimit_app.engine`), and the templates and translated messages
-of the answers (:mod:`ratelimit_app.responses`).
+of the answers (:mod:`ratelimit_app.engine.responses`).
 
 Django's ``setting_changed`` (``override_settings``, pytest-django's ``settings`` fixture)
 reaches one receiver, here, which forgets what the changed setting may change, the lowest
@@ -22,9 +22,9 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ratelimit_app import backends, conf, responses, store
+from ratelimit_app import backends, conf, store
 from ratelimit_app.config import declared, rules
-from ratelimit_app.engine import memory, sliding_window
+from ratelimit_app.engine import memory, responses, sliding_window
 from ratelimit_app.identity import addresses, namespaces
 
 __all__ = ["forget"]

@@ -100,7 +100,7 @@ def _parse(request: object) -> object:
 
 
 def _subjects(request: object) -> object:
-    from ratelimit_app import keys
+    from ratelimit_app.identity import keys
 
     return [keys.subject(spec, "login", request) for spec in KEYS]  # type: ignore[arg-type]
 

@@ -221,7 +221,8 @@ django.setup()
 from metrics_app.buffer import flusher
 flusher.FLUSH_INTERVAL = 10**6  # no flush while timing
 from django.core.handlers.wsgi import WSGIHandler
-from ratelimit_app import operations, store
+from ratelimit_app import operations
+from ratelimit_app import store
 from ratelimit_app.models import Ban, Override
 app = WSGIHandler()
 body = b"email=bench%40example.com&password=x"

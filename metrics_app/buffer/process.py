@@ -22,8 +22,8 @@ from typing import Any, Protocol
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from metrics_app import clock, redis_buffer
-from metrics_app.buffer import aggregator, flusher, lifecycle
+from metrics_app import clock
+from metrics_app.buffer import aggregator, flusher, lifecycle, shared
 from metrics_app.buffer.aggregator import Aggregator
 from metrics_app.buffer.flusher import Flusher
 from metrics_app.conf import conf
@@ -44,7 +44,7 @@ class Target(Protocol):
 
 
 class RedisTarget:
-    """``METRICS_BUFFER = "redis"``: one script call per count (:mod:`metrics_app.redis_buffer`).
+    """``METRICS_BUFFER = "redis"``: one script call per count (:mod:`metrics_app.buffer.shared`).
 
     When Redis fails, or the shared hash is at a bound, the count is lost, not the request:
     it is counted as dropped in the aggregator's stats, and logged at most once a minute.
@@ -56,7 +56,7 @@ class RedisTarget:
 
     def add(self, name: str, minute: int, count: int, client_chosen: bool = False) -> None:
         try:
-            if redis_buffer.record(name, minute, count, client_chosen):
+            if shared.record(name, minute, count, client_chosen):
                 return
             reason = (
                 "the Redis buffer is at a bound (MAX_CLIENT_KEYS for names chosen by "

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import keys
-from ratelimit_app.identity import addresses
+from ratelimit_app.identity import addresses, keys
 
 IPNetwork = addresses.IPNetwork
 logger = logging.getLogger("ratelimit_app")

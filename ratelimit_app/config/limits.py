@@ -30,11 +30,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
-from ratelimit_app import ALL, keys
+from ratelimit_app import ALL
 from ratelimit_app.algorithms import bans, rates
 from ratelimit_app.config import kinds
 from ratelimit_app.config.kinds import Kind
 from ratelimit_app.config.mistakes import LimitError, Mistake, collect, raise_all
+from ratelimit_app.identity import keys
 
 __all__ = ["Check", "Limit", "LimitError", "Mistake", "build", "collect", "raise_all"]
 
@@ -532,8 +533,8 @@ def _guess(key: str) -> str:
 
 
 def _builtin_key(key: str) -> bool:
-    """A key of :data:`ratelimit_app.keys.SIMPLE_KEYS`, or ``accessor:name`` with a built-in
-    accessor: nothing to import."""
+    """A key of :data:`ratelimit_app.identity.keys.SIMPLE_KEYS`, or ``accessor:name`` with a
+    built-in accessor: nothing to import."""
     accessor, colon, name = key.partition(":")
     return key in keys.SIMPLE_KEYS or bool(colon and name and accessor in keys.ACCESSOR_KEYS)
 

@@ -5,7 +5,7 @@ and the rates that subject gets instead (``"10000/h"``, ``"5/m;100/d"``) or ``un
 The subject is what the limit's key reads, typed by a person:
 
 * a value (a username, an email, a header's value), normalised as the keys normalise
-  (:func:`ratelimit_app.keys.normalize_value`): padding, invisible characters and an
+  (:func:`ratelimit_app.identity.keys.normalize_value`): padding, invisible characters and an
   email's case do not matter;
 * an IP address or a CIDR network, IPv4 or IPv6 (an IPv4-mapped network is the IPv4 one);
   matched only against IP subjects;
@@ -36,10 +36,9 @@ from typing import NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import keys
 from ratelimit_app.algorithms import rates
 from ratelimit_app.config.limits import Mistake, collect, raise_all
-from ratelimit_app.identity import addresses
+from ratelimit_app.identity import addresses, keys
 
 __all__ = [
     "UNLIMITED",
@@ -60,7 +59,7 @@ UNLIMITED: Rates = ()
 UNLIMITED_TEXT = "unlimited"
 GROUP_PREFIX = "group:"
 #: The longest limit name, rate text and group name (the model's columns and
-#: ``auth.Group.name``); a subject is at most :data:`ratelimit_app.keys.MAX_VALUE_LENGTH`.
+#: ``auth.Group.name``); a subject is at most :data:`ratelimit_app.identity.keys.MAX_VALUE_LENGTH`.
 MAX_LIMIT_LENGTH = 200
 MAX_RATE_LENGTH = 200
 MAX_GROUP_LENGTH = 150
@@ -222,7 +221,7 @@ class LimitOverrides:
     dropping it brings back the one put before (:attr:`sharers` remembers them).
     """
 
-    #: Values as :func:`ratelimit_app.keys.normalize_value` cleans them, and case folded
+    #: Values as :func:`ratelimit_app.identity.keys.normalize_value` cleans them, and case folded
     #: (for the email keys, which fold case).
     values: dict[str, Rates] = field(default_factory=dict)
     folded: dict[str, Rates] = field(default_factory=dict)

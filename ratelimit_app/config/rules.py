@@ -26,11 +26,11 @@ from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from ratelimit_app import keys
 from ratelimit_app.algorithms import rates
 from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
 from ratelimit_app.config.policy import Policy, policy
+from ratelimit_app.identity import keys
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"

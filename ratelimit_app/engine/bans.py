@@ -4,7 +4,8 @@ A limit with a ``ban`` (:mod:`ratelimit_app.algorithms.bans`) counts its refusal
 subject in the refusal's own second round trip (:mod:`ratelimit_app.engine.checking`); the
 refusal that brings them to ``after`` calls :func:`impose`. A ban is a row of
 :class:`~ratelimit_app.models.Ban`; every process reads the rows changed since it last looked
-(:mod:`ratelimit_app.store`, within a second) into its :class:`~ratelimit_app.store.HeldBans`,
+(:mod:`ratelimit_app.store`, within a second) into its
+:class:`~ratelimit_app.store.HeldBans`,
 so a banned request is refused from memory, with no round trip and no query, and a new ban
 costs each process one small query, whatever the number of bans in force.
 

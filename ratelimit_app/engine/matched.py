@@ -11,7 +11,7 @@
 2. Every matching rule is checked in **one** backend round trip
    (:func:`~ratelimit_app.engine.check_many`; leaky-bucket rules on memcached add a
    compare-and-set round trip), and every one counts the request. A limited blocking rule
-   answers 429 (:mod:`~ratelimit_app.responses`) without calling the view, and the request
+   answers 429 (:mod:`~ratelimit_app.engine.responses`) without calling the view, and the request
    then counts nowhere (the other rules' hits are taken back in the same second round trip
    that times the wait).
 3. A ``count: "failures"`` rule's hit is provisional: after the view it is taken back
@@ -34,13 +34,14 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import keys, responses, store
+from ratelimit_app import store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.config.limits import Limit, Subjects
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import enforce, screen
+from ratelimit_app.engine import enforce, responses, screen
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import NOTHING, Outcome, show
+from ratelimit_app.identity import keys
 
 __all__ = ["UsageByRule", "before", "on_the_loop"]
 

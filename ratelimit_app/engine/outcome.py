@@ -20,10 +20,10 @@ from django.contrib.auth.signals import user_login_failed
 from django.dispatch import receiver
 from django.http import HttpResponseBase
 
-from ratelimit_app import request_state, responses
+from ratelimit_app import request_state
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
-from ratelimit_app.engine import enforce
+from ratelimit_app.engine import enforce, responses
 from ratelimit_app.engine.enforce import Decision, Verdict, release_when_done, take_back
 from ratelimit_app.identity import provenance
 

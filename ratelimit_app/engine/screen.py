@@ -14,11 +14,12 @@ from collections.abc import Sequence
 
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import clock, keys, responses, store
+from ratelimit_app import clock, store
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.identity import addresses
+from ratelimit_app.engine import responses
+from ratelimit_app.identity import addresses, keys
 
 __all__ = ["ALLOWED", "screen"]
 

@@ -30,17 +30,17 @@ from rest_framework import exceptions as drf_exceptions
 from rest_framework import throttling as drf_throttling
 from rest_framework.settings import api_settings
 
-from ratelimit_app import ALL, clock, keys, responses
+from ratelimit_app import ALL, clock
 from ratelimit_app.algorithms import rates
 from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config import kinds, limits, sources
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.config.policy import policy
-from ratelimit_app.engine import Result
+from ratelimit_app.engine import Result, responses
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import decided_together, shown_together
-from ratelimit_app.identity import addresses
+from ratelimit_app.identity import addresses, keys
 
 __all__ = [
     "PREFIX",

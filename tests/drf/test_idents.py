@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
-from ratelimit_app import keys, throttling
+from ratelimit_app import throttling
+from ratelimit_app.identity import keys
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.drf.conftest import api_view, get
 

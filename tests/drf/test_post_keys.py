@@ -25,8 +25,9 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient, APIRequestFactory
 from rest_framework.views import APIView
 
-from ratelimit_app import keys, store
+from ratelimit_app import store
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.identity import keys
 from ratelimit_app.testing import forget_refusals
 
 

@@ -22,8 +22,8 @@ from django.urls import path
 
 import metrics_app
 from metrics_app import buffer
-from metrics_app import redis_buffer as shared_buffer
 from metrics_app.buffer import aggregator
+from metrics_app.buffer import shared as shared_buffer
 from metrics_app.decorators import count_visits
 from metrics_app.models import Series
 from metrics_app.signals import buffer_full
@@ -191,8 +191,8 @@ def test_the_redis_buffer_stays_bounded_while_the_database_is_down(
     Redis holds one pending hash and the live one, each within the bound."""
     from django_redis import get_redis_connection
 
-    from metrics_app import redis_buffer as shared
     from metrics_app import storage
+    from metrics_app.buffer import shared
 
     real = storage.write_counts
 
@@ -230,7 +230,7 @@ def test_the_redis_buffer_stays_bounded_while_the_database_is_down(
 def test_the_redis_buffer_keeps_the_client_share(
     redis_server: str, clock: FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from metrics_app import redis_buffer as shared
+    from metrics_app.buffer import shared
 
     monkeypatch.setattr(aggregator, "MAX_BUFFERED_KEYS", 10)
     monkeypatch.setattr(aggregator, "MAX_CLIENT_KEYS", 3)

@@ -147,7 +147,7 @@ def test_redis_buffer_is_shared_and_flushed_once(
 ) -> None:
     from django_redis import get_redis_connection
 
-    from metrics_app import redis_buffer
+    from metrics_app.buffer import shared as redis_buffer
     from metrics_app.tasks import flush_redis_buffer
 
     caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": redis_server}}

@@ -16,8 +16,9 @@ from django.core.management import call_command
 from django.test.utils import override_settings
 
 import metrics_app
-from metrics_app import query, redis_buffer
+from metrics_app import query
 from metrics_app.buffer import flusher
+from metrics_app.buffer import shared as redis_buffer
 from metrics_app.testing import FrozenClock
 
 pytestmark = pytest.mark.django_db

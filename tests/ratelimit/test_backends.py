@@ -21,7 +21,7 @@ from ratelimit_app.algorithms.rates import MAX_COUNT, parse
 from ratelimit_app.backends import base, get_backend, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.checking import check
 from tests.ratelimit.conftest import several_memcached

@@ -233,7 +233,7 @@ def test_reset_needs_a_concrete_rate(group: str) -> None:
 
 
 def test_keys_change_with_the_secret_key(group: str) -> None:
-    from ratelimit_app.keys import namespace
+    from ratelimit_app.identity.keys import namespace
 
     before = namespace(group, "ip", "192.0.2.17")
     with override_settings(SECRET_KEY="another-secret"):

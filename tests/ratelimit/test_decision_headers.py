@@ -1,9 +1,9 @@
 """The RateLimit headers made from decided limits say what the usage dicts say.
 
 The middleware formats an admitted request's headers straight from the results
-(:func:`ratelimit_app.responses.decision_headers`); a refusal's 429, ``@ratelimit``'s
+(:func:`ratelimit_app.engine.responses.decision_headers`); a refusal's 429, ``@ratelimit``'s
 exception and projects' handlers format them from usage dicts
-(:func:`ratelimit_app.responses.ratelimit_headers`). The two must never disagree.
+(:func:`ratelimit_app.engine.responses.ratelimit_headers`). The two must never disagree.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ratelimit_app.config import limits
 from ratelimit_app.config.policy import policy
 from ratelimit_app.engine import Result, meter_result, usage_dict
 from ratelimit_app.engine.enforce import Decision
-from ratelimit_app.responses import decision_headers, ratelimit_headers
+from ratelimit_app.engine.responses import decision_headers, ratelimit_headers
 
 RATES = ["5/m", "10/m;100/h", "3/s;50/m;1000/d", "1/h"]
 

@@ -8,10 +8,10 @@ from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path
 
-from ratelimit_app import responses
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.config import limits
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.engine import responses
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.testing import frozen_clock
 
@@ -235,7 +235,7 @@ def test_the_429_page_says_whom_the_limit_counted(client: Client, db: Any) -> No
     assert BY_ADDRESS in refused_page(client, "/per-address/")
     assert BY_NAME in refused_page(client, "/per-named/", username="ann")
     assert BY_NAME in refused_page(client, "/by-rule/", email="ann@example.com")  # a rule's
-    # A user key counts an anonymous request by its address (ratelimit_app.keys).
+    # A user key counts an anonymous request by its address (ratelimit_app.identity.keys).
     assert BY_ADDRESS in refused_page(client, "/per-account/")
     user = User.objects.create_user("ann")
     client.force_login(user)

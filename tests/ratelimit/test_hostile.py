@@ -35,8 +35,8 @@ from django.urls import path
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import keys
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity import keys
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.middleware import RatelimitMiddleware
 from ratelimit_app.signals import ratelimited
 from tests.ratelimit.conftest import MIDDLEWARE

@@ -14,9 +14,8 @@ from django.test import RequestFactory, override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ratelimit_app import keys
-from ratelimit_app.identity import addresses, namespaces
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity import addresses, keys, namespaces
+from ratelimit_app.identity.keys import namespace
 
 rf = RequestFactory()
 

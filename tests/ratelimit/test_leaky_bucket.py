@@ -41,7 +41,7 @@ from ratelimit_app.config.rules import RuleError, parse_rule
 from ratelimit_app.core import get_usage, is_ratelimited
 from ratelimit_app.decorators import ratelimit, registry
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.checking import check
 from tests.ratelimit.conftest import MIDDLEWARE, ReferenceMeter, rules, several_memcached

@@ -42,7 +42,7 @@ from ratelimit_app.backends import get_backend, memcached, memcached_protocol, r
 from ratelimit_app.backends.base import Op
 from ratelimit_app.core import get_usage, scope
 from ratelimit_app.engine import Check, Result, check_many
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.testing import frozen_clock
 
 #: A minute boundary: with 60 fine buckets a window, fine buckets are seconds and coarse

@@ -102,7 +102,7 @@ from ratelimit_app.backends import reset_backends
 from ratelimit_app.core import reset, scope
 from ratelimit_app.engine import REFUSALS, Check, Result, check_many, refusal_key, take_back
 from ratelimit_app.engine.checking import STRIKES
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.testing import FrozenClock, forget_refusals, frozen_clock
 from tests.conftest import start_or_skip
 

@@ -27,7 +27,7 @@ from ratelimit_app.backends import base, build, get_backend, reset_backends
 from ratelimit_app.backends.base import Op
 from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 
 T0 = 1_800_000_000.5
 #: ``RATELIMIT_CACHE_PREFIX`` in this module (not the default), and django-redis's own

@@ -20,7 +20,7 @@ from ratelimit_app.algorithms import windows
 from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.backends.base import Op
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from tests.reliability import test_cluster_slots
 from tests.servers import HOST
 from tests.servers.redis_cluster import Cluster

@@ -11,7 +11,7 @@ from django.test import Client
 from ratelimit_app.algorithms import refusals, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import LOOK_BATCH, memory
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.operations import target
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules

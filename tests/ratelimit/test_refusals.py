@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core, engine, keys, operations, signals
+from ratelimit_app import core, engine, operations, signals
 from ratelimit_app.algorithms import refusals, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import memory
+from ratelimit_app.identity import keys
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
 
@@ -385,7 +386,7 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
     with the request (it may use it)."""
     from django.template import loader
 
-    from ratelimit_app import responses
+    from ratelimit_app.engine import responses
     from ratelimit_app.exceptions import Ratelimited
 
     usage = {"rate": "2/m", "retry_after": 7, "should_limit": True, "remaining": 0, "rates": []}
@@ -431,7 +432,7 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
 def test_a_projects_page_is_rendered_from_its_context_alone_and_kept(
     tmp_path: Any,
 ) -> None:
-    from ratelimit_app import responses
+    from ratelimit_app.engine import responses
     from ratelimit_app.exceptions import Ratelimited
 
     (tmp_path / "ratelimit_app").mkdir()

@@ -31,7 +31,7 @@ from ratelimit_app.algorithms.gcra import LEAKY_BUCKET
 from ratelimit_app.algorithms.rates import parse
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.conf import conf
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from tests.ratelimit.checking import check
 
 ROOT = Path(__file__).resolve().parents[2]

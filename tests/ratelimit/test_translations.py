@@ -183,7 +183,7 @@ def test_the_fail_closed_answer_is_translated(client: Client) -> None:
 
 
 def test_one_second_is_singular() -> None:
-    from ratelimit_app import responses
+    from ratelimit_app.engine import responses
 
     with translation.override("fr"):
         assert responses.try_again(1) == "Réessayez dans 1 seconde."

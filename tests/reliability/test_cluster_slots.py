@@ -47,7 +47,7 @@ from ratelimit_app.backends import base, reset_backends
 from ratelimit_app.core import get_usage, lookup, scope
 from ratelimit_app.engine import Check, check_many
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.keys import namespace
+from ratelimit_app.identity.keys import namespace
 from ratelimit_app.testing import frozen_clock
 from tests.conftest import start_or_skip
 from tests.servers import HOST, free_port
@@ -187,7 +187,8 @@ def test_the_metrics_redis_buffer_keys_share_one_slot(
     redis_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import metrics_app
-    from metrics_app import redis_buffer, storage
+    from metrics_app import storage
+    from metrics_app.buffer import shared as redis_buffer
 
     name = f"slots-buffer-{uuid.uuid4().hex[:8]}"
     client = redis.Redis.from_url(redis_server)

@@ -167,7 +167,7 @@ def main(argv: list[str]) -> None:
     elif command == "sigterm-in-query":
         sigterm_in_query(float(args[0]))
     elif command == "drain":
-        from metrics_app import redis_buffer
+        from metrics_app.buffer import shared as redis_buffer
 
         out(written=redis_buffer.flush())
     else:

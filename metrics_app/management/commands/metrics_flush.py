@@ -28,14 +28,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         written = buffer.flush() or 0
-        shared = conf.BUFFER == "redis"
-        if shared:
-            from metrics_app import redis_buffer
+        in_redis = conf.BUFFER == "redis"
+        if in_redis:
+            from metrics_app.buffer import shared
 
-            written += redis_buffer.flush()
+            written += shared.flush()
         self.stdout.write(f"Flushed {written} (series, minute) keys.")
         if options["verbosity"] >= 1:
-            self.stdout.write(explain(shared, flusher.FLUSH_INTERVAL))
+            self.stdout.write(explain(in_redis, flusher.FLUSH_INTERVAL))
 
 
 def explain(shared: bool, interval: float) -> str:
