@@ -203,12 +203,12 @@ def _wrap(fn: F, guard: ViewLimit) -> F:
             try:
                 response = await fn(*args, **kwargs)
             except BaseException:
-                if entered.held:  # a round trip: off the event loop
+                if entered.places:  # a round trip: off the event loop
                     await sync_to_async(entered.abort)()
                 else:
                     entered.abort()
                 raise
-            if entered.held and not getattr(response, "streaming", False):
+            if entered.places and not getattr(response, "streaming", False):
                 return await sync_to_async(entered.finish)(response)
             return entered.finish(response)
 

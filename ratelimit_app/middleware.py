@@ -89,7 +89,7 @@ class RatelimitMiddleware:
             return outcome
         with outcome.tracking():
             response = await self.get_response(request)
-        if not inline and (outcome.provisional or outcome.held):  # the round trip, off the loop
+        if not inline and (outcome.provisional or outcome.places):  # the round trip, off the loop
             await sync_to_async(outcome.settle)(response)
         return outcome.finish(response)
 

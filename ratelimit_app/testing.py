@@ -51,7 +51,7 @@ def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
 
 
 def forget_refusals() -> None:
-    """Forget every refusal this process remembers (:mod:`ratelimit_app.algorithms.refusals`).
+    """Forget every refusal this process remembers (:mod:`ratelimit_app.engine.refusals`).
 
     Needed only by tests that flood (the memory keeps refusals from 50 a second) or turn the
     memory on (:func:`remember_refusals`) and then clear the counters: otherwise each refusal

@@ -32,7 +32,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "signals": 0,
         "request_state": 0,
         "algorithms.rates": 0,
-        "algorithms.refusals": 0,
+        "engine.refusals": 0,
         "algorithms.windows": 1,
         "algorithms.gcra": 1,
         "identity.addresses": 1,

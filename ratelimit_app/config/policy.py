@@ -40,7 +40,7 @@ class Policy(NamedTuple):
     sender: Any
     #: Its subject is the requester itself, so admitted responses show its counter (None:
     #: by the subject's kind).
-    own: bool | None
+    counts_requester: bool | None
     #: The policy of the limit's places in flight (``concurrent``), enforced alongside.
     places: Policy | None
 
@@ -54,7 +54,7 @@ def policy(
     shadow: bool = False,
     failures_only: bool = False,
     sender: Any = None,
-    own: bool | None = None,
+    counts_requester: bool | None = None,
 ) -> Policy:
     """The policy of ``limit``, and of its places in flight when it has some (their place
     is shown in the headers only when refused, and a failure-only rule's places are held by
@@ -63,5 +63,7 @@ def policy(
     if limit.inflight is not None:
         places = Policy(limit.inflight, name, block, fail_open, shadow, False, sender, False, None)
     if limit.algorithm_kind.holds_places:  # a limit of places alone: shown when refused
-        own = False
-    return Policy(limit, name, block, fail_open, shadow, failures_only, sender, own, places)
+        counts_requester = False
+    return Policy(
+        limit, name, block, fail_open, shadow, failures_only, sender, counts_requester, places
+    )

@@ -12,8 +12,8 @@ costs each process one small query, whatever the number of bans in force.
 Keys: a limit's ban of a subject is kept under the subject's own counter namespace (the
 limit's scope, hashed with the subject: :func:`ban_key`), which the request's check computes
 anyway, so looking for one costs a dictionary look-up, in the loop that builds the checks'
-steps (:func:`held`; :func:`among` only for a step that may be banned); a ban on every path
-is kept under :func:`site_key` of the address, with the address sealed in its row
+steps (:func:`bans_in_force`; :func:`among` only for a step that may be banned); a ban on
+every path is kept under :func:`site_key` of the address, with the address sealed in its row
 (:mod:`ratelimit_app.identity.sealing`), so every process finds it by the address itself,
 with no hash per request. A process holds at most :data:`MOST` bans;
 past it, no new ban is made (logged once, signalled as
@@ -54,8 +54,8 @@ __all__ = [
     "ban_key",
     "ban_now",
     "banned",
+    "bans_in_force",
     "find",
-    "held",
     "impose",
     "lift",
     "prune",
@@ -86,7 +86,7 @@ def site_key(address: str) -> str:
     return "{" + digest.hexdigest() + "}"
 
 
-def held() -> tuple[dict[str, float], dict[str, float]]:
+def bans_in_force() -> tuple[dict[str, float], dict[str, float]]:
     """The bans this process holds: a limit's own by namespace, and those on every path by
     address (each to the time it ends)."""
     snap = store.in_force  # (the request's first layer looked at the version)
@@ -99,8 +99,8 @@ def among(steps: Sequence[Step], now: float) -> list[Result | None] | None:
     the bans' keys), from the bans this process holds: no round trip, no query, no hash but
     an address's while a ban on every path is in force. None when none is banned.
     :func:`~ratelimit_app.engine.checking.check_unless_banned` calls it only for steps
-    :func:`held` says may be banned (one look-up each, in the loop that makes them)."""
-    rule, site = held()
+    :func:`bans_in_force` says may be banned (one look-up each, in the loop that makes them)."""
+    rule, site = bans_in_force()
     found: list[Result | None] | None = None
     for i, s in enumerate(steps):
         until = rule.get(s.namespace)

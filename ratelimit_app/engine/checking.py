@@ -71,7 +71,7 @@ def check_unless_banned(
     steps: list[Step] = []
     ops = []
     if store.banning:  # bans held: looked for in the loop that makes the namespaces
-        rule, site = bans.held()
+        rule, site = bans.bans_in_force()
         look = False
         for c in checks:  # (as check_many's)
             step = STEPS[c.algorithm](c, moment)

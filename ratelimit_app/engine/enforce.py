@@ -65,7 +65,7 @@ logger = logging.getLogger("ratelimit_app")
 #: (an email, a form field, a header) may be anyone's, and its counter is not the
 #: requester's to read (a login rule's counter would tell a stranger how many wrong
 #: passwords an account had lately).
-OWN_KINDS = frozenset(["ip", "user", "user_or_ip"])
+REQUESTER_KINDS = frozenset(["ip", "user", "user_or_ip"])
 
 
 class Decision:
@@ -79,20 +79,20 @@ class Decision:
     run: it refuses nothing, and what it would
     refuse is counted as a refusal would be, its own hit taken back, logged at INFO and
     signalled: :attr:`shadowed`), ``failures_only``, ``sender`` (who sends its
-    ``ratelimited`` signal; None: the sender :func:`decide` is given) and ``own`` (its
-    subject is the requester itself, so its counter is shown on admitted responses; None: a
-    subject of :data:`OWN_KINDS`).
+    ``ratelimited`` signal; None: the sender :func:`decide` is given) and
+    ``counts_requester`` (its subject is the requester itself, so its counter is shown on
+    admitted responses; None: a subject of :data:`REQUESTER_KINDS`).
     """
 
     __slots__ = (
         "_usage",
         "blocks",
         "check",
+        "counts_requester",
         "fail_open",
         "failures_only",
         "limit",
         "name",
-        "own",
         "policy",
         "refused",
         "result",
@@ -114,7 +114,7 @@ class Decision:
             self.shadow,
             self.failures_only,
             self.sender,
-            self.own,
+            self.counts_requester,
             _,
         ) = policy
         self.fail_open = conf.FAIL_OPEN if fail_open is None else fail_open
@@ -126,7 +126,7 @@ class Decision:
         #: A dry run's refusal: over its limit, and admitted (:attr:`refused` stays False).
         self.shadowed = False
         #: Whether the response's ``RateLimit`` headers show its counter: the requester's
-        #: own (:attr:`own`), and a refusal's.
+        #: own (:attr:`counts_requester`), and a refusal's.
         self.shown = False
         self._usage: dict[str, Any] | None = None
 
@@ -274,15 +274,15 @@ def decide(
         if result is None:  # not checked: another limit refused from memory
             d.refused = d.shown = False
             continue
-        own = d.own
-        if own is None:
-            own = d.check.subject[0] in OWN_KINDS
+        shows = d.counts_requester
+        if shows is None:
+            shows = d.check.subject[0] in REQUESTER_KINDS
         refused = result.limited
         if refused:  # (the common case makes no call)
             refused = _refusal(request, d)
         d.refused = refused
-        d.shown = own = own or refused
-        if own:
+        d.shown = shows = shows or refused
+        if shows:
             shown.append(d)
         if refused:
             limited = True

@@ -117,9 +117,9 @@ def before(
     # to the same list before the view answers, and this pass writes them all.
     # (The list itself, even empty: the inner layers fill it.)
     shown = show(request, verdict.shown)
-    held = enforce.holding(decisions) if current.rules.holds else ()
+    places = enforce.holding(decisions) if current.rules.holds else ()
     provisional = [d for d in failing if d.provisional()] if failing else ()
-    return Outcome(request, shown, held, provisional)
+    return Outcome(request, shown, places, provisional)
 
 
 def _refused(request: HttpRequest, verdict: enforce.Verdict, refusing: Decision) -> HttpResponse:
@@ -177,10 +177,10 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
 def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     """``request.ratelimit_usage`` and ``request.limited``, for the view (docs/rules:
     "Rules that do not block")."""
-    held = request.__dict__  # (what an earlier pass left, read without getattr's calls)
-    earlier = held.get("ratelimit_usage") or {}
+    kept = request.__dict__  # (what an earlier pass left, read without getattr's calls)
+    earlier = kept.get("ratelimit_usage") or {}
     request.ratelimit_usage = UsageByRule(verdict.decisions, earlier)  # type: ignore[attr-defined]
-    request.limited = verdict.limited or held.get("limited", False)  # type: ignore[attr-defined]
+    request.limited = verdict.limited or kept.get("limited", False)  # type: ignore[attr-defined]
 
 
 def on_the_loop(limits: Iterable[Limit]) -> bool:

@@ -1,4 +1,4 @@
-"""This process's refusals (:mod:`ratelimit_app.algorithms.refusals`), shared by every adapter:
+"""This process's refusals (:mod:`ratelimit_app.engine.refusals`), shared by every adapter:
 each
 check refused with an exact wait, and its result, answered from memory while it lasts."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ratelimit_app.algorithms import refusals, windows
+from ratelimit_app.algorithms import windows
 from ratelimit_app.config.limits import Check
+from ratelimit_app.engine import refusals
 from ratelimit_app.engine.result import Result
 
 #: Seconds at most a refusal is answered from memory before a look confirms it: how long a
@@ -38,7 +39,7 @@ def remember_always(on: bool) -> bool:
 
 def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
     """Remember the refusals of counted checks (their waits exact) made at ``t``, when the
-    process is refusing a flood (:meth:`~ratelimit_app.algorithms.refusals.Memory.flooding`)."""
+    process is refusing a flood (:meth:`~ratelimit_app.engine.refusals.Memory.flooding`)."""
     cap = REFUSAL_MEMORY
     if cap <= 0 or not refused:
         return

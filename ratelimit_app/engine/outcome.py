@@ -65,21 +65,21 @@ _UNREAD = _Failure()
 
 
 class Outcome:
-    """After the view: the places to give back (``held``), the provisional hits of
-    failure-only limits (``provisional``: taken back unless the request failed) and, when
-    this layer writes them, the decisions the ``RateLimit`` headers show (``shown``: None
-    when another layer writes, or no headers)."""
+    """After the view: the places in flight to give back (``places``), the provisional hits
+    of failure-only limits (``provisional``: taken back unless the request failed) and, when
+    this layer writes them, the decisions the ``RateLimit`` headers show
+    (``header_decisions``: None when another layer writes, or no headers)."""
 
-    __slots__ = ("held", "marker", "provisional", "request", "shown")
+    __slots__ = ("header_decisions", "marker", "places", "provisional", "request")
 
     def __init__(
         self,
         request: Any = None,
-        shown: list[Decision] | None = None,
-        held: Sequence[Decision] = (),
+        header_decisions: list[Decision] | None = None,
+        places: Sequence[Decision] = (),
         provisional: Sequence[Decision] = (),
     ) -> None:
-        self.request, self.shown, self.held = request, shown, held
+        self.request, self.header_decisions, self.places = request, header_decisions, places
         self.provisional = provisional
         self.marker = _Failure() if provisional else _UNREAD
 
@@ -106,23 +106,23 @@ class Outcome:
     def settle(self, response: Any) -> None:
         """The round trip after the view, once: the provisional hits taken back unless the
         request failed, the places given back when the response is done."""
-        provisional, held = self.provisional, self.held
-        if not (provisional or held):
+        provisional, places = self.provisional, self.places
+        if not (provisional or places):
             return
-        self.provisional = self.held = ()
+        self.provisional = self.places = ()
         failing = list(provisional) if provisional and not self.failed(response) else []
-        if held and getattr(response, "streaming", False):
+        if places and getattr(response, "streaming", False):
             take_back(failing)
-            release_when_done(response, held)
+            release_when_done(response, places)
         else:
-            take_back([*failing, *held])
+            take_back([*failing, *places])
 
     def finish(self, response: Any) -> Any:
         """``response`` once the view has answered: settled (:meth:`settle`), its headers
         written."""
-        if self.provisional or self.held:
+        if self.provisional or self.places:
             self.settle(response)
-        shown = self.shown
+        shown = self.header_decisions
         if shown is not None:
             release(self.request, shown)
             add_shown(response, shown)
@@ -130,11 +130,11 @@ class Outcome:
 
     def abort(self) -> None:
         """The view raised: give the places back now, and let the headers go."""
-        if self.held:
-            take_back(self.held)
-            self.held = ()
-        if self.shown is not None:
-            release(self.request, self.shown)
+        if self.places:
+            take_back(self.places)
+            self.places = ()
+        if self.header_decisions is not None:
+            release(self.request, self.header_decisions)
 
 
 #: The outcome of a request no limit applied to: nothing to do after the view.
@@ -197,10 +197,10 @@ def view_outcome(
     if refusing is not None and blocks:
         raise responses.exception(refusing)
     shown = show(request, verdict.shown)
-    held = enforce.holding(verdict.decisions) if holds else ()
-    if shown is None and not held:
+    places = enforce.holding(verdict.decisions) if holds else ()
+    if shown is None and not places:
         return NOTHING
-    return Outcome(request, shown, held)
+    return Outcome(request, shown, places)
 
 
 # -- limits decided together: a DRF view's throttles ------------------------------------------
@@ -238,11 +238,11 @@ def decided_together(
         if kept is not None:
             kept.throttles = shared
     made = [d.check for d in batch]  # as made: an override may replace a decision's check
-    own = decision.check
+    asked = decision.check
     verdict = enforce.decide(request, batch, at=at)
     for check, d in zip(made, batch, strict=True):
         shared.waiting.setdefault(check, []).append((d, verdict))
-    return shared.waiting[own].pop(0)
+    return shared.waiting[asked].pop(0)
 
 
 def shown_together(request: Any, headers: Any, decision: Decision) -> None:

@@ -33,7 +33,7 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
     one not refused), with their waits counted down.
 
     When none is refused from memory but some are **due** (the memory's cap ran out before
-    the wait: :meth:`~ratelimit_app.algorithms.refusals.Memory.due`), they are confirmed in one
+    the wait: :meth:`~ratelimit_app.engine.refusals.Memory.due`), they are confirmed in one
     round
     trip that only looks, together with the refusals due soon (up to :data:`LOOK_BATCH`): a
     botnet of refused subjects then costs a few looks per process per

@@ -15,9 +15,10 @@ a change of module path::
 
 The rooms: :mod:`.throttles` (the classes and what a request does with them),
 :mod:`.limits` (the limit a throttle counts with, for the operator's tools) and
-:mod:`.checks` (the system checks). Importing this package registers the throttles with
-:mod:`ratelimit_app.config.sources`, where the operations, the admin and the system checks
-find them without importing DRF. See ``docs/drf.rst`` for the differences from DRF's classes.
+:mod:`.problems` (what the system checks report). Importing this package registers the
+throttles with :mod:`ratelimit_app.config.sources`, where the operations, the admin and the
+system checks find them without importing DRF. See ``docs/drf.rst`` for the differences from
+DRF's classes.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
     ) from exc
 
 from ratelimit_app.config import sources
-from ratelimit_app.throttling.checks import problems
 from ratelimit_app.throttling.limits import (
     NoRate,
     lookup,
@@ -39,6 +39,7 @@ from ratelimit_app.throttling.limits import (
     scope_limits,
     throttle_limit,
 )
+from ratelimit_app.throttling.problems import problems
 from ratelimit_app.throttling.throttles import (
     AnonRateThrottle,
     BaseThrottle,

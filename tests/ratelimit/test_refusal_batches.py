@@ -1,5 +1,5 @@
 """Due refusals are confirmed in batches: a botnet costs a few looks per cap, not one per
-subject (ratelimit_app.engine.recall_many, ratelimit_app.algorithms.refusals.Memory.soon)."""
+subject (ratelimit_app.engine.recall_many, ratelimit_app.engine.refusals.Memory.soon)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from ratelimit_app.algorithms import refusals, windows
+from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.engine import LOOK_BATCH, memory
+from ratelimit_app.engine import LOOK_BATCH, memory, refusals
 from ratelimit_app.identity.keys import namespace
 from ratelimit_app.operations import target
 from ratelimit_app.testing import frozen_clock

@@ -1,4 +1,4 @@
-"""Refusals remembered per process (ratelimit_app/algorithms/refusals.py): a flood costs no round
+"""Refusals remembered per process (ratelimit_app/engine/refusals.py): a flood costs no round
 trip.
 
 A subject refused with an exact wait is refused again from memory until the wait ends or
@@ -18,9 +18,9 @@ import pytest
 from django.test import Client, RequestFactory, override_settings
 
 from ratelimit_app import core, engine, operations, signals
-from ratelimit_app.algorithms import refusals, windows
+from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.engine import memory
+from ratelimit_app.engine import memory, refusals
 from ratelimit_app.identity import keys
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
