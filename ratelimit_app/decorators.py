@@ -110,13 +110,9 @@ def ratelimit(
             "@ratelimit(key=..., rate=...), e.g. @ratelimit(key='ip', rate='5/m')."
         )
 
-    more: dict[str, Any] = {
-        "cost": cost,
-        "shadow": shadow,
-        "concurrent": concurrent,
-        "lease": lease,
-        "ban": ban,
-    }
+    # django-ratelimit's "no rate, no limit" (check W010): nothing to build.
+    unlimited = rate is None and concurrent is None
+    options: dict[str, Any] = {"cost": cost, "concurrent": concurrent, "lease": lease, "ban": ban}
 
     def decorator(fn: F) -> F:
         if isinstance(fn, type):
@@ -124,7 +120,12 @@ def ratelimit(
             name = f"{fn.__module__}.{fn.__qualname__}"
         else:
             name = group_name(fn)
-        guard = ViewLimit(name, block, group or name, key, rate, method, algorithm, burst, **more)
+        build = None
+        if not unlimited:
+            build = functools.partial(
+                limits.build, group or name, key, rate, method, algorithm, burst, **options
+            )
+        guard = ViewLimit(name, block, build, shadow)
         if isinstance(fn, type):
             fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
@@ -139,10 +140,14 @@ class ViewLimit:
     __slots__ = ("block", "holds", "limit", "policy", "problems", "view_name")
 
     def __init__(
-        self, view_name: str, block: bool, *limit: Any, shadow: bool = False, **options: Any
+        self,
+        view_name: str,
+        block: bool,
+        build: Callable[[], Limit] | None,
+        shadow: bool = False,
     ) -> None:
-        """The limit of ``view_name`` and its policy: ``limit`` and ``options`` as
-        :func:`ratelimit_app.config.limits.build` takes them; ``shadow``: a dry run."""
+        """The limit of ``view_name``, made by ``build`` (None: no limit, as django-ratelimit
+        has it without a rate), and its policy (``shadow``: a dry run)."""
         self.view_name = view_name
         self.block = block
         self.holds = False
@@ -150,11 +155,11 @@ class ViewLimit:
         #: How the limit is enforced (None: no limit, or a mistake in it).
         self.policy: Policy | None = None
         self.problems: list[str] = []
-        if limit[2] is None and options["concurrent"] is None:  # "no rate, no limit"
+        if build is None:
             registry[view_name] = Registered(unlimited=True)
             return
         try:
-            self.limit = limits.build(*limit, **options)
+            self.limit = build()
             self.holds = self.limit.inflight is not None or self.limit.algorithm_kind.holds_places
             self.policy = policy(self.limit, shadow=bool(shadow))
             over = self.limit.cost_problem()

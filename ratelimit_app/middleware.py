@@ -78,7 +78,7 @@ class RatelimitMiddleware:
         matched = self._rules(request)
         if matched is None:
             return await self.get_response(request)
-        inline = on_the_loop(r.limit for r in matched[0])
+        inline = on_the_loop((r.limit for r in matched[0]), screened=True)
         if inline:
             outcome = before(request, *matched, RatelimitMiddleware)
         else:

@@ -183,13 +183,17 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     request.limited = verdict.limited or kept.get("limited", False)  # type: ignore[attr-defined]
 
 
-def on_the_loop(limits: Iterable[Limit]) -> bool:
+def on_the_loop(limits: Iterable[Limit], screened: bool = False) -> bool:
     """True when the checks of ``limits`` may run on the event loop: each one bounded round
-    trip that reads no database (no user on the lists, keys that do not need
-    ``request.user``, a backend that answers inline), cheaper than a thread."""
-    current = store.current()
-    if current.allow.users or current.deny.users or not all(lim.async_safe for lim in limits):
+    trip that reads no database (keys that do not need ``request.user``, a backend that
+    answers inline; ``screened``: the request passes the lists first, which then name no
+    user), cheaper than a thread."""
+    if not all(lim.async_safe for lim in limits):
         return False
+    if screened:
+        current = store.current()
+        if current.allow.users or current.deny.users:
+            return False
     try:
         return get_backend().inline_ok
     except Exception:  # cannot be built: the check reports it, off the event loop
