@@ -48,10 +48,9 @@ from ratelimit_app.algorithms.rates import MAX_COUNT, MAX_SECONDS, Rate
 
 #: The names of the built-in kinds of limit. Their registry, which validation, the admin and
 #: the commands read, is :data:`ratelimit_app.config.kinds.KINDS`: a kind is asked, never
-#: compared by name; :data:`ALGORITHMS` is only what :func:`validate_algorithm` accepts.
+#: compared by name.
 SLIDING_WINDOW = "sliding_window"
 LEAKY_BUCKET = "leaky_bucket"
-ALGORITHMS = (SLIDING_WINDOW, LEAKY_BUCKET)
 #: The checks of an in-flight limit (``concurrent``): sliding windows of
 #: :class:`~ratelimit_app.algorithms.rates.Slots`, never named by a user.
 IN_FLIGHT = "in_flight"
@@ -88,16 +87,6 @@ class Meter:
 def micros(t: float) -> int:
     """The clock's seconds as whole microseconds."""
     return round(t * MICROS)
-
-
-def validate_algorithm(algorithm: object) -> str:
-    """``algorithm`` if it names one; ImproperlyConfigured otherwise."""
-    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        raise ImproperlyConfigured(
-            f"Unknown algorithm {algorithm!r}: expected {SLIDING_WINDOW!r} (the default) or "
-            f"{LEAKY_BUCKET!r}."
-        )
-    return algorithm
 
 
 def validate_burst(burst: object) -> int | None:

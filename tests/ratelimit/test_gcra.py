@@ -168,14 +168,6 @@ def test_the_longest_drain_is_allowed() -> None:
     assert gcra.meter(parse("1/d"), burst=MAX_SECONDS // 86400).capacity == 366
 
 
-def test_algorithm_names() -> None:
-    assert gcra.validate_algorithm("leaky_bucket") == "leaky_bucket"
-    assert gcra.validate_algorithm("sliding_window") == "sliding_window"
-    for bad in ("leaky-bucket", "", None, ["leaky_bucket"]):
-        with pytest.raises(ImproperlyConfigured, match="Unknown algorithm"):
-            gcra.validate_algorithm(bad)
-
-
 def test_stored_form() -> None:
     m = gcra.meter(parse("3/s"))
     tat = gcra.advance(m, None, T0_US)  # T0 + 333,333 1/3 microseconds
