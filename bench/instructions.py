@@ -64,7 +64,11 @@ from metrics_app.buffer import flusher
 flusher.FLUSH_INTERVAL = 10**6  # no flush while counting
 from django.core.handlers.wsgi import WSGIHandler
 from ratelimit_app import clock
-from ratelimit_app.engine import REFUSALS
+import ratelimit_app.engine as _engine
+REFUSALS = getattr(_engine, "REFUSALS", None)  # (the refusal memory: the runtime's, now)
+if REFUSALS is None:
+    from ratelimit_app.runtime import RUNTIME
+    REFUSALS = RUNTIME.refusals
 app = WSGIHandler()
 body = b"email=bench%40example.com&password=x"
 now = {"t": T0, "step": 0.05}

@@ -11,7 +11,8 @@ import difflib
 import importlib.util
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -37,48 +38,55 @@ from ratelimit_app.config import declared, sources
 if TYPE_CHECKING:
     from ratelimit_app.config.rules import CompiledRule
 
-MESSAGES: dict[str, str] = {
-    "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
-    "E003": "RATELIMIT_IPV4_MASK must be an integer from 0 to 32.",
-    "E004": "RATELIMIT_IPV6_MASK must be an integer from 0 to 128.",
-    "E005": "RATELIMIT_TRUSTED_PROXIES must be a list of IP addresses or CIDR networks.",
-    "E006": "RATELIMIT_HASH_ALGORITHM must be a hash constructor or its dotted path.",
-    "E007": "A RATELIMIT_* dotted path cannot be imported.",
-    "E008": "RATELIMIT_CACHE_PREFIX must be a short string without spaces or control characters.",
-    "E010": "A @ratelimit decorator has an invalid rate, key, algorithm or burst.",
-    "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
-    "E013": "The rate-limit cache has no LOCATION: no server to count on.",
-    "E014": "A RATELIMIT_RULES rule is invalid.",
-    "E015": "RATELIMIT_ALLOW and RATELIMIT_DENY must be lists of IPs, CIDR networks, "
-    "'user:<id>' entries or email addresses.",
-    "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
-    "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be built as cls(alias, cache).",
-    "E020": "REST_FRAMEWORK names throttles of ratelimit_app.throttling, but Django REST "
-    "framework is not installed.",
-    "E021": "A Django REST framework throttle of ratelimit_app.throttling cannot count: a "
-    "REST_FRAMEWORK setting or a view's throttle is invalid.",
-    "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
-    "no rule applies.",
-    "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: it sees every request "
-    "as anonymous, so 'user:<id>' entries of the allow and deny lists never match and rules "
-    "keyed on the user fall back to the IP.",
-    "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
-    "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
-    "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
-    "reached (only a rate of 0 refuses).",
-    "W007": "A counter server cannot be reached: every rate-limited request fails open or "
-    "closed (RATELIMIT_FAIL_OPEN).",
-    "W008": "A RATELIMIT_* setting is not one of django-bucketry's: it has no effect.",
-    "W009": "A RATELIMIT_RULES rule names a url_name that no URL pattern has: it never applies.",
-    "W010": "A @ratelimit decorator has no rate: it limits nothing.",
-    "W011": "A limit's cost is over the whole limit: every request it covers is refused.",
-}
+MESSAGES: Mapping[str, str] = MappingProxyType(
+    {
+        "E001": "RATELIMIT_USE_CACHE names a cache alias that is not in CACHES.",
+        "E003": "RATELIMIT_IPV4_MASK must be an integer from 0 to 32.",
+        "E004": "RATELIMIT_IPV6_MASK must be an integer from 0 to 128.",
+        "E005": "RATELIMIT_TRUSTED_PROXIES must be a list of IP addresses or CIDR networks.",
+        "E006": "RATELIMIT_HASH_ALGORITHM must be a hash constructor or its dotted path.",
+        "E007": "A RATELIMIT_* dotted path cannot be imported.",
+        "E008": "RATELIMIT_CACHE_PREFIX must be a short string without "
+        "spaces or control characters.",
+        "E010": "A @ratelimit decorator has an invalid rate, key, algorithm or burst.",
+        "E011": "RATELIMIT_IP_META_KEY must be a META key, a callable or a dotted path.",
+        "E013": "The rate-limit cache has no LOCATION: no server to count on.",
+        "E014": "A RATELIMIT_RULES rule is invalid.",
+        "E015": "RATELIMIT_ALLOW and RATELIMIT_DENY must be lists of IPs, CIDR networks, "
+        "'user:<id>' entries or email addresses.",
+        "E016": "RATELIMIT_FAILURE_STATUSES must be a list of HTTP status codes (100-599).",
+        "E018": "RATELIMIT_BACKEND must be a Backend subclass that can be "
+        "built as cls(alias, cache).",
+        "E020": "REST_FRAMEWORK names throttles of ratelimit_app.throttling, but Django REST "
+        "framework is not installed.",
+        "E021": "A Django REST framework throttle of ratelimit_app.throttling cannot count: a "
+        "REST_FRAMEWORK setting or a view's throttle is invalid.",
+        "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
+        "no rule applies.",
+        "W004": "RatelimitMiddleware comes before AuthenticationMiddleware: it sees every request "
+        "as anonymous, so 'user:<id>' entries of the allow and deny lists never match and rules "
+        "keyed on the user fall back to the IP.",
+        "W001": "The rate-limit cache is not shared between processes: each process counts alone.",
+        "W002": "The rate-limit cache has no atomic increment: concurrent hits can be lost.",
+        "W005": "The rate-limit cache is a DummyCache, which stores nothing: no limit is ever "
+        "reached (only a rate of 0 refuses).",
+        "W007": "A counter server cannot be reached: every rate-limited request fails open or "
+        "closed (RATELIMIT_FAIL_OPEN).",
+        "W008": "A RATELIMIT_* setting is not one of django-bucketry's: it has no effect.",
+        "W009": "A RATELIMIT_RULES rule names a url_name that no URL pattern "
+        "has: it never applies.",
+        "W010": "A @ratelimit decorator has no rate: it limits nothing.",
+        "W011": "A limit's cost is over the whole limit: every request it covers is refused.",
+    }
+)
 
-_NOT_SHARED = {"django.core.cache.backends.locmem.LocMemCache"}
-_NOT_ATOMIC = {
-    "django.core.cache.backends.filebased.FileBasedCache",
-    "django.core.cache.backends.db.DatabaseCache",
-}
+_NOT_SHARED = frozenset({"django.core.cache.backends.locmem.LocMemCache"})
+_NOT_ATOMIC = frozenset(
+    {
+        "django.core.cache.backends.filebased.FileBasedCache",
+        "django.core.cache.backends.db.DatabaseCache",
+    }
+)
 
 
 def _error(code: str, detail: str = "", hint: str | None = None) -> checks.CheckMessage:

@@ -2,12 +2,11 @@
 
 Nothing is read at import. A value is read from ``django.conf.settings`` on first use and
 remembered as a plain attribute, because the limiter reads about ten settings per request and
-Django's settings object is slow to ask; :func:`forget` forgets them, called by
-:mod:`ratelimit_app.runtime` (with everything else built from settings, on the settings
-:func:`affects_limiter` names) when ``setting_changed`` is sent, so ``override_settings``
-and pytest-django's ``settings`` fixture just work.
+Django's settings object is slow to ask. The values are the first part of the runtime
+(:data:`ratelimit_app.runtime.RUNTIME`), forgotten with the rest when ``setting_changed``
+is sent, so ``override_settings`` and pytest-django's ``settings`` fixture just work.
 
-A leaf: this module reads settings and imports nothing else of the package.
+Of the package it imports only :mod:`ratelimit_app.runtime`.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
-from collections.abc import Callable
-from functools import lru_cache
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from django.apps import apps
@@ -24,41 +23,37 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from ratelimit_app.runtime import RUNTIME
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-DEFAULTS: dict[str, Any] = {
-    "RATELIMIT_ENABLE": True,
-    "RATELIMIT_USE_CACHE": "default",
-    "RATELIMIT_VIEW": None,
-    "RATELIMIT_FAIL_OPEN": False,
-    "RATELIMIT_IP_META_KEY": None,
-    "RATELIMIT_IPV4_MASK": 32,
-    "RATELIMIT_IPV6_MASK": 64,
-    "RATELIMIT_HASH_ALGORITHM": hashlib.sha256,
-    "RATELIMIT_CACHE_PREFIX": "rl:",
-    "RATELIMIT_EXCEPTION_CLASS": "ratelimit_app.exceptions.Ratelimited",
-    "RATELIMIT_TRUSTED_PROXIES": (),
-    "RATELIMIT_BACKEND": None,
-    "RATELIMIT_RULES": (),
-    "RATELIMIT_ALLOW": (),
-    "RATELIMIT_DENY": (),
-    "RATELIMIT_FAILURE_STATUSES": (400, 401, 403),
-    "RATELIMIT_REFUSED_SUBJECTS": "masked",
-    "RATELIMIT_TELEMETRY": "auto",
-}
+DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {
+        "RATELIMIT_ENABLE": True,
+        "RATELIMIT_USE_CACHE": "default",
+        "RATELIMIT_VIEW": None,
+        "RATELIMIT_FAIL_OPEN": False,
+        "RATELIMIT_IP_META_KEY": None,
+        "RATELIMIT_IPV4_MASK": 32,
+        "RATELIMIT_IPV6_MASK": 64,
+        "RATELIMIT_HASH_ALGORITHM": hashlib.sha256,
+        "RATELIMIT_CACHE_PREFIX": "rl:",
+        "RATELIMIT_EXCEPTION_CLASS": "ratelimit_app.exceptions.Ratelimited",
+        "RATELIMIT_TRUSTED_PROXIES": (),
+        "RATELIMIT_BACKEND": None,
+        "RATELIMIT_RULES": (),
+        "RATELIMIT_ALLOW": (),
+        "RATELIMIT_DENY": (),
+        "RATELIMIT_FAILURE_STATUSES": (400, 401, 403),
+        "RATELIMIT_REFUSED_SUBJECTS": "masked",
+        "RATELIMIT_TELEMETRY": "auto",
+    }
+)
 
 
 def read(name: str) -> Any:
     """The setting ``name`` (one of :data:`DEFAULTS`), or its default."""
     return getattr(settings, name, DEFAULTS[name])
-
-
-def affects_limiter(setting: str) -> bool:
-    """True when a change of ``setting`` may change what the limiter built from settings:
-    any ``RATELIMIT_*`` setting, the caches (the backends) and ``SECRET_KEY`` (the salt of
-    hashed subjects), and ``MIDDLEWARE`` (whether :attr:`Settings.MIDDLEWARE_INSTALLED`).
-    :mod:`ratelimit_app.runtime` forgets them all on these."""
-    return setting.startswith("RATELIMIT_") or setting in ("CACHES", "SECRET_KEY", "MIDDLEWARE")
 
 
 def require_installed(what: str) -> None:
@@ -95,8 +90,8 @@ class Settings:
     """One attribute per setting; see ``docs/settings`` for their meaning.
 
     A setting is computed on first use and then kept as a plain attribute of the instance
-    (``functools.cached_property``), so the request path reads it without a call; the
-    ``setting_changed`` receiver forgets them all.
+    (``functools.cached_property``), so the request path reads it without a call;
+    :meth:`ratelimit_app.runtime.Runtime.forget` forgets them all.
     """
 
     @functools.cached_property
@@ -168,10 +163,10 @@ class Settings:
         return MIDDLEWARE_PATH in (getattr(settings, "MIDDLEWARE", None) or ())
 
 
-conf = Settings()
+#: The values read: the runtime's first part.
+conf = RUNTIME.settings = Settings()
 
 
-@lru_cache(maxsize=8)
 def _hash_function(value: Any) -> Callable[[bytes], Any]:
     func = import_string(value) if isinstance(value, str) else value
     if not callable(func):
@@ -179,22 +174,12 @@ def _hash_function(value: Any) -> Callable[[bytes], Any]:
     return func
 
 
-@lru_cache(maxsize=4)
 def _salt(secret: str) -> str:
     return hashlib.sha256(f"django-bucketry ratelimit\x00{secret}".encode()).hexdigest()[:16]
 
 
-@lru_cache(maxsize=8)
 def _networks(values: tuple[str, ...]) -> tuple[IPNetwork, ...]:
     try:
         return tuple(ipaddress.ip_network(v, strict=False) for v in values)
     except ValueError as exc:
         raise ImproperlyConfigured(f"RATELIMIT_TRUSTED_PROXIES: {exc}") from exc
-
-
-def forget() -> None:
-    """Forget every value read (:mod:`ratelimit_app.runtime` calls it first when the
-    settings change)."""
-    vars(conf).clear()
-    _hash_function.cache_clear()
-    _networks.cache_clear()

@@ -25,10 +25,11 @@ from ratelimit_app.config import limits, sources, views
 from ratelimit_app.config.kinds import DEFAULT, fixed_suffixes
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import REFUSALS, Check, bans, check_many, refusal_key, usage_dict
+from ratelimit_app.engine import Check, bans, check_many, refusal_key, usage_dict
 from ratelimit_app.engine.checking import STRIKES
 from ratelimit_app.identity import addresses, keys
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = [
     "LimitName",
@@ -342,7 +343,7 @@ def reset(
     # the buckets of its own kind.
     suffixes = fixed_suffixes()
     suffixes += found.limit.algorithm_kind.buckets(found.rates, clock.now())
-    REFUSALS.forget(refusal_key(c) for c in found.checks())
+    RUNTIME.refusals.forget(refusal_key(c) for c in found.checks())
     backend = get_backend()
     spec = found.limit.ban
     strikes = [] if spec is None else _strike_suffixes(spec.strikes)
@@ -350,7 +351,7 @@ def reset(
         _delete(backend, namespace(found.scope, kind, value), suffixes)
         if strikes:  # the refusals counted toward its ban: the next ban needs them all
             _delete(backend, namespace(found.scope + STRIKES, kind, value), strikes)
-        if spec is not None or store.banning:  # its ban, and the memory of it
+        if spec is not None or store.current().banning:  # its ban, and the memory of it
             bans.lift(found.scope, (kind, value))
     return True
 
@@ -388,7 +389,7 @@ def unban(
         backend = get_backend()
         for kind, value in found.subjects():
             _delete(backend, namespace(found.scope + STRIKES, kind, value), strikes)
-    REFUSALS.forget(refusal_key(c) for c in found.checks())
+    RUNTIME.refusals.forget(refusal_key(c) for c in found.checks())
     return list(held.values()), lifted
 
 
@@ -448,7 +449,7 @@ def lookup(
     results = check_many(found.checks())
     busiest = max(results, key=lambda r: r.binding().count)  # the first on a tie: its own
     usage = usage_dict(busiest)
-    if store.banning:  # a limit's ban, or one a person made
+    if store.current().banning:  # a limit's ban, or one a person made
         for place in found.subjects():
             ban = bans.find(found.scope, place)
             if ban is not None:

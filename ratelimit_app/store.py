@@ -14,8 +14,9 @@ it runs in a thread and the request uses the snapshot it has (at start, the sett
 A database that cannot be read (tables not migrated, a test without database access) is
 logged once, and the settings apply alone until it can be.
 
-:data:`overriding` says whether the snapshot in force holds overrides: the one attribute
-:func:`ratelimit_app.engine.enforce.decide` tests before it looks at them. The middleware
+The snapshot in force is the runtime's (``RUNTIME.snapshot``); its ``overriding`` says
+whether it holds overrides: the one attribute :func:`ratelimit_app.engine.enforce.decide`
+tests before it looks at them. The middleware
 refreshes the snapshot on every request; once it holds overrides, ``decide`` does too.
 """
 
@@ -44,6 +45,7 @@ from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_r
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.sealing import unseal
+from ratelimit_app.runtime import RUNTIME
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -153,6 +155,9 @@ class Snapshot:
     lists: bool = False
     site_bans: bool = False
     screens: bool = False
+    #: Whether it holds overrides, and bans (set when put in force).
+    overriding: bool = False
+    banning: bool = False
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
     deadline: float = -math.inf
     #: The overrides of the database, compiled (:mod:`ratelimit_app.config.overrides`).
@@ -186,28 +191,26 @@ class Snapshot:
         return self._next_override_end() <= now
 
 
-_snapshot: Snapshot | None = None
 _loading = threading.Lock()
 #: Held while a thread changes the snapshot in force in place (its bans, its overrides'
 #: table): one at a time; look-ups in other threads go on meanwhile.
 _changing = threading.Lock()
 _warned = False
-#: The snapshot in force (None: none yet), read without a call by the layers of a request
-#: that looked at the version already (the middleware, or ``enforce.decide``).
-in_force: Snapshot | None = None
-#: True while the snapshot in force holds overrides (see the module docstring).
-overriding = False
-#: True while the snapshot in force holds bans.
-banning = False
+
+
+def in_force() -> Snapshot | None:
+    """The snapshot in force (None: none yet), as the layers of a request that looked at
+    the version already (the middleware, or ``enforce.decide``) read it:
+    ``RUNTIME.snapshot``, without a call."""
+    return RUNTIME.snapshot
 
 
 def _publish(snap: Snapshot | None) -> None:
     """Put ``snap`` in force (None: none, load on the next request)."""
-    global _snapshot, in_force, overriding, banning
-    _snapshot = in_force = snap
-    overriding = snap is not None and bool(snap.overrides)
-    banning = snap is not None and bool(snap.bans)
+    RUNTIME.snapshot = snap
     if snap is not None:
+        snap.overriding = bool(snap.overrides)
+        snap.banning = bool(snap.bans)
         allow, deny = snap.allow, snap.deny
         snap.lists = bool(allow.networks or allow.users or deny.networks or deny.users)
         snap.site_bans = bool(snap.bans.site)
@@ -216,7 +219,7 @@ def _publish(snap: Snapshot | None) -> None:
 
 def current() -> Snapshot:
     """The snapshot in force (reloaded when due; see the module docstring)."""
-    snap = _snapshot
+    snap = RUNTIME.snapshot
     if snap is not None and snap.fresh():
         return snap
     return _refresh(snap)
@@ -235,10 +238,11 @@ def bump(which: int = CONFIG) -> None:
         _version_op(increment=True, which=which)
     except Exception as exc:  # other processes catch up when the cache is back
         logger.warning("ratelimit: could not announce a configuration change: %s", exc)
-    if _snapshot is not None:
+    snap = RUNTIME.snapshot
+    if snap is not None:
         if which == CONFIG:
-            _snapshot.expires = -math.inf  # read everything (the bans but what changed)
-        _snapshot.deadline = -math.inf
+            snap.expires = -math.inf  # read everything (the bans but what changed)
+        snap.deadline = -math.inf
 
 
 def _version_op(increment: bool, which: int = CONFIG) -> Versions:

@@ -4,8 +4,8 @@ Installing ``prometheus-client`` (extra ``[prometheus]``) or ``opentelemetry-api
 ``[otel]``) is enough: the app's ``ready()`` calls :func:`connect`, which makes the
 instruments of the sinks ``RATELIMIT_TELEMETRY`` chooses (:func:`chosen`) once per process
 (in Prometheus's default registry; on the OpenTelemetry meter ``bucketry``) and hooks them
-into :data:`ratelimit_app.engine.enforce.OBSERVERS` (every verdict) and
-:data:`ratelimit_app.engine.checking.TRIPS` (every check's round trip). With no sink on
+into :data:`ratelimit_app.engine.checking.HOOKS` (``observers``: every verdict;
+``trips``: every check's round trip). With no sink on
 nothing is hooked, and a check pays nothing.
 
 Each known limit's ``admitted`` and ``refused`` series exist from 0 before its first
@@ -26,16 +26,17 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import store
 from ratelimit_app.backends.base import Backend
 from ratelimit_app.conf import read
 from ratelimit_app.config import declared, sources
 from ratelimit_app.engine import checking, enforce
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ban_skipped
 
 __all__ = [
@@ -67,13 +68,15 @@ BANS_SKIPPED = "bucketry_ratelimit_bans_skipped_total"
 BACKEND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 #: The backend classes we ship, by class name, and the ``backend`` label of each (a
 #: project's subclass takes its parent's).
-KINDS = {
-    "MemcachedBackend": "memcached",
-    "RedisClusterBackend": "redis-cluster",
-    "RedisBackend": "redis",
-    "CacheBackend": "cache",
-    "DummyBackend": "dummy",
-}
+KINDS = MappingProxyType(
+    {
+        "MemcachedBackend": "memcached",
+        "RedisClusterBackend": "redis-cluster",
+        "RedisBackend": "redis",
+        "CacheBackend": "cache",
+        "DummyBackend": "dummy",
+    }
+)
 #: The most label values bound to instruments ahead of time; past it (a project with more
 #: limits than that) each count binds its labels again, at a microsecond's cost.
 MAX_BOUND = 1000
@@ -305,7 +308,7 @@ class Telemetry:
     def welcome_configured(self) -> None:
         """Welcome every limit of the configuration in force (settings and database rules)
         and every named limit of a registered source (the DRF throttles' scopes)."""
-        snap = store.in_force
+        snap = RUNTIME.snapshot
         self._config = snap
         rules = declared.rules() if snap is None else snap.rules.rules
         self.welcome(rule.name for rule in rules)
@@ -317,9 +320,9 @@ class Telemetry:
                 logger.exception("ratelimit: the limits of %r not welcomed", source.kind)
 
     def observe(self, verdict: enforce.Verdict) -> None:
-        """:data:`~ratelimit_app.engine.enforce.OBSERVERS`: one count per decided limit. A
+        """A hook of ``HOOKS.observers``: one count per decided limit. A
         look (``increment=False``: ``get_usage`` reading a counter) decides nothing."""
-        if store.in_force is not self._config:
+        if RUNTIME.snapshot is not self._config:
             self.welcome_configured()
         counts = self._counts
         for d in verdict.decisions:
@@ -365,7 +368,7 @@ class Telemetry:
         return bound
 
     def trip(self, backend: Backend, seconds: float, failed: bool) -> None:
-        """:data:`~ratelimit_app.engine.checking.TRIPS`: the round trip's time, and an error
+        """A hook of ``HOOKS.trips``: the round trip's time, and an error
         when it failed."""
         bound = self._trips.get(type(backend)) or self._trip_bound(type(backend))
         for timing in bound[0]:
@@ -393,10 +396,13 @@ def label(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-@functools.cache
 def backend_kind(cls: type[Backend]) -> str:
     """The ``backend`` label of a backend class: the kind of the nearest class we ship,
-    else ``other``."""
+    else ``other`` (found once per class, kept in the runtime)."""
+    return RUNTIME.compile(("backend-kind", cls), _backend_kind, cls)
+
+
+def _backend_kind(cls: type[Backend]) -> str:
     for c in cls.__mro__:
         if c.__module__.startswith("ratelimit_app.backends.") and c.__name__ in KINDS:
             return KINDS[c.__name__]
@@ -410,14 +416,18 @@ OTEL = "otel"
 #: What ``RATELIMIT_TELEMETRY`` may be.
 CHOICES = ("auto", PROMETHEUS, OTEL, "both", "off")
 #: The module each sink needs, and the extra that installs it.
-NEEDS = {PROMETHEUS: ("prometheus_client", "prometheus"), OTEL: ("opentelemetry.metrics", "otel")}
+NEEDS = MappingProxyType(
+    {PROMETHEUS: ("prometheus_client", "prometheus"), OTEL: ("opentelemetry.metrics", "otel")}
+)
 #: OpenTelemetry's Prometheus exporter: with it, OpenTelemetry's instruments reach the same
 #: scrape as prometheus-client's, under the same names.
 OTEL_TO_PROMETHEUS = "opentelemetry.exporter.prometheus"
-SINKS: dict[str, Callable[[], Sink]] = {
-    PROMETHEUS: lambda: Prometheus(),
-    OTEL: lambda: OpenTelemetry(),
-}
+SINKS: Mapping[str, Callable[[], Sink]] = MappingProxyType(
+    {
+        PROMETHEUS: lambda: Prometheus(),
+        OTEL: lambda: OpenTelemetry(),
+    }
+)
 
 
 def installed(module: str) -> bool:
@@ -459,7 +469,12 @@ def chosen(value: object, has: Callable[[str], bool] = installed) -> tuple[str, 
 
 
 _lock = threading.Lock()
-_connected: list[Telemetry] = []
+
+
+def connected() -> Telemetry | None:
+    """The instruments hooked into the enforcement path (None: none)."""
+    found: Telemetry | None = checking.HOOKS.exporter
+    return found
 
 
 def connect() -> Telemetry | None:
@@ -467,17 +482,19 @@ def connect() -> Telemetry | None:
     the enforcement path, once per process (later calls return the same); None when no sink
     is on. The limits known now start their series at 0."""
     with _lock:
-        if _connected:
-            return _connected[0]
+        found = connected()
+        if found is not None:
+            return found
         sinks = [SINKS[name]() for name in chosen(read("RATELIMIT_TELEMETRY"))]
         if not sinks:
             return None
         telemetry = Telemetry(sinks)
         telemetry.welcome_configured()
-        enforce.OBSERVERS.append(telemetry.observe)
-        checking.TRIPS.append(telemetry.trip)
+        hooks = checking.HOOKS
+        hooks.observers.append(telemetry.observe)
+        hooks.trips.append(telemetry.trip)
+        hooks.exporter = telemetry
         ban_skipped.connect(telemetry.ban_skipped, weak=False, dispatch_uid=BANS_SKIPPED)
-        _connected.append(telemetry)
         return telemetry
 
 
@@ -485,5 +502,6 @@ def welcome_saved(name: str) -> None:
     """A rule saved in this process (the admin's): its series start at 0 now, before its
     first decision in any process (prometheus-client's multiprocess mode shares them; other
     processes make theirs at their next decision after they read the change)."""
-    for telemetry in _connected:
+    telemetry = connected()
+    if telemetry is not None:
         telemetry.welcome([name])

@@ -18,6 +18,7 @@ from datetime import datetime
 from unittest import mock
 
 from ratelimit_app import clock
+from ratelimit_app.runtime import RUNTIME
 
 
 class FrozenClock:
@@ -59,9 +60,8 @@ def forget_refusals() -> None:
     any ``RATELIMIT_*`` setting, and :func:`ratelimit_app.operations.reset`, forget them
     too.)
     """
-    from ratelimit_app.engine import REFUSALS  # imported when used: the app may not be ready
-
-    REFUSALS.clear()
+    if RUNTIME.refusals is not None:  # (None: no check was imported yet)
+        RUNTIME.refusals.clear()
 
 
 @contextmanager

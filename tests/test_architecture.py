@@ -26,6 +26,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "algorithms": 0,
         "config": 0,
         "identity": 0,
+        "runtime": 0,
         "conf": 0,
         "clock": 0,
         "exceptions": 0,
@@ -74,7 +75,6 @@ LAYERS: dict[str, dict[str, int]] = {
         "refused": 7,
         "checks": 7,
         "apps": 7,
-        "runtime": 7,
     },
     "metrics_app": {
         "names": 0,

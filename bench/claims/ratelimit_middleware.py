@@ -260,7 +260,7 @@ def install_overrides() -> None:
     snap.overrides = overrides.compile_table(found, mask_ip)
     snap.deadline = float("inf")  # no reload from the database during the run
     store._publish(snap)
-    if not store.overriding or store.current() is not snap:
+    if not snap.overriding or store.current() is not snap:
         raise RuntimeError("the overrides are not in force")
 
 

@@ -73,7 +73,7 @@ def _registered_prometheus() -> Any:
 
 def contenders(backend: str) -> list[Contender]:
     from ratelimit_app.core import get_usage
-    from ratelimit_app.engine import checking, enforce
+    from ratelimit_app.engine import checking
 
     found = hooks()
 
@@ -82,8 +82,8 @@ def contenders(backend: str) -> list[Contender]:
         group = f"bench-telemetry-{backend}-{name}"
 
         def run(request: Any) -> Any:
-            enforce.OBSERVERS[:] = observers
-            checking.TRIPS[:] = trips
+            checking.HOOKS.observers[:] = observers
+            checking.HOOKS.trips[:] = trips
             return [get_usage(request, group=group, key="ip", rate=RATE, increment=True)]
 
         return run
@@ -96,13 +96,13 @@ def run(
 ) -> list[Row]:
     """Time every contender on memcached and Redis; start throwaway servers unless given.
     The hooks are put back as they were."""
-    from ratelimit_app.engine import checking, enforce
+    from ratelimit_app.engine import checking
 
-    saved = list(enforce.OBSERVERS), list(checking.TRIPS)
+    saved = list(checking.HOOKS.observers), list(checking.HOOKS.trips)
     try:
         timed = time_backends(rounds, calls, ips, servers, contenders)
     finally:
-        enforce.OBSERVERS[:], checking.TRIPS[:] = saved
+        checking.HOOKS.observers[:], checking.HOOKS.trips[:] = saved
     rows = []
     for backend, by_name in timed.items():
         plain = quantile(by_name["plain"].samples, 0.5)

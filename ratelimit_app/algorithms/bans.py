@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -26,13 +27,15 @@ __all__ = ["RULE", "SITE", "BanSpec", "next_seconds", "parse_ban"]
 RULE = "rule"
 SITE = "site"
 #: The keys a ban spec may have, and what each must be (for error messages).
-KEYS = {
-    "after": "the refusals that ban, an integer from 1",
-    "within": "the time those refusals are counted in, such as '10m'",
-    "for": "how long the first ban lasts, such as '1h'",
-    "max": "the longest ban, reached by doubling (default: the first ban's length)",
-    "scope": "'rule' (default: the limit's own requests) or 'site' (every path; IP keys)",
-}
+KEYS = MappingProxyType(
+    {
+        "after": "the refusals that ban, an integer from 1",
+        "within": "the time those refusals are counted in, such as '10m'",
+        "for": "how long the first ban lasts, such as '1h'",
+        "max": "the longest ban, reached by doubling (default: the first ban's length)",
+        "scope": "'rule' (default: the limit's own requests) or 'site' (every path; IP keys)",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

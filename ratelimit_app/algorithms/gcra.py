@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -101,11 +100,10 @@ def validate_burst(burst: object) -> int | None:
     return burst
 
 
-@lru_cache(maxsize=1024)
 def meter(rates: tuple[Rate, ...], burst: int | None = None) -> Meter:
     """The bucket for ``rates`` (exactly one: the leak rate) and ``burst`` (default: the
-    rate's count); ImproperlyConfigured when they do not make one. Memoised: the same limits
-    come back on every request."""
+    rate's count); ImproperlyConfigured when they do not make one. (The engine keeps the
+    meters of its checks in the runtime.)"""
     if len(rates) != 1:
         text = ";".join(map(str, rates))
         raise ImproperlyConfigured(

@@ -11,24 +11,26 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+PERIODS = MappingProxyType({"s": 1, "m": 60, "h": 3600, "d": 86400})
 #: Every unit a rate may be written with, lower case only: the letters of :data:`PERIODS`
 #: and the words django-ratelimit users write (it reads only their first letter).
-UNITS = {
-    word: PERIODS[word[0]]
-    for word in (
-        *("s", "sec", "second", "seconds"),
-        *("m", "min", "minute", "minutes"),
-        *("h", "hour", "hours"),
-        *("d", "day", "days"),
-    )
-}
+UNITS = MappingProxyType(
+    {
+        word: PERIODS[word[0]]
+        for word in (
+            *("s", "sec", "second", "seconds"),
+            *("m", "min", "minute", "minutes"),
+            *("h", "hour", "hours"),
+            *("d", "day", "days"),
+        )
+    }
+)
 #: The longest window we accept: memcached reads TTLs over 30 days as timestamps, and a
 #: limit over a year is a quota, not a rate.
 MAX_SECONDS = 366 * 86400
@@ -101,16 +103,13 @@ def duration(value: object, what: str, longest: int = MAX_SECONDS) -> int:
     return seconds
 
 
-@lru_cache(maxsize=1024)
 def scope(group: str, methods: str, rate_list: tuple[Rate, ...]) -> str:
     """What a limit's counters are kept apart by, as django-ratelimit keys them: its group,
     its methods (upper case, sorted, comma-joined; empty for all) and its rates (two stacked
-    decorators on one view never share a counter). The same limits come back on every
-    request: their scopes are formatted once."""
+    decorators on one view never share a counter)."""
     return f"{group}\x00{methods}\x00{';'.join([r.text for r in rate_list])}"
 
 
-@lru_cache(maxsize=1024)
 def _text(count: int, seconds: int) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds % size == 0:
@@ -129,7 +128,6 @@ def _validated(count: int, seconds: int, text: object) -> Rate:
     return Rate(count, seconds)
 
 
-@lru_cache(maxsize=1024)
 def parse(spec: str) -> tuple[Rate, ...]:
     """Parse ``'5/m'`` or ``'5/m;10/d'`` into rates; raise ``ImproperlyConfigured`` if bad."""
     if not isinstance(spec, str):
@@ -183,11 +181,17 @@ def is_dotted_path(spec: object) -> bool:
     return isinstance(spec, str) and "/" not in spec and "." in spec
 
 
-def resolve(spec: RateSpec, group: str, request: Any) -> tuple[Rate, ...] | None:
+def resolve(
+    spec: RateSpec,
+    group: str,
+    request: Any,
+    normalize: Callable[[object], tuple[Rate, ...]] = normalize,
+) -> tuple[Rate, ...] | None:
     """The rates in force for this request, or ``None`` when there is no limit.
 
     A callable or dotted path is called as ``fn(group, request)`` (django-ratelimit's contract)
-    and may return a rate, a tuple, or ``None`` for "no limit".
+    and may return a rate, a tuple, or ``None`` for "no limit"; ``normalize`` makes rates of
+    what it returns (a caller that keeps them passes its own).
     """
     if spec is None:
         return None

@@ -35,7 +35,6 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, NamedTuple
 
 from ratelimit_app.algorithms.rates import Rate
@@ -127,8 +126,9 @@ def picker(indexes: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
 class Plan:
     """Everything one check of one subject does, in one backend round trip.
 
-    Plans are memoised and shared: one is compared and hashed by identity, so a backend
-    keys what it derives from one (its encoding, a command) at the cost of a pointer."""
+    Plans are compiled once and shared (the engine keeps them in the runtime): one is
+    compared and hashed by identity, so a backend keys what it derives from one (its
+    encoding, a command) at the cost of a pointer."""
 
     writes: tuple[tuple[str, int], ...]  # (key suffix, TTL seconds)
     reads: tuple[str, ...]  # distinct key suffixes
@@ -147,13 +147,6 @@ class Usage(NamedTuple):
     reset: float  # seconds until every counted event has left the window
 
 
-#: One-rate plans by the identity of their rates (a limit's rates are one object for the
-#: life of the rule: found without hashing them), the index of their fine bucket, the
-#: buckets per window and ``fine_only``; each entry keeps its rates, so an id reused after
-#: a rule changed is never mistaken for them.
-_PLANS: dict[tuple[int, int, int, bool], tuple[tuple[Rate, ...], Plan]] = {}
-
-
 def plan(
     rates: tuple[Rate, ...],
     t: float,
@@ -168,21 +161,16 @@ def plan(
     not when each leaves it; when a hit is refused, this plan times the wait exactly.
     """
     if hierarchical:
-        return _hierarchical_plan(rates, math.floor(t), per_window)
-    if len(rates) == 1:  # the common case: found by the identity of the limit's rates
-        index = int(t * per_window // rates[0].seconds)
-        key = (id(rates), index, per_window, fine_only)
-        found = _PLANS.get(key)
-        if found is not None and found[0] is rates:
-            return found[1]
-        made = _uniform_plan(rates, (index,), per_window, fine_only)
-        if len(_PLANS) >= 1024:
-            _PLANS.clear()
-        _PLANS[key] = (rates, made)
-        return made
-    else:
-        indexes = tuple([int(t * per_window // r.seconds) for r in rates])
-    return _uniform_plan(rates, indexes, per_window, fine_only)
+        return hierarchical_plan(rates, math.floor(t), per_window)
+    return uniform_plan(rates, indexes(rates, t, per_window), per_window, fine_only)
+
+
+def indexes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> tuple[int, ...]:
+    """The index of each rate's fine bucket at time ``t``: a uniform plan depends on ``t``
+    through these alone."""
+    if len(rates) == 1:
+        return (int(t * per_window // rates[0].seconds),)
+    return tuple([int(t * per_window // r.seconds) for r in rates])
 
 
 def lookahead(rates: tuple[Rate, ...], per_window: int = 60, hierarchical: bool = False) -> float:
@@ -268,10 +256,10 @@ class _Builder:
         return Plan(tuple(self.writes.items()), tuple(self.reads), tuple(rate_plans))
 
 
-@lru_cache(maxsize=512)
-def _uniform_plan(
+def uniform_plan(
     rates: tuple[Rate, ...], indexes: tuple[int, ...], g: int, fine_only: bool = False
 ) -> Plan:
+    """The plan of the uniform layout for ``rates`` whose fine buckets are ``indexes``."""
     builder = _Builder()
     for rate, k in zip(rates, indexes, strict=True):
         builder.uniform(rate, k, g, fine_only)
@@ -334,8 +322,8 @@ def _cover(lo: int, hi: int, levels: tuple[int, ...], now: int) -> list[RawSegme
     return _part(lo, a, levels, now) + middle + _part(b, hi, levels, now)
 
 
-@lru_cache(maxsize=128)
-def _hierarchical_plan(rates: tuple[Rate, ...], now: int, per_window: int) -> Plan:
+def hierarchical_plan(rates: tuple[Rate, ...], now: int, per_window: int) -> Plan:
+    """The plan of the hierarchical layout for ``rates`` at the whole second ``now``."""
     builder = _Builder()
     longest = 0
 

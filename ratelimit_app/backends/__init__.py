@@ -7,7 +7,7 @@
 
 ``RATELIMIT_BACKEND`` (a :class:`~.base.Backend` subclass or its dotted path) overrides the
 choice. Every backend is built the same way, ``cls(alias, cache)`` (:func:`build`), once per
-process and alias, and rebuilt when settings change.
+process and alias, and kept in the runtime (:class:`Built`): rebuilt when settings change.
 
 A mistake in the settings (an alias not in ``CACHES``, a ``RATELIMIT_BACKEND`` that cannot
 be imported, is no backend, or cannot be built that way) raises ``ImproperlyConfigured`` and
@@ -29,13 +29,28 @@ from django.utils.module_loading import import_string
 from ratelimit_app.backends.base import Backend
 from ratelimit_app.conf import conf
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.runtime import RUNTIME
 
 MEMCACHED = "django.core.cache.backends.memcached.PyMemcacheCache"
 REDIS = "django_redis.cache.RedisCache"
 DUMMY = "django.core.cache.backends.dummy.DummyCache"
 
-_backends: dict[str, Backend] = {}
 _lock = threading.Lock()
+
+
+class Built(dict[str, Backend]):
+    """The backends built in this process, by cache alias: a part of the runtime, closed
+    when it is forgotten."""
+
+    def close(self) -> None:
+        for backend in self.values():
+            backend.close()
+        self.clear()
+
+
+def built() -> Built:
+    """The backends built so far (the runtime's part)."""
+    return RUNTIME.part(Built)
 
 
 def get_backend(alias: str | None = None) -> Backend:
@@ -46,13 +61,13 @@ def get_backend(alias: str | None = None) -> Backend:
     ``BackendError`` when the backend cannot start.
     """
     alias = alias or conf.USE_CACHE
-    backend = _backends.get(alias)
+    found = RUNTIME.part(Built)
+    backend = found.get(alias)
     if backend is None:
         with _lock:
-            backend = _backends.get(alias)
+            backend = found.get(alias)
             if backend is None:
-                backend = build(backend_class(alias), alias)
-                _backends[alias] = backend
+                backend = found[alias] = build(backend_class(alias), alias)
     return backend
 
 
@@ -148,8 +163,6 @@ def build(cls: type[Backend], alias: str) -> Backend:
 
 
 def reset_backends() -> None:
-    """Forget built backends (settings changed)."""
+    """Close and forget the backends built (the next use builds them again)."""
     with _lock:
-        for backend in _backends.values():
-            backend.close()
-        _backends.clear()
+        RUNTIME.drop(Built)

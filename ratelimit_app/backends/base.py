@@ -38,6 +38,8 @@ SOCKET_TIMEOUT = 0.1
 #: pays about one timeout per this long for a dead server; also the ``Retry-After`` of the
 #: fail-closed answer.
 DEAD_RETRY = 5.0
+#: Plans whose byte form a backend keeps (:meth:`Backend.encoded`).
+ENCODINGS = 1024
 
 
 class Op(NamedTuple):
@@ -184,7 +186,9 @@ class Backend(ABC):
         self.rl_prefix = conf.CACHE_PREFIX
         #: What every key starts with: a bucket's key is key_prefix + namespace + suffix.
         self.key_prefix = self.cache_prefix + self.rl_prefix
-        self._encodings: dict[int, Encoded] = {}
+        #: Each plan's byte form, by the plan (a plan hashes by identity, and an entry keeps
+        #: its plan alive); at most :data:`ENCODINGS` entries, then it starts over.
+        self._encodings: dict[Plan, Encoded] = {}
 
     @property
     def servers(self) -> Sequence[Server]:
@@ -193,13 +197,12 @@ class Backend(ABC):
         return ()
 
     def encoded(self, plan: Plan) -> Encoded:
-        """The byte form of ``plan``, cached by identity (plans are memoised objects)."""
-        entry = self._encodings.get(id(plan))
-        if entry is None or entry.plan is not plan:
-            if len(self._encodings) > 1024:
+        """The byte form of ``plan``, kept by the plan (plans are compiled once and shared)."""
+        entry = self._encodings.get(plan)
+        if entry is None:
+            if len(self._encodings) >= ENCODINGS:
                 self._encodings.clear()
-            entry = self.encoding(plan)
-            self._encodings[id(plan)] = entry
+            entry = self._encodings[plan] = self.encoding(plan)
         return entry
 
     @abstractmethod

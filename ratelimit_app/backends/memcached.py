@@ -22,6 +22,7 @@ the race reads and decides again, up to :data:`CAS_ATTEMPTS` times; after that i
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import time
@@ -135,7 +136,10 @@ class _Idle:
     def __init__(self, create: Callable[[], Any], max_idle: int) -> None:
         self.create, self.max_idle = create, max_idle
         self.idle: list[Any] = []
-        _pools.add(self)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(
+                after_in_child=functools.partial(_forget_inherited, weakref.ref(self))
+            )
 
     def get(self) -> Any:
         try:
@@ -175,17 +179,11 @@ class _Idle:
             client.close()
 
 
-_pools: weakref.WeakSet[_Idle] = weakref.WeakSet()
-
-
-def _forget_inherited() -> None:
+def _forget_inherited(ref: weakref.ref[_Idle]) -> None:
     # In the child: drop (without closing: the parent still talks on them) what it inherited.
-    for pool in list(_pools):
+    pool = ref()
+    if pool is not None:
         pool.idle = []
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_inherited)
 
 
 class _Node(Server):

@@ -44,7 +44,7 @@ MN = b"MN\r\n"
 #: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
 _QUIET_MISS = b"NF"
 #: The last lines of a reply split at its line breaks.
-_END_LINES = [b"END", b""]
+_END_LINES = (b"END", b"")
 #: The bytes a count's data line may hold: digits and the padding of a decrement.
 _COUNT_BYTES = b"0123456789 "
 #: The CAS id in the flags of a meta reply (asked for with ``c``).

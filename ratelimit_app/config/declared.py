@@ -8,7 +8,6 @@ are merged with these by :mod:`ratelimit_app.store`, which holds the configurati
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from django.core.exceptions import ImproperlyConfigured
@@ -16,13 +15,18 @@ from django.core.exceptions import ImproperlyConfigured
 from ratelimit_app.conf import read
 from ratelimit_app.config.access import EMPTY, AccessList, compile_list
 from ratelimit_app.config.rules import CompiledRule, parse_rules
+from ratelimit_app.runtime import RUNTIME
 
 logger = logging.getLogger("ratelimit_app")
 
 
-@functools.cache
 def rules() -> tuple[CompiledRule, ...]:
-    """``RATELIMIT_RULES``, validated (invalid rules are left out and logged)."""
+    """``RATELIMIT_RULES``, validated (invalid rules are left out and logged); a part of
+    the runtime."""
+    return RUNTIME.part(_rules)
+
+
+def _rules() -> tuple[CompiledRule, ...]:
     found, errors = parse_rules(read("RATELIMIT_RULES"))
     for error in errors:
         logger.error("ratelimit: %s (rule left out)", error)
@@ -34,19 +38,23 @@ def rule_names() -> set[str]:
     return {rule.name for rule in rules()}
 
 
-@functools.cache
 def access_list(name: str) -> AccessList:
     """``RATELIMIT_ALLOW`` or ``RATELIMIT_DENY``, compiled (an invalid list is logged and
-    ignored)."""
+    ignored); parts of the runtime."""
+    return RUNTIME.part(_allowed if name == "RATELIMIT_ALLOW" else _denied)
+
+
+def _allowed() -> AccessList:
+    return _compiled_list("RATELIMIT_ALLOW")
+
+
+def _denied() -> AccessList:
+    return _compiled_list("RATELIMIT_DENY")
+
+
+def _compiled_list(name: str) -> AccessList:
     try:
         return compile_list(read(name))
     except ImproperlyConfigured as exc:
         logger.error("ratelimit: %s: %s (list ignored)", name, exc)
         return EMPTY
-
-
-def forget() -> None:
-    """Forget the compiled settings rules and lists (:mod:`ratelimit_app.runtime` calls it
-    when the settings change)."""
-    rules.cache_clear()
-    access_list.cache_clear()

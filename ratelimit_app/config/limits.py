@@ -36,6 +36,7 @@ from ratelimit_app.config import kinds
 from ratelimit_app.config.kinds import Kind
 from ratelimit_app.config.mistakes import LimitError, Mistake, collect, raise_all
 from ratelimit_app.identity import keys
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = ["Check", "Limit", "LimitError", "Mistake", "build", "collect", "raise_all"]
 
@@ -192,7 +193,7 @@ class Limit:
         A rate from a callable that cannot make this limit is an ``ImproperlyConfigured``."""
         if self.static_rates is not None:
             return self.static_rates
-        found = rates.resolve(self.rate, self.group, request)
+        found = rates.resolve(self.rate, self.group, request, _rates_of)
         if found:
             self.algorithm_kind.fit(found, self.burst)
         return found
@@ -273,7 +274,21 @@ class Limit:
         limit's own)."""
         if rate_list is self.static_rates and self.static_scope is not None:
             return self.static_scope
-        return rates.scope(self.group, self.method_text, rate_list)
+        return RUNTIME.compile(
+            ("scope", self.group, self.method_text, rate_list),
+            rates.scope,
+            self.group,
+            self.method_text,
+            rate_list,
+        )
+
+
+def _rates_of(value: object) -> tuple[rates.Rate, ...]:
+    """The rates a callable rate returned, parsed once per value (kept in the runtime)."""
+    try:
+        return RUNTIME.compile(("rates", value, type(value)), rates.normalize, value)
+    except TypeError:  # unhashable: refused by normalize itself
+        return rates.normalize(value)
 
 
 def build(
@@ -335,13 +350,15 @@ def _build_parts(
             group, key, rate, methods, algorithm, burst, trusted, cost, concurrent, lease
         )
     args = (group, key, rate, methods, algorithm, burst, trusted, cost)
+    # Kept in the runtime: method_decorator decorates again on every request, and get_usage
+    # is called with the same limit again and again. The types are part of the key: a cost
+    # of True is no cost of 1.
     try:
+        return RUNTIME.compile(("limit", *args, *map(type, args)), _build, *args)
+    except TypeError:  # an unhashable value (a list, a dict): not kept, then refused
         return _build(*args)
-    except TypeError:  # an unhashable value (a list, a dict): not memoised, then refused
-        return _build.__wrapped__(*args)
 
 
-@functools.lru_cache(maxsize=1024, typed=True)  # typed: a cost of True is no cost of 1
 def _build(
     group: str,
     key: Any,
@@ -352,16 +369,10 @@ def _build(
     trusted: bool,
     cost: Any,
 ) -> Limit:
-    # Memoised: method_decorator decorates again on every request, and get_usage is called
-    # with the same limit again and again.
     errors = _mistakes(key, rate, algorithm, burst, trusted, cost)
     if errors:
         raise_all(errors)
     return Limit(group, key, rate, methods, algorithm, burst, cost)
-
-
-# A limit validated against the kinds registered then: forgotten when they change.
-kinds.when_changed(_build.cache_clear)
 
 
 def _in_flight(

@@ -32,6 +32,7 @@ import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
@@ -204,10 +205,12 @@ def generosity(found: Rates) -> float:
 
 
 #: Each prefix length's netmask as an integer, by address size in bits (IPv4 32, IPv6 128).
-_NETMASKS = {
-    bits: tuple(((1 << bits) - 1) ^ ((1 << (bits - p)) - 1) for p in range(bits + 1))
-    for bits in (32, 128)
-}
+_NETMASKS = MappingProxyType(
+    {
+        bits: tuple(((1 << bits) - 1) ^ ((1 << (bits - p)) - 1) for p in range(bits + 1))
+        for bits in (32, 128)
+    }
+)
 #: The networks of one prefix length: the network address as an integer -> its rates.
 Networks = dict[int, Rates]
 

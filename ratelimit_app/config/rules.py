@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from django.http import HttpRequest
@@ -31,32 +32,35 @@ from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
 from ratelimit_app.config.policy import Policy, policy
 from ratelimit_app.identity import keys
+from ratelimit_app.runtime import RUNTIME
 
 COUNT_ALL = "all"
 COUNT_FAILURES = "failures"
 #: Every field a rule may have, and what it must be (for error messages).
-FIELDS: dict[str, str] = {
-    "name": "a unique, non-empty string without spaces",
-    "path": "a URL path prefix starting with '/', or a list of them",
-    "url_name": "a URL name (e.g. 'login' or 'accounts:login'), or a list of them",
-    "methods": "an HTTP method or a list of them (default: all)",
-    "key": "a key as @ratelimit takes it ('ip', 'user', 'email', 'header:x-api-key', ...)",
-    "rate": "a rate such as '5/m', several ('5/m;10/d'), a callable or a dotted path (or "
-    "none, for a rule that only limits requests in flight)",
-    "count": "'all' (default) or 'failures'",
-    "block": "True (default) or False",
-    "fail_open": "True (default) or False",
-    "algorithm": kinds.expected(),
-    "burst": "a leaky bucket's capacity: an integer from 1 (default: the rate's count)",
-    "cost": "the hits each request counts: an integer from 1 (default 1), a callable or a "
-    "dotted path",
-    "shadow": "False (default) or True: a dry run, refusing nothing",
-    "concurrent": "the requests of one subject allowed at once: an integer from 1",
-    "lease": "how long a request in flight holds its place at most: a duration from 1s to "
-    "1h (default '1m')",
-    "ban": "a dict such as {'after': 10, 'within': '10m', 'for': '1h', 'max': '1d'}: ban a "
-    "subject refused that often",
-}
+FIELDS: Mapping[str, str] = MappingProxyType(
+    {
+        "name": "a unique, non-empty string without spaces",
+        "path": "a URL path prefix starting with '/', or a list of them",
+        "url_name": "a URL name (e.g. 'login' or 'accounts:login'), or a list of them",
+        "methods": "an HTTP method or a list of them (default: all)",
+        "key": "a key as @ratelimit takes it ('ip', 'user', 'email', 'header:x-api-key', ...)",
+        "rate": "a rate such as '5/m', several ('5/m;10/d'), a callable or a dotted path (or "
+        "none, for a rule that only limits requests in flight)",
+        "count": "'all' (default) or 'failures'",
+        "block": "True (default) or False",
+        "fail_open": "True (default) or False",
+        "algorithm": kinds.expected(),
+        "burst": "a leaky bucket's capacity: an integer from 1 (default: the rate's count)",
+        "cost": "the hits each request counts: an integer from 1 (default 1), a callable or a "
+        "dotted path",
+        "shadow": "False (default) or True: a dry run, refusing nothing",
+        "concurrent": "the requests of one subject allowed at once: an integer from 1",
+        "lease": "how long a request in flight holds its place at most: a duration from 1s to "
+        "1h (default '1m')",
+        "ban": "a dict such as {'after': 10, 'within': '10m', 'for': '1h', 'max': '1d'}: ban a "
+        "subject refused that often",
+    }
+)
 
 
 class RuleError(Mistake):
@@ -348,9 +352,15 @@ MATCH_MEMO = 1024
 MATCH_MEMO_PATH = 256
 MATCH_MEMO_METHOD = 16
 
-#: The URL name of each (path, URLconf) resolved lately; forgotten with the URLconf, and
-#: started over when full.
-_names: dict[tuple[str, str | None], str | None] = {}
+
+def url_names() -> dict[tuple[str, str | None], str | None]:
+    """The URL name of each (path, URLconf) resolved lately (a part of the runtime:
+    forgotten with the URLconf; starts over when it holds ``MATCH_MEMO``)."""
+    return RUNTIME.part(_url_names)
+
+
+def _url_names() -> dict[tuple[str, str | None], str | None]:
+    return {}
 
 
 def _view_name(path: str, urlconf: str | None) -> str | None:
@@ -362,15 +372,11 @@ def _view_name(path: str, urlconf: str | None) -> str | None:
     except Resolver404:
         found = None
     if len(path) <= MATCH_MEMO_PATH:
-        if len(_names) >= MATCH_MEMO:
-            _names.clear()
-        _names[path, urlconf] = found
+        names = url_names()
+        if len(names) >= MATCH_MEMO:
+            names.clear()
+        names[path, urlconf] = found
     return found
-
-
-def clear_caches() -> None:
-    """Forget resolved URL names (the URLconf changed)."""
-    _names.clear()
 
 
 class RuleSet:
@@ -410,7 +416,7 @@ class RuleSet:
         if self._url_rules or (self._both and path.startswith(self._both_prefixes)):
             urlconf = getattr(request, "urlconf", None)
             try:
-                name = _names[path, urlconf]
+                name = url_names()[path, urlconf]
             except KeyError:
                 name = _view_name(path, urlconf)
             return self._select(path, method, name)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.checking import charge, check_many, report_failure, take_back
-from ratelimit_app.engine.memory import REFUSALS, refusal_key, remember_always
+from ratelimit_app.engine.memory import refusal_key, remember_always
 from ratelimit_app.engine.recall import LOOK_BATCH, recall_many
 from ratelimit_app.engine.result import Result, failure_dict, meter_result, usage_dict
 
 __all__ = [
     "LOOK_BATCH",
-    "REFUSALS",
     "Check",
     "Result",
     "charge",

@@ -45,6 +45,7 @@ from ratelimit_app.engine.step import Step
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.sealing import seal
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ban_skipped, subject_banned
 from ratelimit_app.store import prune_bans as prune
 
@@ -89,7 +90,7 @@ def site_key(address: str) -> str:
 def bans_in_force() -> tuple[dict[str, float], dict[str, float]]:
     """The bans this process holds: a limit's own by namespace, and those on every path by
     address (each to the time it ends)."""
-    snap = store.in_force  # (the request's first layer looked at the version)
+    snap = RUNTIME.snapshot  # (the request's first layer looked at the version)
     found = (snap or store.current()).bans
     return found.rule, found.site
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ratelimit_app import clock, store
+from ratelimit_app import clock
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Backend, Op
@@ -20,6 +20,7 @@ from ratelimit_app.engine.step import STEPS, CheckTime, Step
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.provenance import page_sent
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import backend_failed
 
 logger = logging.getLogger("ratelimit_app")
@@ -70,7 +71,9 @@ def check_unless_banned(
     moment = CheckTime(clock.now() if at is None else at)
     steps: list[Step] = []
     ops = []
-    if store.banning:  # bans held: looked for in the loop that makes the namespaces
+    snap = RUNTIME.snapshot
+    # Bans held: looked for in the loop that makes the namespaces.
+    if snap is not None and snap.banning:
         rule, site = bans.bans_in_force()
         look = False
         for c in checks:  # (as check_many's)
@@ -104,7 +107,7 @@ def _run(
 ) -> list[Result]:
     """The round trip of ``steps`` (and the second, when one is refused): their results."""
     backend = get_backend()
-    if TRIPS:  # (none unless an exporter is installed)
+    if HOOKS.trips:  # (none unless an exporter is installed)
         replies = _timed(backend, ops, moment.now_us)
     else:
         replies = backend.execute(ops, moment.now_us)
@@ -124,13 +127,31 @@ def _run(
     return _second_trip(get_backend(), steps, exact, moment, request)
 
 
-#: Functions told of every check's round trip, ``fn(backend, seconds, failed)``: the
-#: exporters' timings (:mod:`ratelimit_app.telemetry`). Empty unless one is installed.
-TRIPS: list[Callable[[Backend, float, bool], None]] = []
+class Hooks:
+    """What the exporters (:mod:`ratelimit_app.telemetry`) hooked into the engine: empty
+    unless one is installed, and then a request pays one list test per hook. A hook must not
+    raise; one that does is logged and left out."""
+
+    __slots__ = ("exporter", "observers", "trips")
+
+    def __init__(self) -> None:
+        #: Functions told of every verdict, ``observer(verdict)``: the exporters' counters
+        #: (:func:`ratelimit_app.engine.enforce.decide`).
+        self.observers: list[Callable[[Any], None]] = []
+        #: Functions told of every check's round trip, ``fn(backend, seconds, failed)``:
+        #: the exporters' timings.
+        self.trips: list[Callable[[Backend, float, bool], None]] = []
+        #: The exporter whose hooks these are (None: none), so that connecting again
+        #: connects nothing more.
+        self.exporter: Any = None
+
+
+#: The exporters' hooks in this process.
+HOOKS = Hooks()
 
 
 def _timed(backend: Backend, ops: list[Any], now_us: int) -> list[Any]:
-    """``backend.execute(ops)``, its time (and failure) told to :data:`TRIPS`."""
+    """``backend.execute(ops)``, its time (and failure) told to the hooks' ``trips``."""
     start = time.perf_counter()
     try:
         replies = backend.execute(ops, now_us)
@@ -142,12 +163,13 @@ def _timed(backend: Backend, ops: list[Any], now_us: int) -> list[Any]:
 
 
 def _tell(backend: Backend, seconds: float, failed: bool) -> None:
-    for fn in list(TRIPS):
+    trips = HOOKS.trips
+    for fn in list(trips):
         try:
             fn(backend, seconds, failed)
         except Exception:  # an exporter never fails a request
             logger.exception("ratelimit: round-trip observer %r failed; removed", fn)
-            TRIPS.remove(fn)
+            trips.remove(fn)
 
 
 def _second_trip(
@@ -208,8 +230,8 @@ def _strike(check: Check, moment: CheckTime) -> tuple[Op, int]:
     that bans."""
     spec = check.ban
     assert spec is not None
-    plan = windows.plan((spec.strikes,), moment.t, moment.per_window, moment.hierarchical)
-    return Op(namespace(check.scope + STRIKES, *check.subject), plan, True), spec.after
+    made = sliding_window.plan((spec.strikes,), moment.t, moment.per_window, moment.hierarchical)
+    return Op(namespace(check.scope + STRIKES, *check.subject), made, True), spec.after
 
 
 def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:

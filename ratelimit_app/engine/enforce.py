@@ -19,7 +19,7 @@ DRF's ``allow_request``, django-ratelimit's usage dict.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -31,7 +31,6 @@ from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check, Subjects
 from ratelimit_app.config.policy import Policy
 from ratelimit_app.engine import (
-    REFUSALS,
     Result,
     bans,
     overrides,
@@ -41,8 +40,9 @@ from ratelimit_app.engine import (
 )
 from ratelimit_app.engine import charge as charge_checks
 from ratelimit_app.engine import take_back as take_back_hits
-from ratelimit_app.engine.checking import check_unless_banned
+from ratelimit_app.engine.checking import HOOKS, check_unless_banned
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ratelimited
 
 __all__ = [
@@ -247,7 +247,8 @@ def decide(
     the browser send is no strike toward a ban (:mod:`ratelimit_app.identity.provenance`)."""
     if not conf.MIDDLEWARE_INSTALLED:  # the middleware keeps the configuration fresh
         store.current()  # (overrides and bans; at most a look a second at its version)
-    if store.overriding:  # per-subject overrides (an unlimited one leaves its limit out)
+    # Per-subject overrides (an unlimited one leaves its limit out); no snapshot yet: none.
+    if getattr(RUNTIME.snapshot, "overriding", False):
         decisions, checks = _overridden(request, decisions)
         if not decisions:
             return Verdict(decisions)
@@ -256,7 +257,7 @@ def decide(
         for d in decisions:  # loops, not comprehensions (each a function call): every request
             checks.append(d.check)
     results: Sequence[Result | None] | None = None
-    if REFUSALS.entries:  # (no call without refusals)
+    if RUNTIME.refusals.entries:  # (no call without refusals)
         results = _recall(decisions, checks, at)
     remembered = results is not None
     if results is None:  # checked, unless banned (then answered without a round trip)
@@ -289,7 +290,7 @@ def decide(
         if result.limited and d.check.increment:
             _signal(request, d, sender)
     verdict = Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
-    if OBSERVERS:  # (none unless an exporter is installed)
+    if HOOKS.observers:  # (none unless an exporter is installed)
         _observe(verdict)
     kept = request_state.state(request)  # the verdicts of the request, for charge()
     if kept is not None:
@@ -322,15 +323,10 @@ def _failed(decisions: Sequence[Decision], exc: BackendError) -> Verdict:
     """The verdict of a request whose counters failed, reported."""
     report_failure(exc)
     failed = Verdict(decisions, failed=exc)
-    if OBSERVERS:
+    if HOOKS.observers:
         _observe(failed)
     return failed
 
-
-#: Functions told of every verdict, ``observer(verdict)``: the exporters' counters
-#: (:mod:`ratelimit_app.telemetry`). Empty unless one is installed: then a request pays one
-#: list test. An observer must not raise; one that does is logged and left out.
-OBSERVERS: list[Callable[[Verdict], None]] = []
 
 ADMITTED = "admitted"
 REFUSED = "refused"
@@ -363,12 +359,13 @@ def limit_name(d: Decision) -> str:
 
 
 def _observe(verdict: Verdict) -> None:
-    for fn in list(OBSERVERS):
+    observers = HOOKS.observers
+    for fn in list(observers):
         try:
             fn(verdict)
         except Exception:  # an exporter never fails a request
             logger.exception("ratelimit: observer %r failed; removed", fn)
-            OBSERVERS.remove(fn)
+            observers.remove(fn)
 
 
 def _refusal(request: Any, d: Decision) -> bool:

@@ -9,6 +9,14 @@ from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result, meter_result
 from ratelimit_app.engine.step import CheckTime, Step, register
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.runtime import RUNTIME
+
+
+def _meter(check: Check) -> gcra.Meter:
+    """The check's bucket, made once per rate and burst (kept in the runtime)."""
+    return RUNTIME.compile(
+        ("meter", check.rates, check.burst), gcra.meter, check.rates, check.burst
+    )
 
 
 @register
@@ -23,7 +31,7 @@ class LeakyBucket(Step):
     def __init__(self, check: Check, moment: CheckTime) -> None:
         ns = namespace(check.scope, *check.subject)
         self.check, self.namespace, self.moment, self.undo = check, ns, moment, False
-        self.meter = gcra.meter(check.rates, check.burst)
+        self.meter = _meter(check)
         #: Its admitted hit, as stored (what a take-back compares against).
         self.admitted: MeterReply | None = None
         self.op = MeterOp(ns, self.meter, check.increment, None, check.cost)
@@ -47,7 +55,7 @@ class LeakyBucket(Step):
 
     @staticmethod
     def charge_op(check: Check, moment: CheckTime) -> MeterOp:
-        meter = gcra.meter(check.rates, check.burst)
+        meter = _meter(check)
         ns = namespace(check.scope, *check.subject)
         return MeterOp(ns, meter, True, None, check.cost, True)
 
@@ -56,5 +64,5 @@ class LeakyBucket(Step):
         reply = result.reply
         if reply is None:
             return None
-        meter = gcra.meter(check.rates, check.burst)
+        meter = _meter(check)
         return MeterOp(namespace, meter, take_back=reply, cost=check.cost)

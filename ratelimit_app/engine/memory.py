@@ -11,6 +11,7 @@ from ratelimit_app.algorithms import windows
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import refusals
 from ratelimit_app.engine.result import Result
+from ratelimit_app.runtime import RUNTIME
 
 #: Seconds at most a refusal is answered from memory before a look confirms it: how long a
 #: count that went down in another process (a reset, a rule changed) takes to reach this one.
@@ -20,9 +21,9 @@ REFUSAL_MEMORY_SIZE = 10_000
 #: Refusals a second from which a process remembers them: a flood.
 FLOOD = 50
 
-#: Each check refused, and its result.
-REFUSALS: refusals.Memory[tuple[Check, Result]] = refusals.Memory(REFUSAL_MEMORY_SIZE, FLOOD)
-refusals.after_fork(REFUSALS)
+#: Each check refused, and its result: the runtime's refusal memory.
+RUNTIME.refusals = refusals.Memory(REFUSAL_MEMORY_SIZE, FLOOD)
+refusals.after_fork(RUNTIME.refusals)
 
 
 def refusal_key(c: Check) -> tuple[Any, ...]:
@@ -33,7 +34,8 @@ def refusal_key(c: Check) -> tuple[Any, ...]:
 def remember_always(on: bool) -> bool:
     """Remember every refusal, flood or not (``on``), or only a flood's; returns the
     previous choice (:func:`ratelimit_app.testing.remember_refusals`)."""
-    before, REFUSALS.always = REFUSALS.always, on
+    memory = RUNTIME.refusals
+    before, memory.always = memory.always, on
     return before
 
 
@@ -43,16 +45,17 @@ def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
     cap = REFUSAL_MEMORY
     if cap <= 0 or not refused:
         return
+    memory = RUNTIME.refusals
     for c, r in refused:
-        if c.increment and r.limited and REFUSALS.flooding(t):
+        if c.increment and r.limited and memory.flooding(t):
             wait = r.binding().retry_after
-            REFUSALS.remember(refusal_key(c), t, t + min(wait, cap), (c, r), t + wait)
+            memory.remember(refusal_key(c), t, t + min(wait, cap), (c, r), t + wait)
 
 
 def recalled(key: tuple[Any, ...], t: float, cost: int = 1) -> Result | None:
     """The remembered refusal of ``key``, its waits counted down to ``t`` (None: none). A
     refusal of a costlier request does not answer one of ``cost``, which may fit."""
-    found = REFUSALS.recall(key, t)
+    found = RUNTIME.refusals.recall(key, t)
     if found is None:
         return None
     elapsed, (c, r) = found
@@ -75,9 +78,3 @@ def counted_down(elapsed: float, r: Result) -> Result:
         for u in r.usages
     ]
     return Result(usages, r.namespace, r.meter)
-
-
-def forget() -> None:
-    """Forget every refusal remembered (rules, backends and keys may mean something else
-    now): :mod:`ratelimit_app.runtime` calls it when the settings change."""
-    REFUSALS.clear()

@@ -1,7 +1,7 @@
 """The overrides in force, applied to a request's decisions before they are checked.
 
 :func:`apply` is called by :func:`ratelimit_app.engine.enforce.decide` only while the
-configuration snapshot holds overrides (:data:`ratelimit_app.store.overriding`). A decision
+configuration snapshot holds overrides (its ``overriding``). A decision
 whose subject has an override gets a check of its own: the same check with the override's
 rates and the scope of those rates (:meth:`Limit.scope_for
 <ratelimit_app.config.limits.Limit.scope_for>`), so the subject's counters under the override
@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 from ratelimit_app import store
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.config.overrides import UNLIMITED, USER_KINDS, Table, by_address
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = ["apply", "forget", "prefilter"]
 
@@ -51,7 +52,8 @@ _LIFTED: Any = object()
 
 
 class _Memo:
-    """The answers for the snapshot's table, and users' group names."""
+    """The answers for the snapshot's table, and users' group names (a part of the
+    runtime)."""
 
     __slots__ = ("answers", "groups", "of")
 
@@ -62,9 +64,6 @@ class _Memo:
         self.answers: dict[tuple[str, Check], Check] = {}
         #: user primary key -> (group names, ask again after).
         self.groups: dict[Any, tuple[frozenset[str], float]] = {}
-
-
-_memo = _Memo()
 
 
 class Decided(Protocol):
@@ -81,9 +80,7 @@ D = TypeVar("D", bound=Decided)
 
 def forget() -> None:
     """Forget every answer and group (tests; a snapshot change does it by itself)."""
-    _memo.of = (None, 0)
-    _memo.answers = {}
-    _memo.groups.clear()
+    RUNTIME.drop(_Memo)
 
 
 def prefilter() -> tuple[dict[str, int], frozenset[str]]:
@@ -91,7 +88,7 @@ def prefilter() -> tuple[dict[str, int], frozenset[str]]:
     every value the table names (:attr:`Table.known`), and the key kinds to ask about
     whatever their value (:attr:`Table.asks`). A caller with a subject whose value is not
     in the first and whose kind is not in the second needs no :func:`apply`."""
-    snap = store.in_force  # (the request's first layer looked at the version)
+    snap = RUNTIME.snapshot  # (the request's first layer looked at the version)
     table = (snap or store.current()).overrides
     return table.known, table.asks
 
@@ -99,7 +96,7 @@ def prefilter() -> tuple[dict[str, int], frozenset[str]]:
 def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
     """``decisions`` with the overrides in force: a replaced check where a subject has
     other rates, and without the decisions an ``unlimited`` override lifts."""
-    snap = store.in_force
+    snap = RUNTIME.snapshot
     table = (snap or store.current()).overrides
     by_limit = table.by_limit
     kept: list[D] | None = None
@@ -142,10 +139,11 @@ def _answers(table: Table) -> dict[tuple[str, Check], Check]:
     """The answers remembered for ``table`` as it is now: new ones when it is another
     table, or it changed in place. A new dict, not a cleared one: a thread still answering
     from the table as it was files its answer where no one looks any more."""
-    answers, seen, version = _memo.answers, _memo.of, table.version
+    memo = RUNTIME.part(_Memo)
+    answers, seen, version = memo.answers, memo.of, table.version
     if seen[0] is not table or seen[1] != version:
-        answers = _memo.answers = {}
-        _memo.of = (table, version)
+        answers = memo.answers = {}
+        memo.of = (table, version)
     return answers
 
 
@@ -200,7 +198,8 @@ def _groups(request: Any) -> Iterable[str]:
     if user is None:
         return ()
     now = time.monotonic()
-    found = _memo.groups.get(user.pk)
+    groups = RUNTIME.part(_Memo).groups
+    found = groups.get(user.pk)
     if found is not None and found[1] > now:
         return found[0]
     try:
@@ -208,7 +207,7 @@ def _groups(request: Any) -> Iterable[str]:
     except Exception as exc:  # no database, or no groups on a custom user model
         logger.warning("ratelimit: the groups of user %s could not be read: %s", user.pk, exc)
         names = frozenset()
-    if len(_memo.groups) >= MEMO:
-        _memo.groups.clear()
-    _memo.groups[user.pk] = (names, now + GROUPS_FOR)
+    if len(groups) >= MEMO:
+        groups.clear()
+    groups[user.pk] = (names, now + GROUPS_FOR)
     return names

@@ -9,9 +9,10 @@ from ratelimit_app import clock
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import memory
 from ratelimit_app.engine.checking import check_many
-from ratelimit_app.engine.memory import REFUSALS, counted_down, recalled, refusal_key
+from ratelimit_app.engine.memory import counted_down, recalled, refusal_key
 from ratelimit_app.engine.result import Result
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.runtime import RUNTIME
 
 #: Checks one look confirms at most: the request's due refusals and others due soon.
 LOOK_BATCH = 256
@@ -41,10 +42,11 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
     again; room after all (a reset or a rule changed elsewhere): forgotten. A look that
     fails confirms nothing: the caller's check decides (and meets the outage).
     """
-    if not REFUSALS:  # nothing refused lately, nothing to look up
+    remembered = RUNTIME.refusals
+    if not remembered:  # nothing refused lately, nothing to look up
         return [None] * len(checks)
     keys = [None if c is None else refusal_key(c) for c in checks]
-    if not REFUSALS.holds(keys):  # the common case: refusals, but not of these subjects
+    if not remembered.holds(keys):  # the common case: refusals, but not of these subjects
         return [None] * len(checks)
     if t is None:
         t = clock.now()
@@ -67,13 +69,13 @@ def _due(
     due = []
     for i, (c, k) in enumerate(zip(checks, keys, strict=True)):
         if c is not None and k is not None and c.increment:
-            entry = REFUSALS.due(k, t)
+            entry = RUNTIME.refusals.due(k, t)
             if entry is not None:
                 elapsed, left, (_, r) = entry
                 due.append(_Due(i, c, elapsed, left, r))
     if due:
         mine = [refusal_key(d.check) for d in due]
-        soon = REFUSALS.soon(t, memory.REFUSAL_MEMORY / 2, LOOK_BATCH - len(due), mine)
+        soon = RUNTIME.refusals.soon(t, memory.REFUSAL_MEMORY / 2, LOOK_BATCH - len(due), mine)
         due += [_Due(None, c, elapsed, left, r) for _, elapsed, left, (c, r) in soon]
     return due
 
@@ -90,8 +92,8 @@ def _confirm(due: list[_Due], found: list[Result | None], t: float) -> None:
         key = refusal_key(d.check)
         if look.limited:
             now = counted_down(d.elapsed, d.result)
-            REFUSALS.remember(key, t, t + min(d.left, cap), (d.check, now), t + d.left)
+            RUNTIME.refusals.remember(key, t, t + min(d.left, cap), (d.check, now), t + d.left)
             if d.slot is not None:
                 found[d.slot] = now
         else:
-            REFUSALS.forget([key])
+            RUNTIME.refusals.forget([key])

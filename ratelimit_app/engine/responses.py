@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import json
 import logging
 import math
 import re
 from collections.abc import Iterable
 from http import HTTPStatus
+from types import MappingProxyType
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -51,6 +51,7 @@ from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.runtime import RUNTIME
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -60,11 +61,13 @@ _NOT_TOKEN = re.compile(r'[^\x20-\x7e]|["\\]')
 
 #: The titles of the statuses this app answers, translated (RFC 9457 lets a problem's title
 #: be localised); another status keeps its English phrase.
-_TITLES = {
-    403: gettext_lazy("Forbidden"),
-    429: gettext_lazy("Too Many Requests"),
-    503: gettext_lazy("Service Unavailable"),
-}
+_TITLES = MappingProxyType(
+    {
+        403: gettext_lazy("Forbidden"),
+        429: gettext_lazy("Too Many Requests"),
+        503: gettext_lazy("Service Unavailable"),
+    }
+)
 
 #: (policy label, usage dict) pairs: a rule's name, or None for a decorator's limit.
 Policies = Iterable[tuple[str | None, dict[str, Any]]]
@@ -75,21 +78,35 @@ def _sf_string(text: str) -> str:
     return '"' + _NOT_TOKEN.sub(lambda m: "\\" + m[0] if m[0] in '"\\' else "?", text) + '"'
 
 
-@functools.lru_cache(maxsize=1024)
+# The same rules come back on every request: their headers' parts are formatted once, and
+# kept in the runtime (``RUNTIME.compiled``).
+
+
 def _name(label: str | None, rate: str) -> str:
+    return RUNTIME.compile(("header-name", label, rate), _named, label, rate)
+
+
+def _named(label: str | None, rate: str) -> str:
     return _sf_string(f"{label}:{rate}" if label else rate)
 
 
-@functools.lru_cache(maxsize=1024)
 def _policy(label: str | None, rates: tuple[tuple[str, int, int], ...]) -> str:
-    # The same rules come back on every request: their policies are formatted once.
+    return RUNTIME.compile(("header-policy", label, rates), _policies, label, rates)
+
+
+def _policies(label: str | None, rates: tuple[tuple[str, int, int], ...]) -> str:
     return ", ".join(f"{_name(label, rate)};q={limit};w={window}" for rate, limit, window in rates)
 
 
-@functools.lru_cache(maxsize=1024)
 def _policy1(label: str | None, rate: str, limit: int, window: int) -> tuple[str, str]:
-    # A limit of one rate (the common case), formatted once, without a tuple to hash: its
-    # policy, and its name as the RateLimit header's entry starts.
+    """A limit of one rate (the common case): its policy, and its name as the RateLimit
+    header's entry starts."""
+    return RUNTIME.compile(
+        ("header-policy1", label, rate, limit, window), _policy_of_one, label, rate, limit, window
+    )
+
+
+def _policy_of_one(label: str | None, rate: str, limit: int, window: int) -> tuple[str, str]:
     name = _name(label, rate)
     return f"{name};q={limit};w={window}", name
 
@@ -127,28 +144,25 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     return headers
 
 
-#: Each limit's ``RateLimit-Policy`` entry, by its label and the identity of its rates (a
-#: limit's rates are one object for the life of the rule): (rates, capacity, the entry).
-_POLICIES: dict[tuple[str | None, int], tuple[Any, int | None, str, tuple[str, ...]]] = {}
-
-
 def _limit_policy(
     label: str | None, rates: tuple[Any, ...], capacity: int | None
 ) -> tuple[str, tuple[str, ...]]:
     """The ``RateLimit-Policy`` entry of a limit's rates (a leaky bucket's quota is its
     capacity) and each rate's name in the ``RateLimit`` header, formatted once per rule."""
-    key = (label, id(rates))
-    found = _POLICIES.get(key)
-    if found is None or found[0] is not rates or found[1] != capacity:
-        names = tuple([_name(label, r.text) for r in rates])
-        text = ", ".join(
-            f"{name};q={r.count if capacity is None else capacity};w={r.seconds}"
-            for name, r in zip(names, rates, strict=True)
-        )
-        if len(_POLICIES) >= 1024:
-            _POLICIES.clear()
-        found = _POLICIES[key] = (rates, capacity, text, names)
-    return found[2], found[3]
+    return RUNTIME.compile(
+        ("header-limit", label, rates, capacity), _limit_policy_of, label, rates, capacity
+    )
+
+
+def _limit_policy_of(
+    label: str | None, rates: tuple[Any, ...], capacity: int | None
+) -> tuple[str, tuple[str, ...]]:
+    names = tuple([_name(label, r.text) for r in rates])
+    text = ", ".join(
+        f"{name};q={r.count if capacity is None else capacity};w={r.seconds}"
+        for name, r in zip(names, rates, strict=True)
+    )
+    return text, names
 
 
 def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
@@ -161,12 +175,7 @@ def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
             continue
         meter = r.meter
         capacity = None if meter is None else meter.meter.capacity
-        rates = d.check.rates
-        found = _POLICIES.get((d.name, id(rates)))  # the common case: formatted already
-        if found is not None and found[0] is rates and found[1] == capacity:
-            text, names = found[2], found[3]
-        else:
-            text, names = _limit_policy(d.name, rates, capacity)
+        text, names = _limit_policy(d.name, d.check.rates, capacity)
         policy.append(text)
         usages = r.usages
         if len(usages) == 1:
@@ -236,30 +245,23 @@ def problem(
     return HttpResponse(html, status=status)
 
 
-@functools.lru_cache(maxsize=64)
 def _title(status: int, language: str | None) -> str:
     """The problem's title for ``status`` in ``language`` (the active one: part of the key).
     Translated once per language: a flood answers thousands of refusals a second."""
+    return RUNTIME.compile(("title", status, language), _title_of, status)
+
+
+def _title_of(status: int) -> str:
     return str(_TITLES[status]) if status in _TITLES else HTTPStatus(status).phrase
 
 
-@functools.lru_cache(maxsize=512)
 def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any], ...]) -> str:
-    # ``language`` (the active one, which the page is rendered in) is part of the memo's key.
+    # ``language`` (the active one, which the page is rendered in) is part of the key.
+    return RUNTIME.compile(("page", template, language, context), _render, template, context)
+
+
+def _render(template: str, context: tuple[tuple[str, Any], ...]) -> str:
     return loader.render_to_string(template, dict(context))
-
-
-def forget_templates() -> None:
-    """Forget the pages rendered (the templates may be others now):
-    :mod:`ratelimit_app.runtime` calls it."""
-    _rendered.cache_clear()
-
-
-def forget_messages() -> None:
-    """Forget the translated titles and details (a language's messages may read
-    differently now): :mod:`ratelimit_app.runtime` calls it."""
-    _title.cache_clear()
-    _refusal_detail.cache_clear()
 
 
 def exception(decision: Decision) -> Exception:
@@ -366,13 +368,18 @@ def _refusal_page(
     )
 
 
-@functools.lru_cache(maxsize=1024)
 def _refusal_detail(
     language: str | None, rate: str | None, rule: str | None, wait: int, until: str | None = None
 ) -> str:
     """The 429's ``detail`` in ``language`` (the active one: part of the key), made once per
     answer: a flood repeats a few of them thousands of times a second, and each translation
     looks the active language up again. ``until``: the end of the ban that refused it."""
+    return RUNTIME.compile(
+        ("detail", language, rate, rule, wait, until), _detail, rate, rule, wait, until
+    )
+
+
+def _detail(rate: str | None, rule: str | None, wait: int, until: str | None) -> str:
     if until is not None:
         return f"{_banned(rate, rule, until)} {try_again(wait)}"
     if rate and rule:

@@ -93,7 +93,7 @@ def usage_dict(result: Result) -> dict[str, Any]:
     and ``capacity`` are added.
     """
     state = result.meter  # (None: a kind whose results carry no state, its limit the rate's)
-    kind = kinds.BY_STATE[type(state)]
+    kind = kinds.of_state(state)
     u = result.binding()
     rate = u.rate
     limit = rate.count if state is None else kind.limit_of(rate, state)

@@ -10,23 +10,44 @@ from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import CheckTime, Step, register
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.runtime import RUNTIME
 
 _tuple = tuple.__new__
 
-#: What a check of one rate makes before its round trip (its subject's namespace, the plan
-#: of its fine bucket, the operation), by the check's identity: a limit keeps one counted
-#: check per subject (:meth:`~ratelimit_app.config.limits.Limit.check`), so a client's
-#: requests within one fine bucket find them made. Each entry holds its check (so the
-#: identity is never another's while the entry lives) and the bucket it was made for; the
-#: memo starts over when full (or when settings change).
-_PREPARED: dict[int, tuple[Check, int, int, str, windows.Plan, Op]] = {}
+#: Checks a process keeps made ready for their fine bucket (``RUNTIME.ready``: a check's
+#: namespace, plan and operation, by the check; a client's requests within one fine bucket
+#: find them made). The memo starts over when full.
 READY_MEMO = 4096
 
 
-def forget() -> None:
-    """Forget the checks made ready (a namespace may hash to something else now):
-    :mod:`ratelimit_app.runtime` calls it when the settings change."""
-    _PREPARED.clear()
+def plan(
+    rates: tuple[windows.Rate, ...],
+    t: float,
+    per_window: int,
+    hierarchical: bool = False,
+    fine_only: bool = False,
+) -> windows.Plan:
+    """:func:`ratelimit_app.algorithms.windows.plan`, compiled once per rates and fine bucket
+    (or whole second, hierarchical) and kept in the runtime (``RUNTIME.compiled``): every
+    subject of a limit shares it, so a new client's check finds its plan made."""
+    if hierarchical:
+        now = int(t // 1)
+        return RUNTIME.compile(
+            ("hierarchical", rates, now, per_window),
+            windows.hierarchical_plan,
+            rates,
+            now,
+            per_window,
+        )
+    indexes = windows.indexes(rates, t, per_window)
+    return RUNTIME.compile(
+        ("uniform", rates, indexes, per_window, fine_only),
+        windows.uniform_plan,
+        rates,
+        indexes,
+        per_window,
+        fine_only,
+    )
 
 
 @register
@@ -45,37 +66,24 @@ class SlidingWindow(Step):
         rates = check.rates
         if len(rates) == 1 and check.increment and not moment.hierarchical:  # (kept checks)
             index = int(moment.t * moment.per_window // rates[0].seconds)
-            ready = _PREPARED.get(id(check))
-            if (
-                ready is not None
-                and ready[0] is check
-                and ready[1] == index
-                and ready[2] == moment.per_window
-            ):
-                self.namespace, self.plan, self.op = ready[3], ready[4], ready[5]
+            memo = RUNTIME.ready
+            ready = memo.get(check)
+            if ready is not None and ready[0] == index and ready[1] == moment.per_window:
+                self.namespace, self.plan, self.op = ready[2], ready[3], ready[4]
                 return
             self._make()
-            if len(_PREPARED) >= READY_MEMO:
-                _PREPARED.clear()
-            _PREPARED[id(check)] = (
-                check,
-                index,
-                moment.per_window,
-                self.namespace,
-                self.plan,
-                self.op,
-            )
+            if len(memo) >= READY_MEMO:
+                memo.clear()
+            memo[check] = (index, moment.per_window, self.namespace, self.plan, self.op)
         else:
             self._make()
 
     def _make(self) -> None:
         check, moment = self.check, self.moment
         self.namespace = ns = namespace(check.scope, *check.subject)
-        self.plan = plan = windows.plan(
-            check.rates, moment.t, moment.per_window, moment.hierarchical
-        )
+        self.plan = made = plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
         # tuple.__new__: a NamedTuple's own __new__ is a Python function.
-        self.op = _tuple(Op, (ns, plan, check.increment, None, check.cost))
+        self.op = _tuple(Op, (ns, made, check.increment, None, check.cost))
 
     def decide(self, reply: list[int]) -> Result:
         check = self.check
@@ -99,7 +107,7 @@ class SlidingWindow(Step):
         # conservative by up to one coarse bucket.)
         m = self.moment
         if exact and self.result.limited and self._coarse() and not m.hierarchical:
-            self.detail = windows.plan(self.check.rates, m.t, m.per_window, fine_only=True)
+            self.detail = plan(self.check.rates, m.t, m.per_window, fine_only=True)
         if not self.undo and self.detail is None:
             return None
         undo = self.plan if self.undo else None
@@ -117,8 +125,8 @@ class SlidingWindow(Step):
 
     @staticmethod
     def charge_op(check: Check, moment: CheckTime) -> Op:
-        plan = windows.plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
-        return Op(namespace(check.scope, *check.subject), plan, True, None, check.cost)
+        made = plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
+        return Op(namespace(check.scope, *check.subject), made, True, None, check.cost)
 
     @staticmethod
     def take_back_op(check: Check, result: Result, namespace: str) -> Op | None:

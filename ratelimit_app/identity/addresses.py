@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from functools import lru_cache
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -15,6 +14,7 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from ratelimit_app.conf import conf
+from ratelimit_app.runtime import RUNTIME
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -31,9 +31,21 @@ def parse_address(text: str) -> IPAddress | None:
     return _parse_address(text)
 
 
-@lru_cache(maxsize=4096)
 def _parse_address(text: str) -> IPAddress | None:
-    # Parsing an address costs microseconds; the same clients come back, so remember.
+    # Parsing an address costs microseconds; the same clients come back, so the runtime
+    # remembers (``RUNTIME.addresses``, at most ADDRESS_MEMO texts of at most 64 characters).
+    memo = RUNTIME.addresses
+    found = memo.get(text, _MISSING)
+    if found is _MISSING:
+        found = _parsed(text)
+        if len(text) <= MAX_ADDRESS_LENGTH:  # (a longer text is no address: not kept)
+            if len(memo) >= ADDRESS_MEMO:
+                memo.clear()
+            memo[text] = found
+    return found
+
+
+def _parsed(text: str) -> IPAddress | None:
     try:
         addr = ipaddress.ip_address(text.strip())
     except ValueError:
@@ -60,10 +72,23 @@ def mask_ip(ip: str) -> str | None:
         ip = ip.strip()
         if len(ip) > MAX_ADDRESS_LENGTH:  # no address; not remembered (a client's text)
             return None
-    return _masked(ip, conf.IPV4_MASK, conf.IPV6_MASK)
+    return _mask(ip)
 
 
-@lru_cache(maxsize=4096)
+def _mask(ip: str) -> str | None:
+    """``ip`` masked by the settings' masks, remembered in the runtime (``RUNTIME.masked``,
+    at most ADDRESS_MEMO texts of at most 64 characters)."""
+    memo = RUNTIME.masked
+    found = memo.get(ip, _MISSING)
+    if found is _MISSING:
+        found = _masked(ip, conf.IPV4_MASK, conf.IPV6_MASK)
+        if len(ip) <= MAX_ADDRESS_LENGTH:
+            if len(memo) >= ADDRESS_MEMO:
+                memo.clear()
+            memo[ip] = found
+    return found
+
+
 def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
     if v4_mask == 32:
         # A plain IPv4 address, unmasked, is its own answer: the C parser (0.7 us) instead
@@ -87,11 +112,10 @@ def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
     return str(type(addr)(int(addr) >> drop << drop))
 
 
-#: ``trusted_proxy``'s answers by address (forgotten when settings change; starts over when
-#: full). A memo of its own: an ``lru_cache`` keyed on the networks too would hash every
-#: network, in Python, on every call.
-_trusted: dict[str, bool] = {}
-TRUSTED_MEMO = 4096
+#: Texts each memo of addresses in the runtime holds (``RUNTIME.addresses``, ``masked``,
+#: ``trusted``); each starts over when full.
+ADDRESS_MEMO = 4096
+_MISSING: Any = object()
 #: Longer than any IP address in text (an IPv6 address with a zone is at most 63).
 MAX_ADDRESS_LENGTH = 64
 
@@ -101,15 +125,16 @@ def trusted_proxy(ip: str) -> bool:
     ip = ip.strip()
     if len(ip) > MAX_ADDRESS_LENGTH:  # no address: not remembered (a header is the client's)
         return False
-    found = _trusted.get(ip)
+    memo = RUNTIME.trusted
+    found = memo.get(ip)
     if found is None:
         addr = _parse_address(ip)
         found = addr is not None and any(
             addr in unmap_network(net) for net in conf.TRUSTED_PROXIES
         )
-        if len(_trusted) >= TRUSTED_MEMO:
-            _trusted.clear()
-        _trusted[ip] = found
+        if len(memo) >= ADDRESS_MEMO:
+            memo.clear()
+        memo[ip] = found
     return found
 
 
@@ -124,7 +149,7 @@ def client_ip(request: HttpRequest) -> str:
     address. Raises ``ImproperlyConfigured`` when no valid address is found (see
     :func:`client_address`).
     """
-    masked = _masked(_address(request), conf.IPV4_MASK, conf.IPV6_MASK)
+    masked = _mask(_address(request))
     if masked is None:
         raise ImproperlyConfigured(_no_address(request))
     return masked
@@ -193,12 +218,6 @@ def _no_address(request: HttpRequest) -> str:
         f"fills REMOTE_ADDR, and list your proxies in RATELIMIT_TRUSTED_PROXIES. See "
         f"https://django-bucketry.readthedocs.io/en/latest/security.html"
     )
-
-
-def forget() -> None:
-    """Forget which addresses are trusted proxies (:mod:`ratelimit_app.runtime` calls it
-    when the settings change)."""
-    _trusted.clear()
 
 
 #: The networks an address is shown in where only part of it may be (the admin's *Refused

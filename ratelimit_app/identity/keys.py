@@ -32,7 +32,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -52,6 +52,7 @@ from ratelimit_app.identity.addresses import parse_address as parse_address
 from ratelimit_app.identity.addresses import trusted_proxy as trusted_proxy
 from ratelimit_app.identity.addresses import unmap_network as unmap_network
 from ratelimit_app.identity.namespaces import namespace as namespace
+from ratelimit_app.runtime import RUNTIME
 
 #: Values longer than this (after normalising) are kept as a hash of themselves
 #: (:func:`derived`): a person's email or name is never this long.
@@ -379,25 +380,33 @@ def user_or_ip(request: HttpRequest) -> str:
     return _user(request) or client_ip(request)
 
 
-SIMPLE_KEYS: dict[str, Callable[[HttpRequest], str | None]] = {
-    "ip": client_ip,
-    "user": _user,
-    "user_or_ip": user_or_ip,
-    "email": lambda r: _clean(form_value(r, "email"), True),  # normalize_email, one call less
-    "device": lambda r: device(r.META.get("HTTP_USER_AGENT", "")[:1024]),
-}
+SIMPLE_KEYS: Mapping[str, Callable[[HttpRequest], str | None]] = MappingProxyType(
+    {
+        "ip": client_ip,
+        "user": _user,
+        "user_or_ip": user_or_ip,
+        "email": lambda r: _clean(form_value(r, "email"), True),  # normalize_email, one call less
+        "device": lambda r: device(r.META.get("HTTP_USER_AGENT", "")[:1024]),
+    }
+)
 
-ACCESSOR_KEYS: dict[str, Callable[[HttpRequest, str], str | None]] = {
-    "get": lambda r, k: _clean(_query_value(r, k)),
-    "post": lambda r, k: _clean(form_value(r, k)),
-    "header": lambda r, k: _clean(get_header(r, k)),
-    "email": lambda r, k: normalize_email(form_value(r, k)),
-}
+ACCESSOR_KEYS: Mapping[str, Callable[[HttpRequest, str], str | None]] = MappingProxyType(
+    {
+        "get": lambda r, k: _clean(_query_value(r, k)),
+        "post": lambda r, k: _clean(form_value(r, k)),
+        "header": lambda r, k: _clean(get_header(r, k)),
+        "email": lambda r, k: normalize_email(form_value(r, k)),
+    }
+)
 
 
-@lru_cache(maxsize=256)
 def compile_key(spec: str) -> Callable[[str, HttpRequest], str | None]:
-    """A function ``(group, request) -> value or None`` for a key string; validates it."""
+    """A function ``(group, request) -> value or None`` for a key string; validates it.
+    Made once per key string (kept in the runtime's ``compiled``)."""
+    return RUNTIME.compile(("key", spec), _compile_key, spec)
+
+
+def _compile_key(spec: str) -> Callable[[str, HttpRequest], str | None]:
     if spec in SIMPLE_KEYS:
         simple = SIMPLE_KEYS[spec]
         return lambda group, request: simple(request)
@@ -475,10 +484,15 @@ def ignores_group(spec: KeySpec) -> bool:
     return type(spec) is str and (spec in SIMPLE_KEYS or ":" in spec)
 
 
-@lru_cache(maxsize=256)
 def _throttle_ident_prefix(cache_format: str, scope: str | None) -> str | None:
     """What a key of ``cache_format`` holds before its ident (None: the ident is not last,
-    or the format is not DRF's kind)."""
+    or the format is not DRF's kind); made once per format and scope."""
+    return RUNTIME.compile(
+        ("ident-prefix", cache_format, scope), _ident_prefix, cache_format, scope
+    )
+
+
+def _ident_prefix(cache_format: str, scope: str | None) -> str | None:
     if not cache_format.endswith("%(ident)s"):
         return None
     try:

@@ -12,13 +12,14 @@ request), never of an admitted request.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.middleware.csrf import CsrfViewMiddleware
 from django.utils.module_loading import import_string
+
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = ["csrf_refused", "page_sent"]
 
@@ -108,14 +109,13 @@ def csrf_refused(request: Any, response: Any) -> bool:
     match = getattr(request, "resolver_match", None)
     if match is None or getattr(match.func, "csrf_exempt", False):
         return False
-    return _csrf_checked(tuple(getattr(settings, "MIDDLEWARE", None) or ()))
+    return RUNTIME.part(_csrf_checked)
 
 
-@lru_cache(maxsize=8)
-def _csrf_checked(middleware: tuple[str, ...]) -> bool:
-    """True when ``middleware`` (``settings.MIDDLEWARE``) holds Django's CSRF middleware or
-    a subclass of it. Cached by the list itself: a changed setting is a new key."""
-    for path in middleware:
+def _csrf_checked() -> bool:
+    """True when ``MIDDLEWARE`` holds Django's CSRF middleware or a subclass of it (a part
+    of the runtime: found once per setting of ``MIDDLEWARE``)."""
+    for path in getattr(settings, "MIDDLEWARE", None) or ():
         try:
             found = import_string(path)
         except ImportError:  # Django fails at start-up on it; nothing to say here

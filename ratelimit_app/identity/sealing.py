@@ -23,6 +23,8 @@ import os
 
 from django.conf import settings
 
+from ratelimit_app.runtime import RUNTIME
+
 __all__ = ["MAX_SEALED", "seal", "unseal"]
 
 #: The longest value sealed (one BLAKE2b output).
@@ -30,18 +32,16 @@ MAX_SEALED = 64
 _PREFIX = "v1:"
 _PERSON = b"bucketry-seal"
 _TAG = b"bucketry-tag"
-_keys: dict[str, bytes] = {}
 
 
 def _key() -> bytes:
-    """32 bytes derived from ``SECRET_KEY`` (remembered per secret)."""
+    """32 bytes derived from ``SECRET_KEY`` (a part of the runtime)."""
+    return RUNTIME.part(_derived_key)
+
+
+def _derived_key() -> bytes:
     secret = str(getattr(settings, "SECRET_KEY", "") or "")
-    found = _keys.get(secret)
-    if found is None:
-        found = hashlib.sha256(f"django-bucketry seal\x00{secret}".encode()).digest()
-        _keys.clear()
-        _keys[secret] = found
-    return found
+    return hashlib.sha256(f"django-bucketry seal\x00{secret}".encode()).digest()
 
 
 def _stream(nonce: bytes, size: int) -> bytes:

@@ -11,9 +11,10 @@ from django.test import override_settings
 from rest_framework import throttling as drf
 from rest_framework.settings import api_settings
 
-from ratelimit_app import clock, core, engine, throttling
+from ratelimit_app import clock, core, throttling
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.engine import memory
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import backend_failed, ratelimited
 from ratelimit_app.testing import frozen_clock
 from tests.drf.conftest import api_view, get, statuses
@@ -354,9 +355,9 @@ def test_refusals_are_remembered(
         assert get(view)["Retry-After"] == "55"
         assert len(calls) == asked + 1
         # One memory for the middleware, @ratelimit and the throttles: a reset forgets it.
-        assert len(engine.REFUSALS) == 1
+        assert len(RUNTIME.refusals) == 1
         assert core.reset(limited, "192.0.2.1") is True
-        assert len(engine.REFUSALS) == 0
+        assert len(RUNTIME.refusals) == 0
         assert get(view).status_code == 200
 
 

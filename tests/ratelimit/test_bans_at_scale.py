@@ -88,7 +88,7 @@ def test_a_new_ban_costs_each_process_one_query_of_what_changed(client: Client) 
         later = dt.datetime.fromtimestamp(T0 + 3600, dt.UTC)
         Ban.objects.bulk_create(ban_rows(2000, later))
         snap = store.current()
-        assert len(snap.bans) == 2000 and store.banning
+        assert len(snap.bans) == 2000 and store.current().banning
         # Another process bans a subject: its row, and its bump of the shared counter.
         Ban.objects.bulk_create(ban_rows(1, later))
         store._version_op(increment=True, which=store.BANS)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ratelimit_app.identity import addresses, keys, namespaces
 from ratelimit_app.identity.keys import namespace
+from ratelimit_app.runtime import RUNTIME
 
 rf = RequestFactory()
 
@@ -500,14 +501,12 @@ TRICKY_IPV4 = [
 
 @pytest.mark.parametrize("ip", TRICKY_IPV4)
 def test_the_ipv4_fast_path_answers_as_ipaddress_does(ip: str) -> None:
-    addresses._masked.cache_clear()
     assert addresses._masked(ip, 32, 128) == _masked_slowly(ip)
 
 
 @given(st.ip_addresses(v=4).map(str) | st.text(alphabet="0123456789.x: ", max_size=18))
 @settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_the_ipv4_fast_path_agrees_on_any_text(ip: str) -> None:
-    addresses._masked.cache_clear()
     assert addresses._masked(ip, 32, 128) == _masked_slowly(ip)
 
 
@@ -555,7 +554,7 @@ def test_trusted_proxy_memo_holds_no_long_strings() -> None:
     with override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"]):
         assert keys.trusted_proxy(" " * 100 + "10.0.0.1 ")
         assert not keys.trusted_proxy("10.0.0.1" + "0" * 100)
-        assert all(len(ip) <= addresses.MAX_ADDRESS_LENGTH for ip in addresses._trusted)
+        assert all(len(ip) <= addresses.MAX_ADDRESS_LENGTH for ip in RUNTIME.trusted)
 
 
 def test_a_json_body_is_parsed_once_whatever_the_number_of_keys(
@@ -591,9 +590,8 @@ def test_a_json_body_is_parsed_once_whatever_the_number_of_keys(
 def _retained(call: Callable[[int], object], n: int = 300) -> int:
     """Bytes still allocated after ``call(i)`` for each ``i < n``: what memos kept (emptied
     first, so that none is full and forgets as much as it keeps)."""
-    addresses._parse_address.cache_clear()
-    addresses._masked.cache_clear()
-    namespaces._namespaces.clear()
+    for memo in (RUNTIME.addresses, RUNTIME.masked, RUNTIME.namespaces):
+        memo.clear()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
@@ -658,10 +656,10 @@ def test_the_namespace_memo_remembers_no_long_values() -> None:
     assert _retained(call, 1000) < 300_000
     long_value = "v" * (namespaces.NAMESPACE_MEMO_VALUE + 1)
     assert keys.namespace("g", "k", long_value) == keys.namespace("g", "k", long_value)
-    assert ("g", "k", long_value) not in namespaces._namespaces
+    assert ("g", "k", long_value) not in RUNTIME.namespaces
     derived = keys.derived("long", b"x")
     keys.namespace("g", "k", derived)
-    assert ("g", "k", derived) in namespaces._namespaces  # derived subjects are remembered
+    assert ("g", "k", derived) in RUNTIME.namespaces  # derived subjects are remembered
 
 
 def test_a_group_named_with_a_lone_surrogate_is_counted_not_a_500() -> None:

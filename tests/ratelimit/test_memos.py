@@ -2,7 +2,7 @@
 
 A client's requests within one fine bucket make the same check: its limit keeps the
 :class:`~ratelimit_app.config.limits.Check` of each recent subject, and the sliding-window
-step the subject's namespace, plan and operation for the fine bucket (``_PREPARED``). Both are
+step the subject's namespace, plan and operation for the fine bucket (``RUNTIME.ready``). Both are
 bounded (a botnet of new subjects starts them over), and a settings change that may change
 a namespace forgets them.
 """
@@ -17,6 +17,7 @@ from django.test import RequestFactory, override_settings
 from ratelimit_app.config import limits
 from ratelimit_app.engine import check_many, sliding_window
 from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import frozen_clock
 
 T0 = 1_800_000_000.0
@@ -41,17 +42,17 @@ def test_a_check_finds_its_fine_bucket_made_and_a_new_bucket_makes_it_again() ->
     limit = limits.build("memo-ready", "ip", "5/m")
     check = limit.check(request("192.0.2.10"))
     assert check is not None
-    key = id(check)
+    key = check
     with frozen_clock(T0) as clock:
         check_many([check])
-        made = sliding_window._PREPARED[key]
+        made = RUNTIME.ready[key]
         clock.advance(0.1)  # the same fine bucket (one second for '5/m')
         check_many([check])
-        assert sliding_window._PREPARED[key] is made
+        assert RUNTIME.ready[key] is made
         clock.advance(1.0)  # the next one
         check_many([check])
-        assert sliding_window._PREPARED[key] is not made
-        assert sliding_window._PREPARED[key][4] is not made[4]  # its plan
+        assert RUNTIME.ready[key] is not made
+        assert RUNTIME.ready[key][3] is not made[3]  # its plan
 
 
 def test_the_ready_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +61,7 @@ def test_the_ready_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     with frozen_clock(T0):
         for i in range(5):
             check_many([limit.check(request(f"192.0.2.{20 + i}"))])  # type: ignore[list-item]
-            assert len(sliding_window._PREPARED) <= 2
+            assert len(RUNTIME.ready) <= 2
 
 
 def test_a_new_secret_key_forgets_the_namespaces_made() -> None:

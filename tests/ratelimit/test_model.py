@@ -100,9 +100,10 @@ from ratelimit_app.algorithms.gcra import IN_FLIGHT, LEAKY_BUCKET, SLIDING_WINDO
 from ratelimit_app.algorithms.rates import MAX_LEASE, Rate, Slots, parse
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.core import reset, scope
-from ratelimit_app.engine import REFUSALS, Check, Result, check_many, refusal_key, take_back
+from ratelimit_app.engine import Check, Result, check_many, refusal_key, take_back
 from ratelimit_app.engine.checking import STRIKES
 from ratelimit_app.identity.keys import namespace
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import FrozenClock, forget_refusals, frozen_clock
 from tests.conftest import start_or_skip
 
@@ -596,7 +597,7 @@ class LimiterMachine(RuleBasedStateMachine):
 
     def _remembered(self, checks: Sequence[Check], got: Sequence[Result]) -> list[bool]:
         """For each check, whether the refusal memory holds its result just returned."""
-        found = [REFUSALS.recall(refusal_key(c), self.now) for c in checks]
+        found = [RUNTIME.refusals.recall(refusal_key(c), self.now) for c in checks]
         return [f is not None and f[1][1] is r for f, r in zip(found, got, strict=True)]
 
     @precondition(lambda self: self.held)

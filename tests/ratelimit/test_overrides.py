@@ -484,17 +484,17 @@ class TestAtWork:
         client = Client()
         with mock.patch.object(store, "CONFIG_REFRESH", 0):
             assert statuses(client, "/rules/unnamed/", 3, REMOTE_ADDR="192.0.2.5")[-1] == 429
-            assert not store.overriding
+            assert not store.current().overriding
             # Another process saved it: the row and the shared counter's bump, not ours.
             Override.objects.bulk_create(
                 [Override(limit="login", subject="192.0.2.0/24", rate="unlimited")]
             )
             store._version_op(increment=True)
             assert client.get("/rules/unnamed/", REMOTE_ADDR="192.0.2.5").status_code == 200
-            assert store.overriding
+            assert store.current().overriding
             Override.objects.all().delete()  # our own delete: post_delete bumps
             assert client.get("/rules/unnamed/", REMOTE_ADDR="192.0.2.5").status_code == 429
-            assert not store.overriding
+            assert not store.current().overriding
 
     def test_no_query_per_request(self, backend_kind: str, django_assert_num_queries: Any) -> None:
         gold, partner = signed_in(user("gold", "premium")), signed_in(user("partner"))
@@ -560,7 +560,7 @@ def test_without_overrides_decide_does_not_look() -> None:
     Rule.objects.create(name="db-rule", path="/rules/status/", key="ip", rate="5/m")
     with mock.patch.object(applied, "prefilter", side_effect=AssertionError("looked")):
         assert Client().get("/rules/status/200/").status_code == 200
-        assert not store.overriding
+        assert not store.current().overriding
         override("db-rule", "192.0.2.1", "unlimited")
         with pytest.raises(AssertionError, match="looked"):
             Client().get("/rules/status/200/")
@@ -576,7 +576,7 @@ def test_a_subject_no_override_names_is_not_looked_up() -> None:
     override("db-rule", "alice@example.org", "unlimited")  # another kind's value
     with mock.patch.object(applied, "apply", side_effect=AssertionError("looked")):
         assert Client().get("/rules/status/200/").status_code == 200  # 127.0.0.1
-        assert store.overriding
+        assert store.current().overriding
         with pytest.raises(AssertionError, match="looked"):
             Client(REMOTE_ADDR="192.0.2.1").get("/rules/status/200/")
 

@@ -22,6 +22,7 @@ from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.engine import memory, refusals
 from ratelimit_app.identity import keys
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
 
@@ -198,7 +199,7 @@ def test_a_conservative_wait_is_not_remembered(
         for _ in range(4):
             core.get_usage(request, "h", key="ip", rate="1/m", increment=True)
     assert trips.count == 1 + 2 * 3  # each refusal: the check, then the take-back
-    assert len(engine.REFUSALS) == 0
+    assert len(RUNTIME.refusals) == 0
 
 
 def test_zero_turns_the_memory_off(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,12 +246,12 @@ def test_subjects_not_remembered_are_not_looked_up_one_by_one(
     with frozen_clock(1_000_000.0):
         for _ in range(2):  # another subject, refused and remembered
             core.get_usage(request, "flooded", key="ip", rate="1/h", increment=True)
-        assert len(engine.REFUSALS)
+        assert len(RUNTIME.refusals)
         looked: list[object] = []
         for name in ("recall", "due"):
-            real = getattr(engine.REFUSALS, name)
+            real = getattr(RUNTIME.refusals, name)
             monkeypatch.setattr(
-                engine.REFUSALS, name, lambda *a, _real=real: looked.append(a) or _real(*a)
+                RUNTIME.refusals, name, lambda *a, _real=real: looked.append(a) or _real(*a)
             )
         other = RequestFactory().get("/", REMOTE_ADDR="198.51.100.4")
         usage = core.get_usage(other, "flooded", key="ip", rate="1/h", increment=True)
@@ -325,12 +326,12 @@ def test_the_memory_holds_at_most_refusal_memory_size_subjects(
     from memory."""
     addresses = ["192.0.2.61", "192.0.2.62", "192.0.2.63"]
     monkeypatch.setattr(memory, "REFUSAL_MEMORY", 60)
-    monkeypatch.setattr(engine.REFUSALS, "size", 2)
+    monkeypatch.setattr(RUNTIME.refusals, "size", 2)
     with rules(rule(rate="1/m")), frozen_clock(T0):
         for address in addresses:
             assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 200
             assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 429
-        assert len(engine.REFUSALS) == 2
+        assert len(RUNTIME.refusals) == 2
         trips = RoundTrips(monkeypatch)
         for address in addresses[1:]:  # remembered: no round trip
             assert client.get("/rules/named/", REMOTE_ADDR=address).status_code == 429
@@ -356,13 +357,13 @@ def test_a_few_refusals_are_not_remembered_so_cache_clear_alone_resets_a_limit(
         with frozen_clock(T0):
             for _ in range(3):
                 core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
-            assert len(engine.REFUSALS) == 0  # two refusals: nothing remembered
+            assert len(RUNTIME.refusals) == 0  # two refusals: nothing remembered
             caches["rl"].clear()
             usage = core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
             assert usage is not None and not usage["should_limit"] and usage["count"] == 1
             for _ in range(memory.FLOOD + 1):  # a flood of refusals...
                 core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
-            assert len(engine.REFUSALS) == 1  # ...is remembered
+            assert len(RUNTIME.refusals) == 1  # ...is remembered
     finally:
         engine.remember_always(before)
         forget_refusals()
@@ -380,7 +381,9 @@ def test_the_flood_gate_counts_this_second_and_the_one_before() -> None:
 # -- the 429 page ------------------------------------------------------------------------
 
 
-def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
+def test_the_429_page_is_rendered_once_per_answer(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rendering the template cost more than a check (124 µs against 20 µs kept): this app's
     own pages are kept per distinct answer; a project's override is rendered every time,
     with the request (it may use it)."""
@@ -391,7 +394,10 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
 
     usage = {"rate": "2/m", "retry_after": 7, "should_limit": True, "remaining": 0, "rates": []}
     request = RequestFactory().get("/")
-    responses._rendered.cache_clear()
+    RUNTIME.compiled.clear()
+    rendered = []
+    render = responses._render
+    monkeypatch.setattr(responses, "_render", lambda *a: rendered.append(a) or render(*a))
     pages = [
         responses.too_many_requests(request, Ratelimited(), usage, "flood").content
         for _ in range(3)
@@ -410,7 +416,7 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
         },
     ).encode()
     assert pages == [fresh] * 3
-    assert responses._rendered.cache_info().hits == 2
+    assert len(rendered) == 1
     (tmp_path / "ratelimit_app").mkdir()
     (tmp_path / "ratelimit_app" / "problem.html").write_text("{{ request.path }}: {{ detail }}")
     templates = [
@@ -430,7 +436,7 @@ def test_the_429_page_is_rendered_once_per_answer(tmp_path: Any) -> None:
 
 
 def test_a_projects_page_is_rendered_from_its_context_alone_and_kept(
-    tmp_path: Any,
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ratelimit_app.engine import responses
     from ratelimit_app.exceptions import Ratelimited
@@ -447,13 +453,16 @@ def test_a_projects_page_is_rendered_from_its_context_alone_and_kept(
         }
     ]
     usage = {"rate": "2/m", "retry_after": 7, "should_limit": True, "remaining": 0, "rates": []}
+    rendered = []
+    render = responses._render
+    monkeypatch.setattr(responses, "_render", lambda *a: rendered.append(a) or render(*a))
     with override_settings(TEMPLATES=templates):
         pages = {
             responses.too_many_requests(RequestFactory().get(p), Ratelimited(), usage).content
             for p in ("/a/", "/b/")
         }
         assert pages == {b"[] wait 7s"}  # from its context alone, once
-        assert responses._rendered.cache_info().hits >= 1
+        assert len(rendered) == 1
 
 
 def test_a_flood_is_counted_not_logged_request_by_request(

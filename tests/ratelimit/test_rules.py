@@ -143,7 +143,7 @@ def test_path_info_is_matched_not_the_script_prefix() -> None:
 
 @override_settings(ROOT_URLCONF="tests.ratelimit.urls")
 def test_url_names_resolve_including_namespaces() -> None:
-    rules.clear_caches()
+    rules.url_names().clear()
     rs = ruleset(
         {"name": "by-name", "url_name": "rules-named", "key": "ip", "rate": "5/m"},
         {"name": "ns", "url_name": "ns:rules-inner", "key": "ip", "rate": "5/m"},
@@ -159,12 +159,12 @@ def test_url_names_resolve_including_namespaces() -> None:
 def test_a_path_outside_every_prefix_resolves_nothing() -> None:
     """Rules with both a path and a URL name resolve only the paths under their prefixes:
     every other request stays a prefix test."""
-    rules.clear_caches()
+    rules.url_names().clear()
     rs = ruleset({**BASE, "name": "both", "path": "/rules/", "url_name": "rules-named"})
     assert rs.match(rf.get("/other/")) == ()
-    assert len(rules._names) == 0
+    assert len(rules.url_names()) == 0
     assert names(rs.match(rf.get("/rules/named/"))) == ["both"]
-    assert len(rules._names) == 1
+    assert len(rules.url_names()) == 1
 
 
 def test_empty_ruleset_matches_nothing() -> None:
@@ -213,7 +213,7 @@ def test_the_url_name_memo_is_bounded_whatever_the_paths() -> None:
     A long path is resolved and forgotten; the memo of short ones starts over when full."""
     import tracemalloc
 
-    rules.clear_caches()
+    rules.url_names().clear()
     rs = ruleset({"name": "by-name", "url_name": "rules-named", "key": "ip", "rate": "5/m"})
     tracemalloc.start()
     try:
@@ -226,11 +226,12 @@ def test_the_url_name_memo_is_bounded_whatever_the_paths() -> None:
     assert grown < 500_000  # 300 paths of 16 KB: 4.8 MB when each was kept
     for i in range(3 * rules.MATCH_MEMO):
         assert rs.match(rf.get(f"/p/{i}/")) == ()
-    assert len(rules._names) <= rules.MATCH_MEMO
-    assert sum(len(path) for path, _ in rules._names) <= rules.MATCH_MEMO * rules.MATCH_MEMO_PATH
+    assert len(rules.url_names()) <= rules.MATCH_MEMO
+    kept = sum(len(path) for path, _ in rules.url_names())
+    assert kept <= rules.MATCH_MEMO * rules.MATCH_MEMO_PATH
     assert names(rs.match(rf.get("/rules/named/"))) == ["by-name"]
     assert names(rs.match(rf.get("/rules/named/"))) == ["by-name"]  # from the memo
-    assert ("/rules/named/", None) in rules._names
+    assert ("/rules/named/", None) in rules.url_names()
 
 
 def _request(path: str) -> HttpRequest:

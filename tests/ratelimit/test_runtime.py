@@ -1,7 +1,8 @@
 """One receiver forgets what the settings built (:mod:`ratelimit_app.runtime`).
 
-Each part the limiter keeps in a process is filled, a setting is changed, and the parts that
-setting may change must be empty, while the others keep what they hold.
+Each part the limiter keeps in a process is filled, a setting is changed, and when the
+runtime is built from that setting every part must be empty (each is built again when next
+used), while a setting it is not built from leaves every part as it was.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.test import override_settings
+from django.test import RequestFactory, override_settings
 
 from ratelimit_app import backends, conf, runtime, store
 from ratelimit_app.config import declared, rules
-from ratelimit_app.engine import memory, sliding_window
-from ratelimit_app.identity import addresses, namespaces
+from ratelimit_app.config.limits import build
+from ratelimit_app.engine import check_many
+from ratelimit_app.identity import addresses, namespaces, provenance
+from ratelimit_app.runtime import RUNTIME
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,39 +29,34 @@ def fill() -> None:
     conf.conf.ENABLE  # noqa: B018  (read: remembered)
     namespaces.namespace("g-runtime", "ip", "192.0.2.1")
     addresses.trusted_proxy("192.0.2.1")
+    addresses.mask_ip("192.0.2.1")
+    addresses.parse_address("192.0.2.1")
     declared.rules()
     store.current()
     backends.get_backend()
-    memory.REFUSALS.remember(("runtime",), 0.0, 1e12, None)  # type: ignore[arg-type]
-    sliding_window._PREPARED[-1] = None  # type: ignore[assignment]
-    rules._names[("runtime", None)] = None
+    RUNTIME.part(provenance._csrf_checked)
+    RUNTIME.refusals.remember(("runtime",), 0.0, 1e12, None)  # type: ignore[arg-type]
+    check = build("g-runtime", "ip", "5/m").check(RequestFactory().get("/"))
+    assert check is not None
+    check_many([check])
+    rules.url_names()[("runtime", None)] = None
 
 
 def held() -> dict[str, bool]:
     """Which parts hold something now."""
     return {
         "conf": "ENABLE" in vars(conf.conf),
-        "namespaces": bool(namespaces._namespaces),
-        "trusted": bool(addresses._trusted),
-        "declared": declared.rules.cache_info().currsize > 0,
-        "store": store.in_force is not None,
-        "backends": bool(backends._backends),
-        "refusals": len(memory.REFUSALS) > 0,
-        "ready": -1 in sliding_window._PREPARED,
-        "url names": bool(rules._names),
+        "namespaces": bool(RUNTIME.namespaces),
+        "addresses": bool(RUNTIME.addresses and RUNTIME.masked and RUNTIME.trusted),
+        "compiled": bool(RUNTIME.compiled),
+        "ready": bool(RUNTIME.ready),
+        "declared": declared._rules in RUNTIME.parts,
+        "store": RUNTIME.snapshot is not None,
+        "backends": bool(RUNTIME.parts.get(backends.Built)),
+        "refusals": len(RUNTIME.refusals) > 0,
+        "url names": bool(RUNTIME.parts.get(rules._url_names)),
+        "csrf": provenance._csrf_checked in RUNTIME.parts,
     }
-
-
-LIMITER = {
-    "conf",
-    "namespaces",
-    "trusted",
-    "declared",
-    "store",
-    "backends",
-    "refusals",
-    "ready",
-}
 
 
 @pytest.fixture(autouse=True)
@@ -67,12 +65,28 @@ def _forgotten_after() -> Iterator[None]:
     runtime.forget()
 
 
+EVERYTHING = {
+    "conf",
+    "namespaces",
+    "addresses",
+    "compiled",
+    "ready",
+    "declared",
+    "store",
+    "backends",
+    "refusals",
+    "url names",
+    "csrf",
+}
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "forgotten"),
     [
-        ("RATELIMIT_IPV4_MASK", 24, LIMITER),
-        ("SECRET_KEY", "another-secret-for-the-runtime-test", LIMITER),
-        ("ROOT_URLCONF", "tests.urls", {"url names"}),
+        ("RATELIMIT_IPV4_MASK", 24, EVERYTHING),
+        ("SECRET_KEY", "another-secret-for-the-runtime-test", EVERYTHING),
+        ("ROOT_URLCONF", "tests.urls", EVERYTHING),
+        ("LANGUAGE_CODE", "fr", EVERYTHING),
         ("TIME_ZONE", "Europe/Paris", set()),
     ],
 )

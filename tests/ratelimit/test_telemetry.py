@@ -340,7 +340,7 @@ def test_label_sets_are_bound_once_and_the_cache_is_bounded(
     monkeypatch.setattr(telemetry, "MAX_BOUND", 3)
     sink = Recording()
     recording = telemetry.Telemetry([sink])
-    monkeypatch.setattr(enforce, "OBSERVERS", [recording.observe])
+    monkeypatch.setattr(checking.HOOKS, "observers", [recording.observe])
     request = RequestFactory().get("/")
     groups = [f"bound-{next(_unique)}" for _ in range(5)]
     for group in groups * 2:
@@ -356,8 +356,8 @@ def test_label_sets_are_bound_once_and_the_cache_is_bounded(
 def test_connect_is_once_per_process() -> None:
     first = telemetry.connect()
     assert first is not None and telemetry.connect() is first
-    assert enforce.OBSERVERS.count(first.observe) == 1
-    assert checking.TRIPS.count(first.trip) == 1
+    assert checking.HOOKS.observers.count(first.observe) == 1
+    assert checking.HOOKS.trips.count(first.trip) == 1
 
 
 # -- the Grafana dashboard ---------------------------------------------------------------
@@ -421,10 +421,10 @@ def test_the_bench_times_each_exporter(memcached_server: str, redis_server: str)
     from bench.claims import telemetry as bench
     from bench.common import Servers
 
-    saved = list(enforce.OBSERVERS), list(checking.TRIPS)
+    saved = list(checking.HOOKS.observers), list(checking.HOOKS.trips)
     servers = Servers(memcached=memcached_server, redis=redis_server)
     rows = bench.run(rounds=2, calls=5, ips=3, servers=servers)
-    assert (list(enforce.OBSERVERS), list(checking.TRIPS)) == saved  # put back
+    assert (list(checking.HOOKS.observers), list(checking.HOOKS.trips)) == saved  # put back
     assert [(r.backend, r.contender) for r in rows] == [
         (b, c) for b in ("memcached", "redis") for c in bench.CONTENDERS
     ]
@@ -448,7 +448,7 @@ def test_an_opentelemetry_round_trip_is_queued_not_recorded_on_the_request(
             histogram.record(seconds, attributes)
 
     sink.seconds = Spy()
-    monkeypatch.setattr(checking, "TRIPS", [telemetry.Telemetry([sink]).trip])
+    monkeypatch.setattr(checking.HOOKS, "trips", [telemetry.Telemetry([sink]).trip])
     core.get_usage(rf.get("/"), "g-queued", key="ip", rate="5/m", increment=True)
     deadline = time.monotonic() + 5 * telemetry.RECORD_EVERY
     while not threads and time.monotonic() < deadline:

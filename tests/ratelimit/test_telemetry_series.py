@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from ratelimit_app import store, telemetry
 from ratelimit_app.core import get_usage
-from ratelimit_app.engine import enforce
+from ratelimit_app.engine import checking
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE
 
@@ -236,7 +236,7 @@ def test_the_refusal_spike_alert_fires_for_a_limit_that_refused_nothing_yesterda
         # The process starts yesterday: connect() welcomes the limits it knows.
         exporter = telemetry.Telemetry([telemetry.Prometheus(registry)])
         exporter.welcome_configured()
-        monkeypatch.setattr(enforce, "OBSERVERS", [exporter.observe])
+        monkeypatch.setattr(checking.HOOKS, "observers", [exporter.observe])
         for day, busy in ((-DAY, 0), (0.0, 40)):
             now.set(T0 + day - 15 * 60)
             for step in range(int(15 * 60 / SCRAPE)):

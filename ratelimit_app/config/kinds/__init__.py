@@ -12,18 +12,16 @@ from django.utils.functional import Promise
 
 from ratelimit_app.config.kinds import in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
 from ratelimit_app.config.kinds.base import (
-    BY_STATE,
     KINDS,
     Kind,
     burst_help,
+    of_state,
     register,
     unregister,
-    when_changed,
 )
 from ratelimit_app.config.mistakes import LimitError
 
 __all__ = [
-    "BY_STATE",
     "DEFAULT",
     "IN_FLIGHT",
     "KINDS",
@@ -35,9 +33,9 @@ __all__ = [
     "judge_burst",
     "kind",
     "names",
+    "of_state",
     "register",
     "unregister",
-    "when_changed",
 ]
 
 #: The kind of a limit that names none.

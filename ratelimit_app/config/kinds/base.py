@@ -13,7 +13,6 @@ Pure logic: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
@@ -21,6 +20,7 @@ from django.utils.functional import Promise
 
 from ratelimit_app.algorithms.rates import Rate
 from ratelimit_app.config.mistakes import LimitError
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = ["COLUMNS", "KINDS", "Kind", "register", "unregister"]
 
@@ -128,10 +128,6 @@ class Kind:
 
 #: Every kind registered, by name, in the order registered (the default first).
 KINDS: dict[str, Kind] = {}
-#: The kind whose report a usage dict is, by the type of its result's state.
-BY_STATE: dict[type, Kind] = {}
-#: Called when the kinds change (what was validated against them is forgotten).
-_WATCHERS: list[Callable[[], None]] = []
 
 K = TypeVar("K", bound=type[Kind])
 
@@ -140,29 +136,24 @@ def register(cls: K) -> K:
     """Make the kind ``cls`` (a class decorator) one a limit may be of."""
     found = cls()
     KINDS[found.name] = found
-    BY_STATE.setdefault(found.state, found)
-    _changed()
+    RUNTIME.compiled.clear()  # (limits validated against the kinds before)
     return cls
 
 
 def unregister(name: str) -> None:
     """Take the kind ``name`` out of the registry (tests)."""
-    found = KINDS.pop(name)
-    if BY_STATE.get(found.state) is found:
-        del BY_STATE[found.state]
-        for other in KINDS.values():
-            BY_STATE.setdefault(other.state, other)
-    _changed()
+    del KINDS[name]
+    RUNTIME.compiled.clear()
 
 
-def when_changed(forget: Callable[[], None]) -> None:
-    """Call ``forget`` whenever a kind is registered or taken out."""
-    _WATCHERS.append(forget)
-
-
-def _changed() -> None:
-    for forget in _WATCHERS:
-        forget()
+def of_state(state: object) -> Kind:
+    """The kind whose report a usage dict is, by its result's state (the first registered
+    whose :attr:`Kind.state` is its type)."""
+    cls = type(state)
+    for found in KINDS.values():
+        if found.state is cls:
+            return found
+    raise LookupError(f"No kind of limit keeps a state of type {cls.__name__}.")
 
 
 def burst_help() -> str:
