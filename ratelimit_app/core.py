@@ -58,10 +58,10 @@ def group_name(fn: Callable[..., Any]) -> str:
 
 
 def scope(group: str, method: Method, rate_list: tuple[rates.Rate, ...]) -> str:
-    """What counters are kept apart by (:func:`ratelimit_app.algorithms.rates.scope`), for a method
+    """What counters are kept apart by (:func:`ratelimit_app.config.limits.scope`), for a method
     spec as the decorators take it."""
     methods = method_set(method)
-    return rates.scope(group, ",".join(sorted(methods)) if methods else "", rate_list)
+    return limits.scope(group, ",".join(sorted(methods)) if methods else "", rate_list)
 
 
 def get_usage(

@@ -99,7 +99,8 @@ class Runtime:
     def _fresh(self) -> None:
         #: A limit's pieces that do not depend on the subject, by what they are made from.
         self.compiled: dict[tuple[Any, ...], Any] = {}
-        #: A check's namespace, plan and operation for its fine bucket, by the check.
+        #: A check's namespace, plan and operation for its fine bucket, by its scope and
+        #: subject (an entry holds its check: another check of them makes its own).
         self.ready: dict[Any, tuple[Any, ...]] = {}
         #: A subject's namespace, by (group, kind, value).
         self.namespaces: dict[tuple[str, str, str], str] = {}

@@ -103,13 +103,6 @@ def duration(value: object, what: str, longest: int = MAX_SECONDS) -> int:
     return seconds
 
 
-def scope(group: str, methods: str, rate_list: tuple[Rate, ...]) -> str:
-    """What a limit's counters are kept apart by, as django-ratelimit keys them: its group,
-    its methods (upper case, sorted, comma-joined; empty for all) and its rates (two stacked
-    decorators on one view never share a counter)."""
-    return f"{group}\x00{methods}\x00{';'.join([r.text for r in rate_list])}"
-
-
 def _text(count: int, seconds: int) -> str:
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds % size == 0:

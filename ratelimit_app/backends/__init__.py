@@ -61,7 +61,7 @@ def get_backend(alias: str | None = None) -> Backend:
     ``BackendError`` when the backend cannot start.
     """
     alias = alias or conf.USE_CACHE
-    found = RUNTIME.part(Built)
+    found = RUNTIME.parts.get(Built) or RUNTIME.part(Built)
     backend = found.get(alias)
     if backend is None:
         with _lock:

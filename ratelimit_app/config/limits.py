@@ -128,7 +128,7 @@ class Limit:
     #: Derived once (a limit is checked on every request it covers):
     #: the rates when they do not depend on the request (else None: resolved per request),
     static_rates: tuple[rates.Rate, ...] | None = field(init=False, repr=False)
-    #: the scope of its counters for those rates (:func:`ratelimit_app.algorithms.rates.scope`),
+    #: the scope of its counters for those rates (:func:`scope`),
     static_scope: str | None = field(init=False, repr=False)
     #: the name its subjects are filed under (``"ip"``, ``"email"``, a callable's name),
     kind: str = field(init=False, repr=False)
@@ -142,6 +142,9 @@ class Limit:
     #: whether its value does not depend on the group (:func:`keys.ignores_group`: the
     #: limits of one request keyed alike share it),
     shares_value: bool = field(init=False, repr=False)
+    #: What finds the key's subject in a request (:func:`ratelimit_app.identity.keys.reader`),
+    #: made once; a key that is none raises when a check reads it.
+    subject_of: keys.Reader = field(init=False, repr=False, compare=False)
     #: its cost when it does not depend on the request (else None: asked per request),
     static_cost: int | None = field(init=False, repr=False)
     #: the limit of its requests in flight (``concurrent``), checked beside it, else None,
@@ -162,11 +165,15 @@ class Limit:
         set_("static_rates", static)
         set_("method_text", text)
         set_("counts", counted_methods(self.methods))
-        set_("static_scope", None if static is None else rates.scope(self.group, text, static))
+        set_("static_scope", None if static is None else scope(self.group, text, static))
         set_("kind", kind)
         of = kinds.KINDS[self.algorithm]
         set_("algorithm_kind", of)
         set_("shares_value", keys.ignores_group(self.key))
+        try:
+            set_("subject_of", keys.reader(self.key))
+        except ImproperlyConfigured:  # (raised again by each check, as before)
+            set_("subject_of", functools.partial(keys.subject, self.key))
         set_("_checks", {})
         cost = self.cost if type(self.cost) is int else None
         set_("static_cost", cost)
@@ -218,12 +225,12 @@ class Limit:
             scope = self.static_scope or self.scope_for(rate_list)
         if subject is None:
             if subjects is None or not self.shares_value:
-                subject = keys.subject(self.key, self.group, request)
+                subject = self.subject_of(self.group, request)
             else:
                 key = self.key
                 subject = subjects.get(key)
                 if subject is None:
-                    subject = subjects[key] = keys.subject(key, self.group, request)
+                    subject = subjects[key] = self.subject_of(self.group, request)
         cost = self.static_cost
         if cost is None:
             cost = self.cost_for(request)
@@ -274,13 +281,14 @@ class Limit:
         limit's own)."""
         if rate_list is self.static_rates and self.static_scope is not None:
             return self.static_scope
-        return RUNTIME.compile(
-            ("scope", self.group, self.method_text, rate_list),
-            rates.scope,
-            self.group,
-            self.method_text,
-            rate_list,
-        )
+        return scope(self.group, self.method_text, rate_list)
+
+
+def scope(group: str, methods: str, rate_list: tuple[rates.Rate, ...]) -> str:
+    """What a limit's counters are kept apart by, as django-ratelimit keys them: its group,
+    its methods (upper case, sorted, comma-joined; empty for all) and its rates (two stacked
+    decorators on one view never share a counter)."""
+    return f"{group}\x00{methods}\x00{';'.join([r.text for r in rate_list])}"
 
 
 def _rates_of(value: object) -> tuple[rates.Rate, ...]:

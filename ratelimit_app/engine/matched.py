@@ -61,9 +61,13 @@ def _decisions(
     found = []
     failing = []
     for rule in rules:
+        # What the request is to the rule first (its check, and its places' in flight),
+        # then what the rule decides with it.
         check = rule.limit.check(request, subjects=subjects)
         if check is None:
             continue
+        held = rule.policy.places
+        place = None if held is None else held.limit.check(request, True, subjects=subjects)
         if emails and keys.is_email_kind(check.subject[0]):
             if check.subject[1] in current.deny.emails:
                 return responses.denied(request)
@@ -73,10 +77,8 @@ def _decisions(
         found.append(d)
         if rule.failures_only:
             failing.append(d)
-        if rule.holds:
-            place = enforce.places(rule.policy, request, subjects)
-            if place is not None:
-                found.append(place)
+        if held is not None and place is not None:
+            found.append(Decision(held, place))  # (enforce.places, the check made above)
     return found, failing
 
 

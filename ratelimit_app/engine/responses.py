@@ -51,7 +51,7 @@ from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.engine.enforce import Decision
-from ratelimit_app.runtime import RUNTIME
+from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -145,13 +145,21 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
 
 
 def _limit_policy(
-    label: str | None, rates: tuple[Any, ...], capacity: int | None
+    label: str | None, scope: str, rates: tuple[Any, ...], capacity: int | None
 ) -> tuple[str, tuple[str, ...]]:
     """The ``RateLimit-Policy`` entry of a limit's rates (a leaky bucket's quota is its
-    capacity) and each rate's name in the ``RateLimit`` header, formatted once per rule."""
-    return RUNTIME.compile(
-        ("header-limit", label, rates, capacity), _limit_policy_of, label, rates, capacity
-    )
+    capacity) and each rate's name in the ``RateLimit`` header, formatted once per rule:
+    kept by the label, the scope of the counters and the capacity (an entry holds its
+    rates: other rates under the same scope are formatted again)."""
+    memo = RUNTIME.compiled
+    key = ("header-limit", label, scope, capacity)
+    found = memo.get(key)
+    if found is None or found[0] is not rates:
+        found = (rates, *_limit_policy_of(label, rates, capacity))
+        if len(memo) >= COMPILED_MEMO:
+            memo.clear()
+        memo[key] = found
+    return found[1], found[2]
 
 
 def _limit_policy_of(
@@ -175,7 +183,8 @@ def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
             continue
         meter = r.meter
         capacity = None if meter is None else meter.meter.capacity
-        text, names = _limit_policy(d.name, d.check.rates, capacity)
+        check = d.check
+        text, names = _limit_policy(d.name, check.scope, check.rates, capacity)
         policy.append(text)
         usages = r.usages
         if len(usages) == 1:

@@ -29,14 +29,15 @@ ALLOWED = HttpResponse()
 
 
 def _listed(
-    request: HttpRequest, current: store.Snapshot, rules: Sequence[CompiledRule]
+    request: HttpRequest,
+    current: store.Snapshot,
+    rules: Sequence[CompiledRule],
+    address: str | None,
 ) -> HttpResponse | None:
-    """The client's own address and user against the lists: the 403 of a denied one,
-    :data:`ALLOWED` for an allowed one (when rules apply), or None."""
+    """The client's own ``address`` (None: the lists name no network) and user against the
+    lists: the 403 of a denied one, :data:`ALLOWED` for an allowed one (when rules apply),
+    or None."""
     allow, deny = current.allow, current.deny
-    if not (allow.networks or allow.users or deny.networks or deny.users):
-        return None
-    address = addresses.client_address(request) if allow.networks or deny.networks else None
     if deny.has_ip(address) or deny.has_user(request):
         return responses.denied(request)
     if rules and (allow.has_ip(address) or allow.has_user(request)):
@@ -51,24 +52,31 @@ def screen(
     subjects: Subjects,
 ) -> HttpResponse | None:
     """The lists' answer (:func:`_listed`: the 403 of a denied client, :data:`ALLOWED` for
-    an allowed one), else the 429 of an address banned on every path, else None. The
-    address found is kept in ``subjects`` for the rules keyed on it. A ban on every path is
+    an allowed one), else the 429 of an address banned on every path, else None. What the
+    request is (its address, for the lists and the bans) is read first; the address found
+    for the bans is kept in ``subjects`` for the rules keyed on it. A ban on every path is
     found by the address itself (unsealed from its row by :mod:`ratelimit_app.store`): a
     dictionary look-up, no hash."""
-    if current.lists:
-        listed = _listed(request, current, rules)
+    allow, deny = current.allow, current.deny
+    lists = current.lists and bool(allow.networks or allow.users or deny.networks or deny.users)
+    address = None
+    if lists and (allow.networks or deny.networks):
+        address = addresses.client_address(request)
+    banned = None
+    if current.site_bans:
+        subject = subjects.get("ip")
+        if subject is None:
+            try:
+                subject = subjects["ip"] = keys.subject("ip", "", request)
+            except Exception:  # no address: the rules say what to do
+                subject = None
+        if subject is not None:
+            banned = current.bans.site.get(subject[1])
+    if lists:
+        listed = _listed(request, current, rules, address)
         if listed is not None:
             return listed
-    if not current.site_bans:
-        return None
-    subject = subjects.get("ip")
-    if subject is None:
-        try:
-            subject = subjects["ip"] = keys.subject("ip", "", request)
-        except Exception:  # no address: the rules say what to do
-            return None
-    until = current.bans.site.get(subject[1])
-    return None if until is None else _site_banned(request, until)
+    return None if banned is None else _site_banned(request, banned)
 
 
 def _site_banned(request: HttpRequest, until: float) -> HttpResponse | None:

@@ -67,14 +67,20 @@ class SlidingWindow(Step):
         if len(rates) == 1 and check.increment and not moment.hierarchical:  # (kept checks)
             index = int(moment.t * moment.per_window // rates[0].seconds)
             memo = RUNTIME.ready
-            ready = memo.get(check)
-            if ready is not None and ready[0] == index and ready[1] == moment.per_window:
-                self.namespace, self.plan, self.op = ready[2], ready[3], ready[4]
+            key = (check.scope, check.subject)
+            ready = memo.get(key)
+            if (
+                ready is not None
+                and ready[0] is check
+                and ready[1] == index
+                and ready[2] == moment.per_window
+            ):
+                self.namespace, self.plan, self.op = ready[3], ready[4], ready[5]
                 return
             self._make()
             if len(memo) >= READY_MEMO:
                 memo.clear()
-            memo[check] = (index, moment.per_window, self.namespace, self.plan, self.op)
+            memo[key] = (check, index, moment.per_window, self.namespace, self.plan, self.op)
         else:
             self._make()
 

@@ -446,17 +446,36 @@ def subject(spec: KeySpec, group: str, request: HttpRequest) -> tuple[str, str]:
     that is absent (see the module docstring).
 
     Raises ``ImproperlyConfigured`` when the IP is needed and the request has none
-    (:func:`client_address`).
+    (:func:`client_address`), or when ``spec`` is no key.
     """
+    return reader(spec)(group, request)
+
+
+#: What :func:`reader` makes: ``(group, request) -> (kind, value)``.
+Reader = Callable[[str, HttpRequest], tuple[str, str]]
+
+
+def reader(spec: KeySpec) -> Reader:
+    """The function that finds ``spec``'s subject in a request, as :func:`subject` does:
+    made once by a limit (its key validated then), so that a check only reads the request.
+    Raises ``ImproperlyConfigured`` when ``spec`` is no key."""
     if not spec:
         raise ImproperlyConfigured("Ratelimit key must be specified.")
     if callable(spec):
-        value = _clean(spec(group, request))
-    else:
-        value = compile_key(spec)(group, request)
-    if value is not None:
-        return (spec if isinstance(spec, str) else kind(spec)), value
-    return "ip", client_ip(request)
+        fn, name = spec, kind(spec)
+
+        def read_callable(group: str, request: HttpRequest) -> tuple[str, str]:
+            value = _clean(fn(group, request))
+            return ("ip", client_ip(request)) if value is None else (name, value)
+
+        return read_callable
+    found = compile_key(spec)
+
+    def read(group: str, request: HttpRequest) -> tuple[str, str]:
+        value = found(group, request)
+        return ("ip", client_ip(request)) if value is None else (spec, value)
+
+    return read
 
 
 def is_email_kind(kind: str) -> bool:

@@ -525,13 +525,18 @@ def test_rules_keyed_alike_read_the_value_once(monkeypatch: pytest.MonkeyPatch) 
     from ratelimit_app.engine import matched
 
     calls: list[str] = []
-    subject = keys.subject
+    reader = keys.reader
 
-    def counting(spec: keys.KeySpec, group: str, request: object) -> tuple[str, str]:
-        calls.append(str(spec))
-        return subject(spec, group, request)  # type: ignore[arg-type]
+    def counting(spec: keys.KeySpec) -> keys.Reader:
+        read = reader(spec)
 
-    monkeypatch.setattr(keys, "subject", counting)
+        def counted(group: str, request: HttpRequest) -> tuple[str, str]:
+            calls.append(str(spec))
+            return read(group, request)
+
+        return counted
+
+    monkeypatch.setattr(keys, "reader", counting)  # (each limit makes its reader when built)
     rules = [
         {"name": "a", "path": "/", "key": "ip", "rate": "100/m"},
         {"name": "b", "path": "/", "key": "ip", "rate": "1000/d"},

@@ -42,7 +42,7 @@ def test_a_check_finds_its_fine_bucket_made_and_a_new_bucket_makes_it_again() ->
     limit = limits.build("memo-ready", "ip", "5/m")
     check = limit.check(request("192.0.2.10"))
     assert check is not None
-    key = check
+    key = (check.scope, check.subject)
     with frozen_clock(T0) as clock:
         check_many([check])
         made = RUNTIME.ready[key]
@@ -52,7 +52,7 @@ def test_a_check_finds_its_fine_bucket_made_and_a_new_bucket_makes_it_again() ->
         clock.advance(1.0)  # the next one
         check_many([check])
         assert RUNTIME.ready[key] is not made
-        assert RUNTIME.ready[key][3] is not made[3]  # its plan
+        assert RUNTIME.ready[key][4] is not made[4]  # its plan
 
 
 def test_the_ready_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.rates import Rate
+from ratelimit_app.config import limits
 from ratelimit_app.core import get_usage
 from ratelimit_app.decorators import ratelimit
 
@@ -103,7 +104,7 @@ def test_a_unit_word_is_the_same_limit_as_its_letter() -> None:
     # django-ratelimit (whose keys hold the rate as count/seconds).
     assert rates.parse("5/minute") == rates.parse("5/m") == rates.parse("5/60s")
     assert [r.text for r in rates.parse("10/5min;1000/day")] == ["10/5m", "1000/d"]
-    assert rates.scope("g", "", rates.parse("5/minute")) == rates.scope(
+    assert limits.scope("g", "", rates.parse("5/minute")) == limits.scope(
         "g", "", rates.parse("5/m")
     )
 
