@@ -7,7 +7,7 @@
 * **Allow and deny lists**: IPs, CIDR networks, ``user:<id>`` and emails, with a note and an
   optional expiry; merged with ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY``.
 * **Overrides**: other rates (or none) for one subject of one limit
-  (:mod:`ratelimit_app.config.overrides`), listed beside each rule they concern.
+  (:mod:`ratelimit_app.overrides.table`), listed beside each rule they concern.
 * **Usage lookup**: a rule and a subject (an IP, an email, a user id) give each rate's count,
   remaining and reset; the reset button (POST, CSRF, the ``reset_counters`` permission) clears
   them and is written to the admin log.

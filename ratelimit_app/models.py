@@ -22,8 +22,9 @@ from django.utils import timezone
 from django.utils.choices import BaseChoiceIterator
 from django.utils.translation import gettext_lazy as _
 
-from ratelimit_app.config import access, declared, kinds, names, overrides, rules, sources
+from ratelimit_app.config import access, declared, kinds, names, rules, sources
 from ratelimit_app.identity import keys
+from ratelimit_app.overrides import table as overrides
 
 
 def _lines(text: str) -> list[str]:
@@ -293,7 +294,7 @@ class AccessEntry(Expiring, models.Model):
 
 
 class Override(Expiring, models.Model):
-    """Other rates for one subject of one limit (:mod:`ratelimit_app.config.overrides`)."""
+    """Other rates for one subject of one limit (:mod:`ratelimit_app.overrides.table`)."""
 
     limit = models.CharField(
         _("limit"),
@@ -335,7 +336,7 @@ class Override(Expiring, models.Model):
         return f"{self.limit} {self.subject}: {self.rate}"
 
     def parsed(self) -> overrides.Override:
-        """The override, validated (or :class:`~ratelimit_app.config.overrides.OverrideError`)."""
+        """The override, validated (or :class:`~ratelimit_app.overrides.table.OverrideError`)."""
         return overrides.parse(self.limit, self.subject, self.rate)
 
     def clean(self) -> None:

@@ -39,12 +39,12 @@ from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
-from ratelimit_app.config.overrides import OverrideError, Subject, Table
-from ratelimit_app.config.overrides import parse as parse_override
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.sealing import unseal
+from ratelimit_app.overrides.table import OverrideError, Subject, Table
+from ratelimit_app.overrides.table import parse as parse_override
 from ratelimit_app.runtime import RUNTIME
 
 logger = logging.getLogger("ratelimit_app")
@@ -160,7 +160,7 @@ class Snapshot:
     banning: bool = False
     #: time.monotonic() until which the snapshot is used without a look (see :meth:`looked`).
     deadline: float = -math.inf
-    #: The overrides of the database, compiled (:mod:`ratelimit_app.config.overrides`).
+    #: The overrides of the database, compiled (:mod:`ratelimit_app.overrides.table`).
     overrides: Table = field(default_factory=Table)
     #: What the table holds of each override row: pk -> (limit, subject, Unix end or None,
     #: the row's ``changed``).

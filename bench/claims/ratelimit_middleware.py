@@ -248,8 +248,8 @@ def install_overrides() -> None:
     the admin's rows would be, without a database): most for subjects the bench never sends,
     one for its first email."""
     from ratelimit_app import store
-    from ratelimit_app.config import overrides
     from ratelimit_app.identity.addresses import mask_ip
+    from ratelimit_app.overrides import table as overrides
 
     found = [overrides.parse("bench-email-h", "user1@example.com", "2000000/h")]
     for i in range(OVERRIDES - 1):

@@ -33,7 +33,6 @@ from ratelimit_app.config.policy import Policy
 from ratelimit_app.engine import (
     Result,
     bans,
-    overrides,
     recall_many,
     report_failure,
     usage_dict,
@@ -42,6 +41,7 @@ from ratelimit_app.engine import charge as charge_checks
 from ratelimit_app.engine import take_back as take_back_hits
 from ratelimit_app.engine.checking import HOOKS, check_unless_banned
 from ratelimit_app.exceptions import BackendError
+from ratelimit_app.overrides import applied as overrides
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ratelimited
 
@@ -227,11 +227,11 @@ def places(
 ) -> Decision | None:
     """The decision of ``policy``'s places in flight (``concurrent``) for a request that
     counts, or None (no places, or no subject to hold one)."""
-    held = policy.places
-    if held is None:
+    in_flight = policy.places
+    if in_flight is None:
         return None
-    check = held.limit.check(request, True, subjects=subjects)
-    return None if check is None else Decision(held, check)
+    check = in_flight.limit.check(request, True, subjects=subjects)
+    return None if check is None else Decision(in_flight, check)
 
 
 def decide(
@@ -448,11 +448,11 @@ def take_back(decisions: Sequence[Decision]) -> None:
     """Take back the provisional hits of ``decisions`` (failure-only limits of a request
     that did not fail) in one round trip; a backend failure is reported (the hits then stay
     counted: the safe side)."""
-    held = [d for d in decisions if d.provisional()]
-    if not held:
+    provisional = [d for d in decisions if d.provisional()]
+    if not provisional:
         return
     try:
-        take_back_hits([d.check for d in held], [d.result for d in held])  # type: ignore[misc]
+        take_back_hits([d.check for d in provisional], [d.result for d in provisional])  # type: ignore[misc]
     except BackendError as exc:
         report_failure(exc)
 

@@ -66,8 +66,10 @@ def _decisions(
         check = rule.limit.check(request, subjects=subjects)
         if check is None:
             continue
-        held = rule.policy.places
-        place = None if held is None else held.limit.check(request, True, subjects=subjects)
+        in_flight = rule.policy.places
+        place = (
+            None if in_flight is None else in_flight.limit.check(request, True, subjects=subjects)
+        )
         if emails and keys.is_email_kind(check.subject[0]):
             if check.subject[1] in current.deny.emails:
                 return responses.denied(request)
@@ -77,8 +79,8 @@ def _decisions(
         found.append(d)
         if rule.failures_only:
             failing.append(d)
-        if held is not None and place is not None:
-            found.append(Decision(held, place))  # (enforce.places, the check made above)
+        if in_flight is not None and place is not None:
+            found.append(Decision(in_flight, place))  # (enforce.places, the check made above)
     return found, failing
 
 

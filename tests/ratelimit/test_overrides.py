@@ -18,14 +18,14 @@ from django.utils import timezone
 
 from ratelimit_app import core, store
 from ratelimit_app.algorithms.rates import Rate
-from ratelimit_app.config import overrides
-from ratelimit_app.config.overrides import UNLIMITED, OverrideError
 from ratelimit_app.config.policy import policy
 from ratelimit_app.decorators import ratelimit
-from ratelimit_app.engine import overrides as applied
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.models import Override, Rule
+from ratelimit_app.overrides import applied
+from ratelimit_app.overrides import table as overrides
+from ratelimit_app.overrides.table import UNLIMITED, OverrideError
 from ratelimit_app.testing import forget_refusals
 from tests.ratelimit.test_admin import MIDDLEWARE
 

@@ -16,12 +16,14 @@ from django.test import RequestFactory, override_settings
 from ratelimit_app import store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import Rate
-from ratelimit_app.config import limits, overrides
+from ratelimit_app.config import limits
 from ratelimit_app.config.policy import policy
-from ratelimit_app.engine import overrides as applied
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.models import Override
+from ratelimit_app.overrides import applied
+from ratelimit_app.overrides import table as overrides
+from ratelimit_app.runtime import RUNTIME
 from tests.ratelimit import test_in_flight
 from tests.ratelimit.test_in_flight import crowd, fresh  # noqa: F401 (an autouse fixture)
 
@@ -62,7 +64,7 @@ def decisions(limit: limits.Limit) -> list[Decision]:
 
 def applying(table: overrides.Table, found: list[Decision]) -> list[Decision]:
     request = RequestFactory().get("/", REMOTE_ADDR=ADDRESS)
-    with mock.patch.object(store, "current", return_value=SimpleNamespace(overrides=table)):
+    with mock.patch.object(RUNTIME, "snapshot", SimpleNamespace(overrides=table)):
         return list(applied.apply(request, found))
 
 

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratelimit_app.algorithms.rates import Rate
-from ratelimit_app.config import overrides
-from ratelimit_app.config.overrides import UNLIMITED
 from ratelimit_app.identity.addresses import mask_ip
+from ratelimit_app.overrides import table as overrides
+from ratelimit_app.overrides.table import UNLIMITED
 
 R1, R2, R3 = (Rate(1, 60),), (Rate(2, 60),), (Rate(3, 60),)
 

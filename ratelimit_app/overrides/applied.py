@@ -14,7 +14,7 @@ subject given ``600/h`` or ``unlimited`` still holds at most ``concurrent`` plac
 
 A request whose subjects no override names passes by the table: ``enforce.decide`` asks
 :func:`prefilter` once and looks each subject's value up in :attr:`Table.known
-<ratelimit_app.config.overrides.Table.known>` (every value, email and address any override
+<ratelimit_app.overrides.table.Table.known>` (every value, email and address any override
 names, under any limit), in the loop that gathers the checks; only a subject found there, or
 of a kind always asked about (a user's, an address while networks are in force), calls
 :func:`apply`, which asks the limit's table: a dictionary look-up or a few (one a prefix
@@ -22,7 +22,7 @@ length for networks). So a crowd of subjects seen once costs the same as one sub
 often, and nothing is remembered of a subject without an override. A
 replaced check is remembered (:data:`MEMO` of them, forgotten with the snapshot's table or
 when the table changes in place: :attr:`Table.version
-<ratelimit_app.config.overrides.Table.version>`), so a subject's requests share one replaced
+<ratelimit_app.overrides.table.Table.version>`), so a subject's requests share one replaced
 :class:`Check` object, as the engine's memos expect. A user's groups cost one query per
 :data:`GROUPS_FOR` seconds at most, only for a limit that has group overrides.
 """
@@ -34,9 +34,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ratelimit_app import store
 from ratelimit_app.config.limits import Check, Limit
-from ratelimit_app.config.overrides import UNLIMITED, USER_KINDS, Table, by_address
+from ratelimit_app.overrides.table import UNLIMITED, USER_KINDS, Table, by_address
 from ratelimit_app.runtime import RUNTIME
 
 __all__ = ["apply", "forget", "prefilter"]
@@ -89,15 +88,19 @@ def prefilter() -> tuple[dict[str, int], frozenset[str]]:
     whatever their value (:attr:`Table.asks`). A caller with a subject whose value is not
     in the first and whose kind is not in the second needs no :func:`apply`."""
     snap = RUNTIME.snapshot  # (the request's first layer looked at the version)
-    table = (snap or store.current()).overrides
+    if snap is None:  # none in force yet: no override either
+        return {}, frozenset()
+    table = snap.overrides
     return table.known, table.asks
 
 
 def apply(request: Any, decisions: Sequence[D]) -> Sequence[D]:
     """``decisions`` with the overrides in force: a replaced check where a subject has
     other rates, and without the decisions an ``unlimited`` override lifts."""
-    snap = RUNTIME.snapshot
-    table = (snap or store.current()).overrides
+    snap = RUNTIME.snapshot  # (the request's first layer looked at the version)
+    if snap is None:  # none in force yet: no override either
+        return decisions
+    table = snap.overrides
     by_limit = table.by_limit
     kept: list[D] | None = None
     for i, d in enumerate(decisions):
