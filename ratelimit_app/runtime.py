@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-__all__ = ["RUNTIME", "SETTINGS", "Runtime", "affects", "forget"]
+__all__ = ["RUNTIME", "SETTINGS", "Runtime", "affects", "forget", "kept"]
 
 T = TypeVar("T")
 
@@ -124,14 +124,7 @@ class Runtime:
     def compile(self, key: tuple[Any, ...], make: Callable[..., T], *args: Any) -> T:
         """``make(*args)``, kept in ``compiled`` under ``key`` (a tuple that starts with
         what it is, then every value it is made from); a mistake it raises is not kept."""
-        memo = self.compiled
-        found = memo.get(key, _MISSING)
-        if found is _MISSING:
-            found = make(*args)
-            if len(memo) >= COMPILED_MEMO:
-                memo.clear()
-            memo[key] = found
-        return found
+        return kept(self.compiled, COMPILED_MEMO, key, make, *args)
 
     def drop(self, build: Callable[[], Any]) -> None:
         """Forget the part ``build`` made (closed, when it has a ``close()``)."""
@@ -150,6 +143,18 @@ class Runtime:
             self._fresh()
         for found in parts.values():
             _close(found)
+
+
+def kept(memo: dict[Any, Any], bound: int, key: Any, make: Callable[..., T], *args: Any) -> T:
+    """``make(*args)``, kept in ``memo`` under ``key``; the memo starts over when it holds
+    ``bound`` entries. A mistake ``make`` raises is not kept."""
+    found = memo.get(key, _MISSING)
+    if found is _MISSING:
+        found = make(*args)
+        if len(memo) >= bound:
+            memo.clear()
+        memo[key] = found
+    return found
 
 
 def _close(part: Any) -> None:

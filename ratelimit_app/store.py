@@ -198,13 +198,6 @@ _changing = threading.Lock()
 _warned = False
 
 
-def in_force() -> Snapshot | None:
-    """The snapshot in force (None: none yet), as the layers of a request that looked at
-    the version already (the middleware, or ``enforce.decide``) read it:
-    ``RUNTIME.snapshot``, without a call."""
-    return RUNTIME.snapshot
-
-
 def _publish(snap: Snapshot | None) -> None:
     """Put ``snap`` in force (None: none, load on the next request)."""
     RUNTIME.snapshot = snap

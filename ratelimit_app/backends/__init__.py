@@ -48,11 +48,6 @@ class Built(dict[str, Backend]):
         self.clear()
 
 
-def built() -> Built:
-    """The backends built so far (the runtime's part)."""
-    return RUNTIME.part(Built)
-
-
 def get_backend(alias: str | None = None) -> Backend:
     """The backend for ``alias`` (default: ``RATELIMIT_USE_CACHE``).
 

@@ -51,7 +51,7 @@ from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.engine.enforce import Decision
-from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME
+from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME, kept
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -254,10 +254,28 @@ def problem(
     return HttpResponse(html, status=status)
 
 
+#: The answers a process keeps made (each starts over when full): the translated titles,
+#: the rendered pages and the 429s' details, by what makes them (the active language among
+#: it). A flood's waits are many: they are kept apart from the compiled limits, whose plans
+#: they would otherwise push out.
+TITLES, PAGES, DETAILS = 64, 512, 1024
+
+
+class _Answers:
+    """The answers made lately (a part of the runtime)."""
+
+    __slots__ = ("details", "pages", "titles")
+
+    def __init__(self) -> None:
+        self.titles: dict[tuple[Any, ...], str] = {}
+        self.pages: dict[tuple[Any, ...], str] = {}
+        self.details: dict[tuple[Any, ...], str] = {}
+
+
 def _title(status: int, language: str | None) -> str:
     """The problem's title for ``status`` in ``language`` (the active one: part of the key).
     Translated once per language: a flood answers thousands of refusals a second."""
-    return RUNTIME.compile(("title", status, language), _title_of, status)
+    return kept(RUNTIME.part(_Answers).titles, TITLES, (status, language), _title_of, status)
 
 
 def _title_of(status: int) -> str:
@@ -266,7 +284,8 @@ def _title_of(status: int) -> str:
 
 def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any], ...]) -> str:
     # ``language`` (the active one, which the page is rendered in) is part of the key.
-    return RUNTIME.compile(("page", template, language, context), _render, template, context)
+    key = (template, language, context)
+    return kept(RUNTIME.part(_Answers).pages, PAGES, key, _render, template, context)
 
 
 def _render(template: str, context: tuple[tuple[str, Any], ...]) -> str:
@@ -383,9 +402,9 @@ def _refusal_detail(
     """The 429's ``detail`` in ``language`` (the active one: part of the key), made once per
     answer: a flood repeats a few of them thousands of times a second, and each translation
     looks the active language up again. ``until``: the end of the ban that refused it."""
-    return RUNTIME.compile(
-        ("detail", language, rate, rule, wait, until), _detail, rate, rule, wait, until
-    )
+    key = (language, rate, rule, wait, until)
+    memo = RUNTIME.part(_Answers).details
+    return kept(memo, DETAILS, key, _detail, rate, rule, wait, until)
 
 
 def _detail(rate: str | None, rule: str | None, wait: int, until: str | None) -> str:

@@ -248,7 +248,7 @@ def test_the_429_page_says_whom_the_limit_counted(
     request.user = user
     limited = Ratelimited(usage={"rate": "1/m", "retry_after": 7, "should_limit": True})
     limited.limit = limits.build("g", "user", "1/m")  # as @ratelimit's exception has it
-    RUNTIME.compiled.clear()
+    RUNTIME.drop(responses._Answers)
     rendered = []
     render = responses._render
     monkeypatch.setattr(responses, "_render", lambda *a: rendered.append(a) or render(*a))

@@ -394,7 +394,7 @@ def test_the_429_page_is_rendered_once_per_answer(
 
     usage = {"rate": "2/m", "retry_after": 7, "should_limit": True, "remaining": 0, "rates": []}
     request = RequestFactory().get("/")
-    RUNTIME.compiled.clear()
+    RUNTIME.drop(responses._Answers)
     rendered = []
     render = responses._render
     monkeypatch.setattr(responses, "_render", lambda *a: rendered.append(a) or render(*a))
