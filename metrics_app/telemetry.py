@@ -110,7 +110,7 @@ class OpenTelemetry:
 
 PROMETHEUS = "prometheus"
 OTEL = "otel"
-#: What ``RATELIMIT_TELEMETRY`` may be (as :data:`ratelimit_app.telemetry.CHOICES`).
+#: What ``RATELIMIT_TELEMETRY`` may be (as :data:`ratelimit_app.operators.telemetry.CHOICES`).
 CHOICES = ("auto", PROMETHEUS, OTEL, "both", "off")
 #: The module each sink needs, and the extra that installs it.
 NEEDS = {PROMETHEUS: ("prometheus_client", "prometheus"), OTEL: ("opentelemetry.metrics", "otel")}
@@ -129,7 +129,7 @@ def installed(module: str) -> bool:
 
 def chosen(value: object, has: Callable[[str], bool] = installed) -> tuple[str, ...]:
     """The sinks ``RATELIMIT_TELEMETRY = value`` turns on, given which modules ``has``:
-    the same as :func:`ratelimit_app.telemetry.chosen` (a test holds them together)."""
+    the same as :func:`ratelimit_app.operators.telemetry.chosen` (a test holds them together)."""
     if value not in CHOICES:
         raise ImproperlyConfigured(
             f"RATELIMIT_TELEMETRY = {value!r}: expected one of "

@@ -20,10 +20,10 @@ class RatelimitAppConfig(AppConfig):
             clock,
             runtime,  # noqa: F401  (forgets what the settings built when they change)
         )
+        from ratelimit_app.config.store import BANS, BANS_DELETED, CONFIG, OVERRIDES, bump
         from ratelimit_app.models import AccessEntry, Ban, Override, Rule
-        from ratelimit_app.store import BANS, BANS_DELETED, CONFIG, OVERRIDES, bump
-        from ratelimit_app.telemetry import connect as connect_exporters
-        from ratelimit_app.telemetry import welcome_saved
+        from ratelimit_app.operators.telemetry import connect as connect_exporters
+        from ratelimit_app.operators.telemetry import welcome_saved
 
         def changed(**kwargs: object) -> None:
             bump(CONFIG)
@@ -57,6 +57,6 @@ class RatelimitAppConfig(AppConfig):
             post_delete.connect(deleted, sender=model, weak=False, dispatch_uid=uid + ".delete")
         connect_exporters()  # when their extra is installed
         if apps.is_installed("metrics_app"):
-            from ratelimit_app.metrics import connect
+            from ratelimit_app.operators.metrics import connect
 
             connect()

@@ -4,8 +4,8 @@ Same signatures and return values as django-ratelimit 4.1's ``django_ratelimit.c
 project moves over by changing the import. The limit is validated
 (:func:`ratelimit_app.config.limits.build`) and checked by the engine
 (:mod:`ratelimit_app.engine`).
-``reset`` and ``lookup`` (:mod:`ratelimit_app.operations`) are importable from here too: the
-one way to read or clear a subject's counters for any limit, a DRF throttle's included.
+``reset`` and ``lookup`` (:mod:`ratelimit_app.operators.operations`) are importable from here too:
+the one way to read or clear a subject's counters for any limit, a DRF throttle's included.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ratelimit_app.engine.outcome import release as release
 from ratelimit_app.engine.outcome import show as show
 from ratelimit_app.identity import keys
 from ratelimit_app.identity.keys import get_header, user_or_ip
-from ratelimit_app.operations import lookup, reset
+from ratelimit_app.operators.operations import lookup, reset
 
 __all__ = [
     "ALL",

@@ -1,7 +1,7 @@
 """Rules and allow/deny entries kept in the database, edited in the admin.
 
 They apply together with ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMIT_DENY`` (see
-:mod:`ratelimit_app.store` for how a change reaches every process within a second or so,
+:mod:`ratelimit_app.config.store` for how a change reaches every process within a second or so,
 without a query per request). Validation is the settings' own: :func:`Rule.as_dict` goes
 through :func:`ratelimit_app.config.rules.parse_rule`, and an entry through
 :func:`ratelimit_app.config.access.parse_entry`, so the admin and the system checks never disagree.
@@ -321,7 +321,7 @@ class Override(Expiring, models.Model):
     note = models.TextField(_("note"), blank=True)
     created = models.DateTimeField(_("created"), auto_now_add=True)
     #: When it was last saved: every process reads the overrides changed since it last
-    #: looked (:mod:`ratelimit_app.store`), not all of them.
+    #: looked (:mod:`ratelimit_app.config.store`), not all of them.
     changed = models.DateTimeField(_("changed"), auto_now=True, db_index=True)
 
     class Meta:
@@ -439,7 +439,7 @@ def _no_such_user(known: _Known, subject: overrides.Subject) -> dict[str, str] |
 def _unknown(name: str) -> dict[str, str] | None:
     """Why ``name`` names no limit (None: it names a DRF scope in force, or may be a
     decorator's group). The admin's form has resolved a view's name to its group already,
-    and refused a typo of a view's name (:class:`ratelimit_app.admin.OverrideForm`)."""
+    and refused a typo of a view's name (:class:`ratelimit_app.operators.admin.OverrideForm`)."""
     if name.startswith(f"{sources.DRF}:"):
         if sources.limit(name) is not None:
             return None
@@ -481,14 +481,14 @@ def _unfit(known: _Known, found: overrides.Rates) -> dict[str, str] | None:
 
 
 class Ban(models.Model):
-    """A subject banned by a limit (:mod:`ratelimit_app.engine.bans`): refused outright until
+    """A subject banned by a limit (:mod:`ratelimit_app.bans.applied`): refused outright until
     ``until``, on the limit's requests or, ``site``, on every path. Kept past its end until
     ``remembered_until`` (the ban's ``max`` after it ended): a new ban of the subject before
     then lasts twice as long."""
 
     limit = models.CharField(_("limit"), max_length=200)
     site = models.BooleanField(_("on every path"), default=False)
-    #: The hashed subject (:func:`ratelimit_app.engine.bans.ban_key`): a ban is found from
+    #: The hashed subject (:func:`ratelimit_app.bans.applied.ban_key`): a ban is found from
     #: the request, or from what a person types, never stored in clear.
     key = models.CharField(_("key"), max_length=100, unique=True)
     kind = models.CharField(_("kind"), max_length=100)
@@ -500,10 +500,10 @@ class Ban(models.Model):
     seconds = models.PositiveIntegerField(_("seconds"))
     banned_at = models.DateTimeField(_("banned at"))
     until = models.DateTimeField(_("until"), db_index=True)
-    #: Deleted once passed (:func:`ratelimit_app.engine.bans.prune`).
+    #: Deleted once passed (:func:`ratelimit_app.bans.applied.prune`).
     remembered_until = models.DateTimeField(_("remembered until"), db_index=True)
     #: When it was last written (made, extended, lifted): every process reads the bans
-    #: changed since it last looked (:mod:`ratelimit_app.store`), not all of them.
+    #: changed since it last looked (:mod:`ratelimit_app.config.store`), not all of them.
     changed = models.DateTimeField(_("changed"), auto_now=True, db_index=True)
 
     class Meta:

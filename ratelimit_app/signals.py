@@ -17,7 +17,7 @@ banned again), ``site`` whether it applies on every path.
 
 ``ban_skipped(sender, limit, kind)``: a refusal that would have banned its subject made no
 ban, because the process holds the most bans it keeps
-(:data:`ratelimit_app.engine.bans.MOST`); the limit goes on refusing the subject at its rate.
+(:data:`ratelimit_app.bans.applied.MOST`); the limit goes on refusing the subject at its rate.
 The exporters count it.
 """
 

@@ -52,12 +52,12 @@ def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
 
 
 def forget_refusals() -> None:
-    """Forget every refusal this process remembers (:mod:`ratelimit_app.engine.refusals`).
+    """Forget every refusal this process remembers (:mod:`ratelimit_app.refusals.memory`).
 
     Needed only by tests that flood (the memory keeps refusals from 50 a second) or turn the
     memory on (:func:`remember_refusals`) and then clear the counters: otherwise each refusal
     is checked, so ``cache.clear()`` resets every limit, as in django-ratelimit. (Overriding
-    any ``RATELIMIT_*`` setting, and :func:`ratelimit_app.operations.reset`, forget them
+    any ``RATELIMIT_*`` setting, and :func:`ratelimit_app.operators.operations.reset`, forget them
     too.)
     """
     if RUNTIME.refusals is not None:  # (None: no check was imported yet)
@@ -69,7 +69,7 @@ def remember_refusals() -> Iterator[None]:
     """Remember every refusal, not only a flood's, for tests of what the memory does (a
     flood served from memory, its round trips). Call :func:`forget_refusals` where such a
     test clears the counters."""
-    from ratelimit_app.engine import remember_always
+    from ratelimit_app.refusals.remembered import remember_always
 
     before = remember_always(True)
     try:

@@ -33,13 +33,18 @@ LAYERS: dict[str, dict[str, int]] = {
         "signals": 0,
         "request_state": 0,
         "algorithms.rates": 0,
-        "engine.refusals": 0,
+        "refusals": 0,
+        "refusals.memory": 0,
+        "bans": 0,
+        "operators": 0,
         "algorithms.windows": 1,
         "algorithms.gcra": 1,
         "identity.addresses": 1,
         "identity.provenance": 0,
         "identity.sealing": 0,
         "identity.namespaces": 1,
+        "bans.spec": 1,
+        "bans.held": 1,
         "identity.keys": 1,
         "keys": 1,
         "config.mistakes": 2,
@@ -55,7 +60,10 @@ LAYERS: dict[str, dict[str, int]] = {
         "config.declared": 3,
         "models": 3,
         "backends": 3,
-        "store": 4,
+        "config.store": 4,
+        "bans.applied": 4,
+        "refusals.remembered": 4,
+        "refusals.recall": 4,
         "engine": 4,
         "overrides.applied": 4,
         "engine.enforce": 5,
@@ -64,17 +72,19 @@ LAYERS: dict[str, dict[str, int]] = {
         "engine.matched": 5,
         "core": 5,
         "operations": 5,
+        "operators.operations": 5,
         "engine.responses": 5,
         "responses": 5,
         "middleware": 6,
         "decorators": 6,
         "throttling": 6,
         "management": 6,
-        "metrics": 6,
         "testing": 6,
-        "telemetry": 6,
+        "operators.metrics": 6,
+        "operators.telemetry": 6,
         "admin": 7,
-        "refused": 7,
+        "operators.admin": 7,
+        "operators.refused": 7,
         "checks": 7,
         "apps": 7,
     },
@@ -109,7 +119,11 @@ LAYERS: dict[str, dict[str, int]] = {
     },
 }
 #: The only modules of ratelimit_app that import metrics_app.
-BRIDGES = {"ratelimit_app.metrics", "ratelimit_app.admin", "ratelimit_app.refused"}
+BRIDGES = {
+    "ratelimit_app.operators.metrics",
+    "ratelimit_app.operators.admin",
+    "ratelimit_app.operators.refused",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -343,12 +357,12 @@ def test_the_circle_finder_finds_circles(
 
 def test_the_checks_see_function_level_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from ratelimit_app.store import current\n")
-    known = {"ratelimit_app.store": Path("store.py")}
-    assert list(imports(source, known)) == ["ratelimit_app.store"]
+    source.write_text("def f():\n    from ratelimit_app.config.store import current\n")
+    known = {"ratelimit_app.config.store": Path("store.py")}
+    assert list(imports(source, known)) == ["ratelimit_app.config.store"]
 
 
-REACH = "ratelimit_app.operations (layer 5) imports ratelimit_app.throttling (layer 6)"
+REACH = "ratelimit_app.operators.operations (layer 5) imports ratelimit_app.throttling (layer 6)"
 
 
 @pytest.mark.parametrize(
@@ -374,11 +388,13 @@ def test_a_reach_by_name_up_a_layer_fails(tmp_path: Path, source: str) -> None:
     conf = tmp_path / "conf.py"
     conf.write_text('THROTTLING = "ratelimit_app.throttling"\n')
     known = {
-        "ratelimit_app.operations": module,
+        "ratelimit_app.operators.operations": module,
         "ratelimit_app.conf": conf,
         "ratelimit_app.throttling": tmp_path / "throttling.py",
     }
-    edges = {"ratelimit_app.operations": set(imports(module, known)) - {"ratelimit_app.conf"}}
+    edges = {
+        "ratelimit_app.operators.operations": set(imports(module, known)) - {"ratelimit_app.conf"}
+    }
     assert upward(edges) == [REACH]
 
 
@@ -394,5 +410,8 @@ def test_a_reach_by_name_up_a_layer_fails(tmp_path: Path, source: str) -> None:
 def test_a_string_alone_is_no_reach(tmp_path: Path, source: str) -> None:
     module = tmp_path / "operations.py"
     module.write_text(source)
-    known = {"ratelimit_app.operations": module, "ratelimit_app.throttling": Path("t.py")}
+    known = {
+        "ratelimit_app.operators.operations": module,
+        "ratelimit_app.throttling": Path("t.py"),
+    }
     assert list(imports(module, known)) == []

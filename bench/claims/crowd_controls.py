@@ -37,8 +37,8 @@ speed (:mod:`bench.instructions`).
 
 **A new ban or override** (wall time, ``time.perf_counter``, no valgrind): a process holding
 the state's rows makes one change through the public paths, a ban through
-:func:`ratelimit_app.operations.ban` (the admin's: the row written, every process told) or
-an override through ``Override.objects.create`` (its ``post_save`` tells every process), and
+:func:`ratelimit_app.operators.operations.ban` (the admin's: the row written, every process told)
+or an override through ``Override.objects.create`` (its ``post_save`` tells every process), and
 times either the configuration's next look (``store.current()``) or the next request (a
 request of the subject just banned or overridden, which must be refused or get the override's
 rate: the change is in force). The change is made in the same process, as if another had
@@ -149,7 +149,7 @@ rng = random.Random(35)
 now = timezone.now()
 start = max(now, dt.datetime.fromtimestamp(T0, dt.UTC))  # the bench's clock, or later
 until = start + dt.timedelta(days=30)
-from ratelimit_app.engine.bans import site_key
+from ratelimit_app.bans.applied import site_key
 from ratelimit_app.identity.sealing import seal
 def address(i):  # a banned address on every path: none of the bench's clients (10.x)
     return f"172.{16 + (i >> 16 & 15)}.{i >> 8 & 255}.{i & 255}"
@@ -203,7 +203,7 @@ def _seed(tree: Path, env: dict[str, str], state: State) -> None:
 
 #: Run in the instructions child before its warm-up: the rows are there, and in force.
 WARM = """
-from ratelimit_app import store
+from ratelimit_app.config import store
 from ratelimit_app.models import Ban, Override
 assert (Ban.objects.count(), Override.objects.count()) == ROWS, ROWS
 store.current()
@@ -221,8 +221,8 @@ django.setup()
 from metrics_app.buffer import flusher
 flusher.FLUSH_INTERVAL = 10**6  # no flush while timing
 from django.core.handlers.wsgi import WSGIHandler
-from ratelimit_app import operations
-from ratelimit_app import store
+from ratelimit_app.operators import operations
+from ratelimit_app.config import store
 from ratelimit_app.models import Ban, Override
 app = WSGIHandler()
 body = b"email=bench%40example.com&password=x"

@@ -7,9 +7,10 @@ their medians and what the instruments add. Contenders, each one rate, every che
 (admitted):
 
 * **plain**: no exporter hooked (what a project without the extras runs);
-* **prometheus**: prometheus-client's counter and histogram (:mod:`ratelimit_app.telemetry`);
-* **otel sdk**: the same on an OpenTelemetry SDK meter with an in-memory reader (the SDK
-  aggregates on every call; the API alone, without an SDK, does nothing).
+* **prometheus**: prometheus-client's counter and histogram
+(:mod:`ratelimit_app.operators.telemetry`); * **otel sdk**: the same on an OpenTelemetry SDK meter
+  with an in-memory reader (the SDK aggregates on every call; the API alone, without an SDK, does
+  nothing).
 
 Each check sets the hook lists first (the same assignment for every contender), so the
 difference is the instruments alone. Target: a few microseconds at most.
@@ -50,7 +51,7 @@ def hooks() -> dict[str, tuple[list[Any], list[Any]]]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from ratelimit_app import telemetry
+    from ratelimit_app.operators import telemetry
 
     prometheus = telemetry.Telemetry([_registered_prometheus()])
     meter = MeterProvider(metric_readers=[InMemoryMetricReader()]).get_meter("bucketry")
@@ -63,8 +64,8 @@ def hooks() -> dict[str, tuple[list[Any], list[Any]]]:
 
 
 def _registered_prometheus() -> Any:
-    """The sink of the instruments :func:`ratelimit_app.telemetry.connect` registered."""
-    from ratelimit_app import telemetry
+    """The sink of the instruments :func:`ratelimit_app.operators.telemetry.connect` registered."""
+    from ratelimit_app.operators import telemetry
 
     connected = telemetry.connect()
     assert connected is not None, "prometheus-client is not installed"

@@ -4,8 +4,9 @@
 Everything that limits builds on :class:`Limit`: rules from settings and from the database
 (:mod:`ratelimit_app.config.rules`), the ``@ratelimit`` decorator, ``get_usage`` /
 ``is_ratelimited``, and the admin's and the commands' lookups and resets
-(:func:`ratelimit_app.operations.target`). What a limit derives from its parts (its scope, whether
-it may be checked on an event loop) is derived here, once, so those users cannot drift apart.
+(:func:`ratelimit_app.operators.operations.target`). What a limit derives from its parts (its
+scope, whether it may be checked on an event loop) is derived here, once, so those users cannot
+drift apart.
 
 Two levels of trust:
 
@@ -31,7 +32,8 @@ from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from ratelimit_app import ALL
-from ratelimit_app.algorithms import bans, rates
+from ratelimit_app.algorithms import rates
+from ratelimit_app.bans import spec as bans
 from ratelimit_app.config import kinds
 from ratelimit_app.config.kinds import Kind
 from ratelimit_app.config.mistakes import LimitError, Mistake, collect, raise_all
@@ -122,7 +124,7 @@ class Limit:
     #: its place for at most ``lease`` seconds.
     concurrent: int | None = None
     lease: int = DEFAULT_LEASE
-    #: Who it refuses too often it bans (:mod:`ratelimit_app.algorithms.bans`; None: nobody).
+    #: Who it refuses too often it bans (:mod:`ratelimit_app.bans.spec`; None: nobody).
     ban: bans.BanSpec | None = None
 
     #: Derived once (a limit is checked on every request it covers):
@@ -321,7 +323,7 @@ def build(
 
     ``concurrent`` (with its ``lease``, a duration: ``"30s"``, ``"2m"``; default a minute)
     adds an in-flight limit (:attr:`Limit.inflight`); with no ``rate``, the limit is that
-    in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.algorithms.bans.parse_ban`)
+    in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.bans.spec.parse_ban`)
     bans who it refuses too often.
     """
     spec = None

@@ -11,15 +11,16 @@ from ratelimit_app import clock
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Backend, Op
+from ratelimit_app.bans import applied as bans
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
-from ratelimit_app.engine import bans, in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
-from ratelimit_app.engine.memory import remember
+from ratelimit_app.engine import in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import STEPS, CheckTime, Step
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.provenance import page_sent
+from ratelimit_app.refusals.remembered import remember
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import backend_failed
 
@@ -128,7 +129,7 @@ def _run(
 
 
 class Hooks:
-    """What the exporters (:mod:`ratelimit_app.telemetry`) hooked into the engine: empty
+    """What the exporters (:mod:`ratelimit_app.operators.telemetry`) hooked into the engine: empty
     unless one is installed, and then a request pays one list test per hook. A hook must not
     raise; one that does is logged and left out."""
 

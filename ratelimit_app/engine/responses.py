@@ -17,7 +17,7 @@
 * The page says whom the limit counted (``counted``, from the limit's key: the client's
   address, its account, an account or address the request named...), so a per-account
   limit does not tell a visitor that the requests "came from you".
-* A refusal by a ban (:mod:`ratelimit_app.engine.bans`) says so, and until when (UTC):
+* A refusal by a ban (:mod:`ratelimit_app.bans.applied`) says so, and until when (UTC):
   ``banned_until`` in the problem (ISO 8601) and the page, and the ``detail``. A usage dict
   of one without a decision says it with ``banned: True``.
 * A limit that cannot be checked because the counter backend is down and the limit fails

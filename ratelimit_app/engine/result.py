@@ -40,7 +40,7 @@ class Result:
         #: True when any rate is over its limit.
         self.limited = usages[0].limited if len(usages) == 1 else any([u.limited for u in usages])
         #: A refusal that brings the subject's refusals to its limit's ban (``Check.ban``),
-        #: and a refusal by a ban (:mod:`ratelimit_app.engine.bans`).
+        #: and a refusal by a ban (:mod:`ratelimit_app.bans.applied`).
         self.reaches_ban = self.banned = False
 
     def __repr__(self) -> str:
@@ -55,6 +55,22 @@ class Result:
         if limited:
             return max(limited, key=lambda u: u.retry_after)
         return min(usages, key=lambda u: (u.remaining, -u.reset))
+
+    def counted_down(self, elapsed: float) -> Result:
+        """This refusal, made ``elapsed`` seconds ago, with its waits counted down (the
+        refusal memory's answer, :mod:`ratelimit_app.refusals`)."""
+        usages = [
+            windows.Usage(
+                u.rate,
+                u.count,
+                0 if u.limited else u.remaining,
+                u.limited,
+                max(0.0, u.retry_after - elapsed),
+                max(0.0, u.reset - elapsed),
+            )
+            for u in self.usages
+        ]
+        return Result(usages, self.namespace, self.meter)
 
 
 def meter_result(state: gcra.State, ns: str) -> Result:

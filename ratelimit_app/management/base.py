@@ -1,12 +1,13 @@
 """What ``ratelimit_usage`` and ``ratelimit_reset`` share: naming a limit and a subject.
 
 A limit is named as a person knows it (a rule, ``drf:<scope>``, a decorator's group, a
-decorated view's URL name, path or dotted path: :func:`ratelimit_app.operations.find_limits`),
-or, for a decorator no routed view carries, by its group with the decorator's ``key`` and
-``rate`` (and ``method``, ``algorithm`` and ``burst``). A view may carry several limits: the
-commands take each. Every mistake a person can make on the command line becomes a
-:class:`~django.core.management.CommandError` that says what to type instead, never a
-traceback, and a name that stands for nothing is one too, never a silent zero.
+decorated view's URL name, path or dotted path:
+:func:`ratelimit_app.operators.operations.find_limits`), or, for a decorator no routed view
+carries, by its group with the decorator's ``key`` and ``rate`` (and ``method``, ``algorithm`` and
+``burst``). A view may carry several limits: the commands take each. Every mistake a person
+can make on the command line becomes a :class:`~django.core.management.CommandError` that says
+what to type instead, never a traceback, and a name that stands for nothing is one too, never
+a silent zero.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ratelimit_app.config.limits import LimitError, Method
 from ratelimit_app.config.rules import parse_rules
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity import addresses
-from ratelimit_app.operations import Named, Target, UnknownLimit, find_limits, target
+from ratelimit_app.operators.operations import Named, Target, UnknownLimit, find_limits, target
 
 #: Shared by both commands' ``--help``.
 LIMIT_EPILOG = """\
@@ -175,7 +176,7 @@ def _group(
     warn: Callable[[str], None],
 ) -> Named:
     """A ``@ratelimit`` group, named with its decorator's arguments. A name the site knows
-    (:func:`~ratelimit_app.operations.find_limits`) is resolved as without ``--key``: a
+    (:func:`~ratelimit_app.operators.operations.find_limits`) is resolved as without ``--key``: a
     view's URL name, path or dotted path gives its decorator's group; any other name is
     used as typed, after a warning that the site knows no limit of that name."""
     if rate is None:
@@ -262,7 +263,7 @@ def _build(
 
 
 def _named(name: str, rate: str | None) -> list[Named]:
-    """The limits a name stands for (:func:`~ratelimit_app.operations.find_limits`);
+    """The limits a name stands for (:func:`~ratelimit_app.operators.operations.find_limits`);
     ``rate`` only for those whose rate depends on the request."""
     try:
         found = find_limits(name)

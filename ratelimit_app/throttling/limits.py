@@ -12,8 +12,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.settings import api_settings
 
-from ratelimit_app import operations
 from ratelimit_app.config.limits import Limit
+from ratelimit_app.operators import operations
 from ratelimit_app.throttling.throttles import PREFIX, ScopedRateThrottle, SimpleRateThrottle
 
 __all__ = ["NoRate", "lookup", "reset", "resolve", "scope_limits", "throttle_limit"]

@@ -1,4 +1,5 @@
-"""The usage lookup shows waits as people read them (``ratelimit_app.admin.format_duration``)."""
+"""The usage lookup shows waits as people read them
+(``ratelimit_app.operators.admin.format_duration``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import Client, override_settings
 
-from ratelimit_app import core, store
-from ratelimit_app.admin import format_duration
+from ratelimit_app import core
+from ratelimit_app.config import store
+from ratelimit_app.operators.admin import format_duration
 from ratelimit_app.testing import frozen_clock
 
 T0 = 1_800_000_000.0

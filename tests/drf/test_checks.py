@@ -92,7 +92,7 @@ def test_nothing_imports_drf_unless_the_throttles_are_used() -> None:
         "import sys, django; django.setup()\n"
         "from django.core.management import call_command\n"
         "import ratelimit_app.core, ratelimit_app.middleware, ratelimit_app.decorators\n"
-        "import ratelimit_app.admin, metrics_app.admin\n"
+        "import ratelimit_app.operators.admin, metrics_app.admin\n"
         "call_command('check')\n"
         "print('rest_framework' in sys.modules)\n"
     )

@@ -15,7 +15,8 @@ from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from ratelimit_app import core, store
+from ratelimit_app import core
+from ratelimit_app.config import store
 from ratelimit_app.models import AccessEntry, Rule
 from ratelimit_app.testing import frozen_clock
 
@@ -176,7 +177,7 @@ class TestDatabaseRules:
         assert 'id="no-database-rules"' not in html
 
     def test_filters_only_for_a_list_long_enough_to_filter(self) -> None:
-        from ratelimit_app.admin import FILTER_FROM
+        from ratelimit_app.operators.admin import FILTER_FROM
 
         client = staff(superuser=True)
         for n in range(FILTER_FROM):

@@ -19,8 +19,9 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
-from ratelimit_app import clock, store
-from ratelimit_app.engine import bans
+from ratelimit_app import clock
+from ratelimit_app.bans import applied as bans
+from ratelimit_app.config import store
 from ratelimit_app.identity.sealing import unseal
 from ratelimit_app.models import Ban, Override
 from ratelimit_app.signals import ban_skipped

@@ -16,11 +16,11 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from ratelimit_app import store
-from ratelimit_app.admin import OverrideForm
+from ratelimit_app.config import store
 from ratelimit_app.config.names import close_to, one_typo_away, typo_of
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Override
+from ratelimit_app.operators.admin import OverrideForm
 from ratelimit_app.overrides import applied
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.test_admin import MIDDLEWARE

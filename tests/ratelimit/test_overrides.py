@@ -16,8 +16,9 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
-from ratelimit_app import core, store
+from ratelimit_app import core
 from ratelimit_app.algorithms.rates import Rate
+from ratelimit_app.config import store
 from ratelimit_app.config.policy import policy
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.engine.enforce import Decision

@@ -38,8 +38,8 @@ from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_app.views import prometheus
-from ratelimit_app import telemetry
 from ratelimit_app.core import get_usage
+from ratelimit_app.operators import telemetry
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.conftest import start_or_skip
 from tests.ratelimit.conftest import MIDDLEWARE
@@ -300,7 +300,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from metrics_app import buffer
 from ratelimit_app.core import get_usage
-from ratelimit_app.telemetry import record_queued
+from ratelimit_app.operators.telemetry import record_queued
 
 for _ in range(4):
     get_usage(RequestFactory().get("/"), group="otel-scrape", key="ip", rate="2/m",

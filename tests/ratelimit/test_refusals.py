@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core, engine, operations, signals
+from ratelimit_app import core, signals
 from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.engine import memory, refusals
 from ratelimit_app.identity import keys
+from ratelimit_app.operators import operations
+from ratelimit_app.refusals import memory as refusals
+from ratelimit_app.refusals import remembered as memory
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
@@ -351,7 +353,7 @@ def test_a_few_refusals_are_not_remembered_so_cache_clear_alone_resets_a_limit(
     from django.core.cache import caches
 
     request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.48")
-    before = engine.remember_always(False)
+    before = memory.remember_always(False)
     forget_refusals()
     try:
         with frozen_clock(T0):
@@ -365,7 +367,7 @@ def test_a_few_refusals_are_not_remembered_so_cache_clear_alone_resets_a_limit(
                 core.get_usage(request, "t", key="ip", rate="1/m", increment=True)
             assert len(RUNTIME.refusals) == 1  # ...is remembered
     finally:
-        engine.remember_always(before)
+        memory.remember_always(before)
         forget_refusals()
 
 

@@ -1,6 +1,6 @@
 """Refused lately (issue 27): who each limit refused, what the page shows of them, and the
 charts of decorator limits' refusals. Driven through real requests (the ``ratelimited``
-signal's receiver in :mod:`ratelimit_app.metrics`) and the admin page."""
+signal's receiver in :mod:`ratelimit_app.operators.metrics`) and the admin page."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from metrics_app import buffer
 from metrics_app.models import Series, TopKey
 from metrics_app.testing import frozen_clock
 from metrics_app.topk import CAPACITY
-from ratelimit_app import metrics, store
+from ratelimit_app.config import store
+from ratelimit_app.operators import metrics
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,9 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.urls import path
 
-from ratelimit_app import core, metrics
+from ratelimit_app import core
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.operators import metrics
 from ratelimit_app.signals import ratelimited
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE

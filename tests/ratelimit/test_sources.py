@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from ratelimit_app import checks, operations
-from ratelimit_app.admin import UsageForm
+from ratelimit_app import checks
 from ratelimit_app.config import sources
 from ratelimit_app.config.limits import Limit
+from ratelimit_app.operators import operations
+from ratelimit_app.operators.admin import UsageForm
 
 
 @pytest.fixture

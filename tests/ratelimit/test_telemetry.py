@@ -31,7 +31,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from ratelimit_app import core, telemetry, throttling
+from ratelimit_app import core, throttling
 from ratelimit_app.backends import reset_backends
 from ratelimit_app.backends.base import Backend
 from ratelimit_app.backends.cache import CacheBackend
@@ -41,6 +41,7 @@ from ratelimit_app.backends.redis import RedisBackend, RedisClusterBackend
 from ratelimit_app.core import get_usage
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.engine import checking, enforce
+from ratelimit_app.operators import telemetry
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.peers.conftest import closed_port  # noqa: F401  (a fixture)
 from tests.ratelimit.conftest import MIDDLEWARE
@@ -460,9 +461,9 @@ def test_an_opentelemetry_round_trip_is_queued_not_recorded_on_the_request(
 def test_a_ban_not_made_at_the_bound_is_counted(client: Client, deltas: Deltas, name: str) -> None:
     """A process that holds the most bans it keeps makes no more (docs/operators, "Bans"):
     each refusal that would have banned is counted in ``bucketry_ratelimit_bans_skipped``."""
-    from ratelimit_app import store
-    from ratelimit_app.engine import bans
-    from ratelimit_app.telemetry import BANS_SKIPPED
+    from ratelimit_app.bans import applied as bans
+    from ratelimit_app.config import store
+    from ratelimit_app.operators.telemetry import BANS_SKIPPED
 
     ban = {"after": 1, "within": "1h", "for": "10m"}
     deltas.mark(BANS_SKIPPED, limit=name)

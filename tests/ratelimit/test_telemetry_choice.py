@@ -13,8 +13,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from metrics_app import telemetry as metrics_telemetry
-from ratelimit_app import telemetry
 from ratelimit_app.conf import read
+from ratelimit_app.operators import telemetry
 
 PROM, OTEL, BRIDGE = "prometheus_client", "opentelemetry.metrics", telemetry.OTEL_TO_PROMETHEUS
 MODULES = (PROM, OTEL, BRIDGE)

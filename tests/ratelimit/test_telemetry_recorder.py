@@ -38,7 +38,7 @@ PROJECT = textwrap.dedent(
 
     from ratelimit_app.backends import reset_backends
     from ratelimit_app.core import get_usage
-    from ratelimit_app.telemetry import BACKEND_SECONDS
+    from ratelimit_app.operators.telemetry import BACKEND_SECONDS
 
     def recorded():
         data = reader.get_metrics_data()

@@ -25,9 +25,10 @@ from django.test import Client, RequestFactory, override_settings
 from django.urls import path
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ratelimit_app import store, telemetry
+from ratelimit_app.config import store
 from ratelimit_app.core import get_usage
 from ratelimit_app.engine import checking
+from ratelimit_app.operators import telemetry
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE
 
@@ -66,7 +67,7 @@ def value(registry: CollectorRegistry, limit: str, decision: str) -> float | Non
 
 
 def test_a_settings_rules_series_are_0_when_the_exporter_connects() -> None:
-    """What :func:`ratelimit_app.telemetry.connect` does with the limits known then."""
+    """What :func:`ratelimit_app.operators.telemetry.connect` does with the limits known then."""
     name = f"series-{next(_unique)}"
     registry = CollectorRegistry()
     with override_settings(RATELIMIT_RULES=[rule(name)]):

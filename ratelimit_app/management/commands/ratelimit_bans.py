@@ -10,7 +10,7 @@ from django.db import DatabaseError
 
 from ratelimit_app import clock
 from ratelimit_app.management.base import HelpFormatter
-from ratelimit_app.operations import UnknownLimit, filed_names
+from ratelimit_app.operators.operations import UnknownLimit, filed_names
 
 COLUMNS = ("limit", "subject", "kind", "where", "until", "left (s)")
 

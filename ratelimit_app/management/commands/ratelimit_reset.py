@@ -11,7 +11,7 @@ from ratelimit_app.management.base import (
     backend_errors,
     targets,
 )
-from ratelimit_app.operations import reset
+from ratelimit_app.operators.operations import reset
 
 
 class Command(LimitCommand):

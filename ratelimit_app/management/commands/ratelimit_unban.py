@@ -9,7 +9,7 @@ from django.db import DatabaseError
 
 from ratelimit_app.management.base import LimitCommand, backend_errors, targets
 from ratelimit_app.management.commands.ratelimit_bans import subject_of
-from ratelimit_app.operations import unban
+from ratelimit_app.operators.operations import unban
 
 
 class Command(LimitCommand):

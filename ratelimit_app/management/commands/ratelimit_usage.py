@@ -14,7 +14,7 @@ from ratelimit_app.management.base import (
     backend_errors,
     targets,
 )
-from ratelimit_app.operations import Named, Target, lookup
+from ratelimit_app.operators.operations import Named, Target, lookup
 
 
 def _rows(usage: dict[str, Any]) -> list[tuple[str, ...]]:

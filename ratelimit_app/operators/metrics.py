@@ -4,8 +4,8 @@
   would refuse ``ratelimit-shadow:<limit>``; ``<limit>`` is a rule's name, ``drf:<scope>``,
   or a decorator's group. The admin charts them like any other series.
 * The subjects a limit refuses feed a bounded top-k per limit (:mod:`metrics_app.topk`),
-  which the admin's *Refused lately* page reads (:mod:`ratelimit_app.refused`). A row keeps
-  the hashed subject, and of its value what ``RATELIMIT_REFUSED_SUBJECTS`` allows
+  which the admin's *Refused lately* page reads (:mod:`ratelimit_app.operators.refused`). A row
+  keeps the hashed subject, and of its value what ``RATELIMIT_REFUSED_SUBJECTS`` allows
   (:func:`shown`), for :data:`RETENTION_DAYS` days after its last refusal.
 
 Connected when ``metrics_app`` is installed: a few in-memory increments per refused request,
@@ -19,9 +19,8 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ratelimit_app import store
 from ratelimit_app.conf import read
-from ratelimit_app.config import sources, views
+from ratelimit_app.config import sources, store, views
 from ratelimit_app.identity import addresses, keys
 from ratelimit_app.signals import ratelimited
 
@@ -137,5 +136,5 @@ def _remember(
 
 
 def connect() -> None:
-    ratelimited.connect(_count, dispatch_uid="ratelimit_app.metrics")
-    ratelimited.connect(_remember, dispatch_uid="ratelimit_app.metrics.refused")
+    ratelimited.connect(_count, dispatch_uid="ratelimit_app.operators.metrics")
+    ratelimited.connect(_remember, dispatch_uid="ratelimit_app.operators.metrics.refused")

@@ -61,7 +61,7 @@ REQUESTS = "bucketry_ratelimit_requests_total"
 BACKEND_SECONDS = "bucketry_ratelimit_backend_seconds"
 BACKEND_ERRORS = "bucketry_ratelimit_backend_errors_total"
 #: Refusals that would have banned their subject, but the process held the most bans it
-#: keeps (:data:`ratelimit_app.engine.bans.MOST`): no ban was made.
+#: keeps (:data:`ratelimit_app.bans.applied.MOST`): no ban was made.
 BANS_SKIPPED = "bucketry_ratelimit_bans_skipped_total"
 #: A check's round trip, in seconds: from a memcached reply on loopback (0.1 ms) to a
 #: backend at its timeout (the default socket timeout is 0.1 s).

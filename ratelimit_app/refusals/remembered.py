@@ -1,17 +1,19 @@
-"""This process's refusals (:mod:`ratelimit_app.engine.refusals`), shared by every adapter:
-each
-check refused with an exact wait, and its result, answered from memory while it lasts."""
+"""This process's refusals (:mod:`ratelimit_app.refusals.memory`), shared by every way in:
+each check refused with an exact wait, and its result, answered from memory while it lasts.
+It knows the engine's checks and results by their attributes only, so the engine imports it
+and not the other way round."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ratelimit_app.algorithms import windows
-from ratelimit_app.config.limits import Check
-from ratelimit_app.engine import refusals
-from ratelimit_app.engine.result import Result
+from ratelimit_app.refusals import memory as refusals
 from ratelimit_app.runtime import RUNTIME
+
+if TYPE_CHECKING:
+    from ratelimit_app.config.limits import Check
+    from ratelimit_app.engine.result import Result
 
 #: Seconds at most a refusal is answered from memory before a look confirms it: how long a
 #: count that went down in another process (a reset, a rule changed) takes to reach this one.
@@ -41,7 +43,7 @@ def remember_always(on: bool) -> bool:
 
 def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
     """Remember the refusals of counted checks (their waits exact) made at ``t``, when the
-    process is refusing a flood (:meth:`~ratelimit_app.engine.refusals.Memory.flooding`)."""
+    process is refusing a flood (:meth:`~ratelimit_app.refusals.memory.Memory.flooding`)."""
     cap = REFUSAL_MEMORY
     if cap <= 0 or not refused:
         return
@@ -61,20 +63,4 @@ def recalled(key: tuple[Any, ...], t: float, cost: int = 1) -> Result | None:
     elapsed, (c, r) = found
     if c.cost > cost:
         return None
-    return counted_down(elapsed, r)
-
-
-def counted_down(elapsed: float, r: Result) -> Result:
-    """``r``, a refusal made ``elapsed`` seconds ago, with its waits counted down."""
-    usages = [
-        windows.Usage(
-            u.rate,
-            u.count,
-            0 if u.limited else u.remaining,
-            u.limited,
-            max(0.0, u.retry_after - elapsed),
-            max(0.0, u.reset - elapsed),
-        )
-        for u in r.usages
-    ]
-    return Result(usages, r.namespace, r.meter)
+    return r.counted_down(elapsed)

@@ -1,8 +1,8 @@
 """The admin page *Refused lately*: per limit, the subjects refused in the last hour and day.
 
 Read from the rows ``metrics_app`` keeps of each limit's most refused subjects
-(:class:`metrics_app.models.TopKey`, fed by :mod:`ratelimit_app.metrics`): a bounded top-k
-per process, flushed with the metrics, so a flood of distinct subjects costs bounded memory
+(:class:`metrics_app.models.TopKey`, fed by :mod:`ratelimit_app.operators.metrics`): a bounded
+top-k per process, flushed with the metrics, so a flood of distinct subjects costs bounded memory
 and rows. Its counts are certain (never above the refusals), so their sums over flushes and
 processes, which rank the subjects here, are too. Each subject comes with its counts, first
 and last refusal, and the admin's actions: its usage lookup and reset (where
@@ -28,7 +28,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app.conf import read
-from ratelimit_app.metrics import MODES, RETENTION_DAYS, SERIES_PREFIX, mode
+from ratelimit_app.operators.metrics import MODES, RETENTION_DAYS, SERIES_PREFIX, mode
 
 #: Subjects shown per limit, most refused in the last day first.
 SHOWN = 25

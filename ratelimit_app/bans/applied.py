@@ -1,11 +1,11 @@
 """Bans as the limiter keeps them: a row written once per ban, held by every process.
 
-A limit with a ``ban`` (:mod:`ratelimit_app.algorithms.bans`) counts its refusals of each
+A limit with a ``ban`` (:mod:`ratelimit_app.bans.spec`) counts its refusals of each
 subject in the refusal's own second round trip (:mod:`ratelimit_app.engine.checking`); the
 refusal that brings them to ``after`` calls :func:`impose`. A ban is a row of
 :class:`~ratelimit_app.models.Ban`; every process reads the rows changed since it last looked
-(:mod:`ratelimit_app.store`, within a second) into its
-:class:`~ratelimit_app.store.HeldBans`,
+(:mod:`ratelimit_app.config.store`, within a second) into its
+:class:`~ratelimit_app.config.store.HeldBans`,
 so a banned request is refused from memory, with no round trip and no query, and a new ban
 costs each process one small query, whatever the number of bans in force.
 
@@ -35,11 +35,14 @@ from typing import Any
 
 from django.db import transaction
 
-from ratelimit_app import clock, store
-from ratelimit_app.algorithms import bans, windows
-from ratelimit_app.algorithms.bans import BanSpec
+from ratelimit_app import clock
+from ratelimit_app.algorithms import windows
+from ratelimit_app.bans import spec as bans
+from ratelimit_app.bans.spec import BanSpec
 from ratelimit_app.conf import conf, read
+from ratelimit_app.config import store
 from ratelimit_app.config.limits import Check
+from ratelimit_app.config.store import prune_bans as prune
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import Step
 from ratelimit_app.identity import addresses
@@ -47,7 +50,6 @@ from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.sealing import seal
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ban_skipped, subject_banned
-from ratelimit_app.store import prune_bans as prune
 
 __all__ = [
     "MOST",
@@ -65,7 +67,7 @@ __all__ = [
 
 logger = logging.getLogger("ratelimit_app")
 
-#: The most bans a process holds (:data:`ratelimit_app.store.MOST_BANS`). Past it no new
+#: The most bans a process holds (:data:`ratelimit_app.config.store.MOST_BANS`). Past it no new
 #: ban is made until some end; the limits go on refusing at their rates.
 MOST = store.MOST_BANS
 #: Whether this process has logged that it holds :data:`MOST` bans (once, until below).

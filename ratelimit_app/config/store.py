@@ -37,12 +37,12 @@ from typing import Any
 from ratelimit_app import clock
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends import get_backend
+from ratelimit_app.bans.held import MOST_BANS, PRUNE_EVERY, HeldBans
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.identity.namespaces import namespace
-from ratelimit_app.identity.sealing import unseal
 from ratelimit_app.overrides.table import OverrideError, Subject, Table
 from ratelimit_app.overrides.table import parse as parse_override
 from ratelimit_app.runtime import RUNTIME
@@ -73,62 +73,6 @@ VERSION_PLANS = tuple(
     Plan(writes=((suffix, 400 * 86400),), reads=_SUFFIXES, rates=()) for suffix in _SUFFIXES
 )
 Versions = tuple[int, ...]
-#: The most bans a process holds, about 150 bytes each (15 MB at the bound): at it, the
-#: ended ones are dropped, and no new ban is made until some end
-#: (:func:`ratelimit_app.engine.bans.impose`).
-MOST_BANS = 100_000
-
-
-class HeldBans:
-    """The bans in force that this process holds, each with the Unix time it ends: a
-    limit's own bans by hashed key (``rule``: a check's namespace), bans on every path by
-    the address itself (``site``: unsealed from the row), and the newest change read
-    (``seen``, an aware datetime: the next read starts there)."""
-
-    __slots__ = ("pruned", "rule", "seen", "site")
-
-    def __init__(self) -> None:
-        self.rule: dict[str, float] = {}
-        self.site: dict[str, float] = {}
-        self.seen: Any = None
-        #: time.monotonic() of the last :meth:`prune`.
-        self.pruned = -math.inf
-
-    def __len__(self) -> int:
-        return len(self.rule) + len(self.site)
-
-    def __bool__(self) -> bool:
-        return bool(self.rule or self.site)
-
-    def put(self, rows: Iterable[tuple[str, Any, bool, Any, str]], now: float) -> None:
-        """Take in ``rows`` of :class:`~ratelimit_app.models.Ban` (key, until, site,
-        changed, sealed): a ban in force is held, an ended or lifted one dropped. A ban on
-        every path whose address cannot be unsealed (sealed under another ``SECRET_KEY``)
-        is left out, as its hashed key would not match either."""
-        for key, until, site, changed, sealed in rows:
-            held = self.rule
-            if site:
-                address = unseal(sealed)
-                if address is None:
-                    continue
-                held, key = self.site, address
-            end = until.timestamp()
-            if end > now:
-                held[key] = end
-            else:
-                held.pop(key, None)
-            if self.seen is None or changed > self.seen:
-                self.seen = changed
-
-    def prune(self, now: float) -> None:
-        """Drop the bans that have ended (a look-up ignores them already): a pass over
-        them all, so at most once every :data:`PRUNE_EVERY` seconds."""
-        if time.monotonic() < self.pruned + PRUNE_EVERY:
-            return
-        self.pruned = time.monotonic()
-        for held in (self.rule, self.site):
-            for key in [k for k, end in held.items() if end <= now]:
-                del held[key]
 
 
 @dataclass(slots=True)
@@ -146,7 +90,7 @@ class Snapshot:
     expires: float = math.inf
     #: Rules of the database, as loaded (for the admin).
     db_rules: tuple[CompiledRule, ...] = ()
-    #: The bans in force (:mod:`ratelimit_app.engine.bans`), kept across full reads.
+    #: The bans in force (:mod:`ratelimit_app.bans.applied`), kept across full reads.
     bans: HeldBans = field(default_factory=HeldBans)
     #: Whether the lists hold networks or users (the client's own address and user are
     #: matched), whether a ban on every path is held (the middleware then looks at every
@@ -368,7 +312,7 @@ def _all_bans() -> HeldBans:
 
 def _read_bans(held: HeldBans, everything: bool = False) -> None:
     """Take the bans changed since ``held`` last read into it (``everything``: those in
-    force); at :data:`~ratelimit_app.engine.bans.MOST`, the ended ones are dropped first."""
+    force); at :data:`~ratelimit_app.bans.applied.MOST`, the ended ones are dropped first."""
     from django.utils import timezone
 
     from ratelimit_app.models import Ban
@@ -461,8 +405,6 @@ def _prune() -> None:
 
 #: Ban rows deleted per call of :func:`prune_bans` (an index range: a millisecond or so).
 PRUNE_BATCH = 1000
-#: Seconds between two prunes by one process.
-PRUNE_EVERY = 60.0
 _pruned = -math.inf
 
 
@@ -471,7 +413,7 @@ def prune_bans(force: bool = False) -> int:
     oldest ended ones past :data:`MOST_BANS` of them (so the table holds at most twice that),
     at most :data:`PRUNE_BATCH` of each a call and, unless ``force``, once every
     :data:`PRUNE_EVERY` seconds per process: the number deleted. Called when a ban is made
-    (:mod:`ratelimit_app.engine.bans`) and as a process looks for changes."""
+    (:mod:`ratelimit_app.bans.applied`) and as a process looks for changes."""
     global _pruned
     from ratelimit_app.models import Ban
 
