@@ -41,6 +41,14 @@ RATELIMIT_RULES = [
     {"name": "bench-ip-m", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/m"},
     {"name": "bench-email-h", "path": RULES_PATH, "key": "email", "rate": f"{HUGE}/h"},
     {"name": "bench-ip-d", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/d"},
+    # One leaky bucket (bench.claims.memos: its check has no ready memo of its own).
+    {
+        "name": "bench-leaky",
+        "path": "/bench/leaky/",
+        "key": "ip",
+        "rate": f"{HUGE}/m",
+        "algorithm": "leaky_bucket",
+    },
     # Floods: every client over its limit after its first request, so nearly every request
     # of a timed run is refused (429). The botnet's clients come through X-Forwarded-For.
     {"name": "bench-flood", "path": "/bench/flood/", "key": "ip", "rate": "1/h"},

@@ -46,6 +46,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("bench/rules/", csrf_exempt(plain)),
     path("bench/rules/counted/", csrf_exempt(counted)),
     path("bench/django-ratelimit/", csrf_exempt(decorated)),
+    # Behind the bench's leaky bucket (bench.claims.memos).
+    path("bench/leaky/counted/", csrf_exempt(counted)),
     # Behind the bench's flood rules (429 from the second request of each client on).
     path("bench/flood/", csrf_exempt(plain)),
     path("bench/botnet/", csrf_exempt(plain)),

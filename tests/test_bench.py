@@ -20,6 +20,7 @@ from bench.claims import (
     leaky_bucket,
     load,
     load_ab,
+    memos,
     ratelimit_latency,
     ratelimit_middleware,
 )
@@ -313,6 +314,25 @@ def test_instructions_are_counted_per_request() -> None:
     assert 100_000 < cost < 10_000_000  # a whole request through Django: not 0, not a crash
     text = instructions.render(counts, None)
     assert "rules-refused" in text and "instructions" in text
+
+
+@pytest.mark.slow
+def test_memos_bench_counts_a_memo_turned_off() -> None:
+    """A tiny run of bench/claims/memos.py under real valgrind: a leaky bucket's recurring
+    client hashes its namespace again when the namespaces' memo keeps nothing."""
+    if find_binary("valgrind") is None:
+        missing = MissingServerBinary("valgrind", PACKAGES["valgrind"])
+        if in_ci():
+            pytest.fail(f"CI=true and {missing}", pytrace=False)
+        pytest.skip(str(missing))
+    off = "namespaces (by limit, kind, value)"
+    cases = {"leaky": ("everything on", off)}
+    counts = memos.run((2, 6, 3), (0,), None, cases, ("one client",))
+    on = counts[("leaky", "everything on", "one client")]
+    assert 100_000 < on < 10_000_000  # a whole request through Django: not 0, not a crash
+    assert counts[("leaky", off, "one client")] > on + memos.NOISE  # the hash, made again
+    text = memos.render(counts, 1)
+    assert "leaky" in text and off in text and "a crowd" not in text
 
 
 @pytest.mark.slow
