@@ -130,7 +130,7 @@ _COUNTED_WITH_OPTIONS = """import functools, subprocess, types
 # The configuration's looks (every second) and prunes (every minute) on the bench's clock,
 # not the machine's: under valgrind a second of the machine's is a few dozen requests, more
 # or fewer as the machine is busy, and each look is a round trip.
-from ratelimit_app.config import store
+from ratelimit_app import store
 store.time = types.SimpleNamespace(time=time.time, monotonic=lambda: now["t"])
 if SETUP:  # the caller's set-up (a database's rows in force, ...), once before the warm-up
     exec(SETUP)

@@ -20,7 +20,7 @@ class RatelimitAppConfig(AppConfig):
             clock,
             runtime,  # noqa: F401  (forgets what the settings built when they change)
         )
-        from ratelimit_app.config.store import BANS, BANS_DELETED, CONFIG, OVERRIDES, bump
+        from ratelimit_app.config.versions import BANS, BANS_DELETED, CONFIG, OVERRIDES, bump
         from ratelimit_app.models import AccessEntry, Ban, Override, Rule
         from ratelimit_app.operators.telemetry import connect as connect_exporters
         from ratelimit_app.operators.telemetry import welcome_saved

@@ -18,8 +18,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse
 
+from ratelimit_app import store
 from ratelimit_app.conf import conf, require_installed
-from ratelimit_app.config import store
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import responses
 from ratelimit_app.engine.matched import UsageByRule, before, on_the_loop

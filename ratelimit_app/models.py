@@ -1,7 +1,7 @@
 """Rules and allow/deny entries kept in the database, edited in the admin.
 
 They apply together with ``RATELIMIT_RULES``, ``RATELIMIT_ALLOW`` and ``RATELIMIT_DENY`` (see
-:mod:`ratelimit_app.config.store` for how a change reaches every process within a second or so,
+:mod:`ratelimit_app.store` for how a change reaches every process within a second or so,
 without a query per request). Validation is the settings' own: :func:`Rule.as_dict` goes
 through :func:`ratelimit_app.config.rules.parse_rule`, and an entry through
 :func:`ratelimit_app.config.access.parse_entry`, so the admin and the system checks never disagree.
@@ -321,7 +321,7 @@ class Override(Expiring, models.Model):
     note = models.TextField(_("note"), blank=True)
     created = models.DateTimeField(_("created"), auto_now_add=True)
     #: When it was last saved: every process reads the overrides changed since it last
-    #: looked (:mod:`ratelimit_app.config.store`), not all of them.
+    #: looked (:mod:`ratelimit_app.store`), not all of them.
     changed = models.DateTimeField(_("changed"), auto_now=True, db_index=True)
 
     class Meta:
@@ -503,7 +503,7 @@ class Ban(models.Model):
     #: Deleted once passed (:func:`ratelimit_app.bans.applied.prune`).
     remembered_until = models.DateTimeField(_("remembered until"), db_index=True)
     #: When it was last written (made, extended, lifted): every process reads the bans
-    #: changed since it last looked (:mod:`ratelimit_app.config.store`), not all of them.
+    #: changed since it last looked (:mod:`ratelimit_app.store`), not all of them.
     changed = models.DateTimeField(_("changed"), auto_now=True, db_index=True)
 
     class Meta:

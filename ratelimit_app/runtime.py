@@ -89,7 +89,7 @@ class Runtime:
         self._lock = threading.RLock()
         #: The values read (a :class:`ratelimit_app.conf.Settings`, set by ``conf``).
         self.settings: Any = None
-        #: The refusals remembered (a :class:`ratelimit_app.refusals.memory.Memory`, set by
+        #: The refusals remembered (a :class:`ratelimit_app.engine.refusals.memory.Memory`, set by
         #: ``engine.memory``): emptied, not replaced, so that a test's choice to remember
         #: every refusal outlives a changed setting.
         self.refusals: Any = None
@@ -108,7 +108,7 @@ class Runtime:
         self.addresses: dict[str, Any] = {}
         self.masked: dict[str, str | None] = {}
         self.trusted: dict[str, bool] = {}
-        #: The configuration in force (a ``ratelimit_app.config.store.Snapshot``), or None.
+        #: The configuration in force (a ``ratelimit_app.store.Snapshot``), or None.
         self.snapshot: Any = None
 
     def part(self, build: Callable[[], T]) -> T:

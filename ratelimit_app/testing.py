@@ -52,7 +52,7 @@ def frozen_clock(t: float | datetime) -> Iterator[FrozenClock]:
 
 
 def forget_refusals() -> None:
-    """Forget every refusal this process remembers (:mod:`ratelimit_app.refusals.memory`).
+    """Forget every refusal this process remembers (:mod:`ratelimit_app.engine.refusals.memory`).
 
     Needed only by tests that flood (the memory keeps refusals from 50 a second) or turn the
     memory on (:func:`remember_refusals`) and then clear the counters: otherwise each refusal
@@ -69,7 +69,7 @@ def remember_refusals() -> Iterator[None]:
     """Remember every refusal, not only a flood's, for tests of what the memory does (a
     flood served from memory, its round trips). Call :func:`forget_refusals` where such a
     test clears the counters."""
-    from ratelimit_app.refusals.remembered import remember_always
+    from ratelimit_app.engine.refusals.remembered import remember_always
 
     before = remember_always(True)
     try:

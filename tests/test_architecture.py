@@ -33,8 +33,8 @@ LAYERS: dict[str, dict[str, int]] = {
         "signals": 0,
         "request_state": 0,
         "algorithms.rates": 0,
-        "refusals": 0,
-        "refusals.memory": 0,
+        "engine.refusals": 0,
+        "engine.refusals.memory": 0,
         "bans": 0,
         "operators": 0,
         "algorithms.windows": 1,
@@ -43,7 +43,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "identity.provenance": 0,
         "identity.sealing": 0,
         "identity.namespaces": 1,
-        "bans.spec": 1,
+        "config.bans": 1,
         "bans.held": 1,
         "identity.keys": 1,
         "keys": 1,
@@ -60,10 +60,11 @@ LAYERS: dict[str, dict[str, int]] = {
         "config.declared": 3,
         "models": 3,
         "backends": 3,
-        "config.store": 4,
+        "config.versions": 3,
+        "store": 4,
         "bans.applied": 4,
-        "refusals.remembered": 4,
-        "refusals.recall": 4,
+        "engine.refusals.remembered": 4,
+        "engine.refusals.recall": 4,
         "engine": 4,
         "overrides.applied": 4,
         "engine.enforce": 5,
@@ -357,9 +358,9 @@ def test_the_circle_finder_finds_circles(
 
 def test_the_checks_see_function_level_imports(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("def f():\n    from ratelimit_app.config.store import current\n")
-    known = {"ratelimit_app.config.store": Path("store.py")}
-    assert list(imports(source, known)) == ["ratelimit_app.config.store"]
+    source.write_text("def f():\n    from ratelimit_app.store import current\n")
+    known = {"ratelimit_app.store": Path("store.py")}
+    assert list(imports(source, known)) == ["ratelimit_app.store"]
 
 
 REACH = "ratelimit_app.operators.operations (layer 5) imports ratelimit_app.throttling (layer 6)"

@@ -61,13 +61,14 @@ def test_the_admins_face_registers_the_operators_pages() -> None:
 #: The modules that moved into a folder of their own job, and the faces left at the top:
 #: each must import first, alone, in a fresh process.
 FIRST = [
-    "ratelimit_app.bans.spec",
+    "ratelimit_app.config.bans",
+    "ratelimit_app.config.versions",
     "ratelimit_app.bans.held",
     "ratelimit_app.bans.applied",
-    "ratelimit_app.refusals.memory",
-    "ratelimit_app.refusals.remembered",
-    "ratelimit_app.refusals.recall",
-    "ratelimit_app.config.store",
+    "ratelimit_app.engine.refusals.memory",
+    "ratelimit_app.engine.refusals.remembered",
+    "ratelimit_app.engine.refusals.recall",
+    "ratelimit_app.store",
     "ratelimit_app.operations",
     "ratelimit_app.operators.telemetry",
 ]

@@ -203,7 +203,7 @@ def _seed(tree: Path, env: dict[str, str], state: State) -> None:
 
 #: Run in the instructions child before its warm-up: the rows are there, and in force.
 WARM = """
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.models import Ban, Override
 assert (Ban.objects.count(), Override.objects.count()) == ROWS, ROWS
 store.current()
@@ -222,7 +222,7 @@ from metrics_app.buffer import flusher
 flusher.FLUSH_INTERVAL = 10**6  # no flush while timing
 from django.core.handlers.wsgi import WSGIHandler
 from ratelimit_app.operators import operations
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.models import Ban, Override
 app = WSGIHandler()
 body = b"email=bench%40example.com&password=x"

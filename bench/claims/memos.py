@@ -67,7 +67,8 @@ class Forgetful(dict):
         pass
 get(path, client="10.255.255.254")
 from ratelimit_app.runtime import RUNTIME
-from ratelimit_app.config import rules, store
+from ratelimit_app.config import rules
+from ratelimit_app import store
 from ratelimit_app.backends import get_backend
 exec(OFF)
 """

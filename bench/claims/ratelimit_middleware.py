@@ -247,7 +247,7 @@ def install_overrides() -> None:
     """Put :data:`OVERRIDES` overrides of the rules in force in this process's snapshot (as
     the admin's rows would be, without a database): most for subjects the bench never sends,
     one for its first email."""
-    from ratelimit_app.config import store
+    from ratelimit_app import store
     from ratelimit_app.identity.addresses import mask_ip
     from ratelimit_app.overrides import table as overrides
 

@@ -1,9 +1,11 @@
-"""Bans, in one home: what a ban is, the bans a process holds, and how a request meets them.
+"""The bans, in one home: those in force that every process holds, and how one is imposed,
+found, lifted and pruned.
 
-:mod:`.spec` parses and validates a limit's ``ban`` (pure, beside the arithmetic);
 :mod:`.held` is the bans in force that every process keeps in memory, read from the
-database by the configuration in force (:mod:`ratelimit_app.config.store`); :mod:`.applied`
-imposes, finds and lifts them and refuses a banned request from memory (beside the engine,
-which asks it before the round trip). This face imports none of them, so the configuration
-can read :mod:`.spec` without the engine.
+database by the configuration in force (:mod:`ratelimit_app.store`); :mod:`.applied`
+writes a ban's row when a refusal reaches its limit's ban, lifts and finds them for the
+operators, and deletes the rows whose memory has passed. The engine looks a request's checks
+up in what is held before the round trip (:mod:`ratelimit_app.engine.checking`). What a
+limit's ``ban`` option says is the limit's (:mod:`ratelimit_app.config.bans`). This face
+imports neither module.
 """

@@ -1,18 +1,18 @@
 """Bans as the limiter keeps them: a row written once per ban, held by every process.
 
-A limit with a ``ban`` (:mod:`ratelimit_app.bans.spec`) counts its refusals of each
+A limit with a ``ban`` (:mod:`ratelimit_app.config.bans`) counts its refusals of each
 subject in the refusal's own second round trip (:mod:`ratelimit_app.engine.checking`); the
 refusal that brings them to ``after`` calls :func:`impose`. A ban is a row of
 :class:`~ratelimit_app.models.Ban`; every process reads the rows changed since it last looked
-(:mod:`ratelimit_app.config.store`, within a second) into its
-:class:`~ratelimit_app.config.store.HeldBans`,
+(:mod:`ratelimit_app.store`, within a second) into its
+:class:`~ratelimit_app.bans.held.HeldBans`,
 so a banned request is refused from memory, with no round trip and no query, and a new ban
 costs each process one small query, whatever the number of bans in force.
 
 Keys: a limit's ban of a subject is kept under the subject's own counter namespace (the
 limit's scope, hashed with the subject: :func:`ban_key`), which the request's check computes
 anyway, so looking for one costs a dictionary look-up, in the loop that builds the checks'
-steps (:func:`bans_in_force`; :func:`among` only for a step that may be banned); a ban on
+steps (:func:`ratelimit_app.engine.checking.check_unless_banned`); a ban on
 every path is kept under :func:`site_key` of the address, with the address sealed in its row
 (:mod:`ratelimit_app.identity.sealing`), so every process finds it by the address itself,
 with no hash per request. A process holds at most :data:`MOST` bans;
@@ -30,21 +30,19 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Sequence
+import math
+import time
 from typing import Any
 
 from django.db import transaction
 
 from ratelimit_app import clock
-from ratelimit_app.algorithms import windows
-from ratelimit_app.bans import spec as bans
-from ratelimit_app.bans.spec import BanSpec
+from ratelimit_app.bans.held import MOST_BANS, PRUNE_EVERY
 from ratelimit_app.conf import conf, read
-from ratelimit_app.config import store
+from ratelimit_app.config import bans
+from ratelimit_app.config.bans import BanSpec
 from ratelimit_app.config.limits import Check
-from ratelimit_app.config.store import prune_bans as prune
-from ratelimit_app.engine.result import Result
-from ratelimit_app.engine.step import Step
+from ratelimit_app.config.versions import BANS, bump
 from ratelimit_app.identity import addresses
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.sealing import seal
@@ -53,11 +51,8 @@ from ratelimit_app.signals import ban_skipped, subject_banned
 
 __all__ = [
     "MOST",
-    "among",
     "ban_key",
     "ban_now",
-    "banned",
-    "bans_in_force",
     "find",
     "impose",
     "lift",
@@ -67,9 +62,9 @@ __all__ = [
 
 logger = logging.getLogger("ratelimit_app")
 
-#: The most bans a process holds (:data:`ratelimit_app.config.store.MOST_BANS`). Past it no new
+#: The most bans a process holds (:data:`ratelimit_app.bans.held.MOST_BANS`). Past it no new
 #: ban is made until some end; the limits go on refusing at their rates.
-MOST = store.MOST_BANS
+MOST = MOST_BANS
 #: Whether this process has logged that it holds :data:`MOST` bans (once, until below).
 _full_logged = False
 
@@ -87,43 +82,6 @@ def site_key(address: str) -> str:
     salt = conf.SALT.encode()[:16]
     digest = hashlib.blake2b(address.encode(), digest_size=16, salt=salt, person=b"bucketry-ban")
     return "{" + digest.hexdigest() + "}"
-
-
-def bans_in_force() -> tuple[dict[str, float], dict[str, float]]:
-    """The bans this process holds: a limit's own by namespace, and those on every path by
-    address (each to the time it ends)."""
-    snap = RUNTIME.snapshot  # (the request's first layer looked at the version)
-    found = (snap or store.current()).bans
-    return found.rule, found.site
-
-
-def among(steps: Sequence[Step], now: float) -> list[Result | None] | None:
-    """The banned results of a request's checks, made into ``steps`` (their namespaces are
-    the bans' keys), from the bans this process holds: no round trip, no query, no hash but
-    an address's while a ban on every path is in force. None when none is banned.
-    :func:`~ratelimit_app.engine.checking.check_unless_banned` calls it only for steps
-    :func:`bans_in_force` says may be banned (one look-up each, in the loop that makes them)."""
-    rule, site = bans_in_force()
-    found: list[Result | None] | None = None
-    for i, s in enumerate(steps):
-        until = rule.get(s.namespace)
-        if until is None and site:
-            c = s.check
-            if c.ban is not None and c.ban.site and c.subject[0] == "ip":
-                until = site.get(c.subject[1])
-        if until is not None and until > now:
-            if found is None:
-                found = [None] * len(steps)
-            found[i] = banned(s.check, until - now)
-    return found
-
-
-def banned(c: Check, wait: float) -> Result:
-    """A check's refusal by its ban: every rate over, to be waited out until the ban ends."""
-    usages = [windows.Usage(r, r.count, 0, True, wait, wait) for r in c.rates]
-    found = Result(usages, namespace(c.scope, *c.subject))
-    found.banned = True
-    return found
 
 
 def impose(limit: str, check: Check, request: Any = None) -> float:
@@ -151,7 +109,8 @@ def impose(limit: str, check: Check, request: Any = None) -> float:
 def _full(limit: str, kind: str) -> bool:
     """True when this process holds :data:`MOST` bans: logged once, signalled each time."""
     global _full_logged
-    if len(store.current().bans) < MOST:
+    snap = RUNTIME.snapshot  # (the configuration in force, as this process last read it)
+    if snap is None or len(snap.bans) < MOST:
         _full_logged = False
         return False
     if not _full_logged:
@@ -290,7 +249,7 @@ def lift(scope: str, subject: tuple[str, str]) -> int:
         until=now, remembered_until=now, changed=dt.datetime.now(dt.UTC)
     )
     if lifted:
-        store.bump(store.BANS)
+        bump(BANS)
     return lifted
 
 
@@ -300,7 +259,7 @@ def lift_rows(rows: Any) -> int:
     now = _now()
     lifted: int = rows.update(until=now, remembered_until=now, changed=dt.datetime.now(dt.UTC))
     if lifted:
-        store.bump(store.BANS)
+        bump(BANS)
     return lifted
 
 
@@ -318,3 +277,34 @@ def find(scope: str, subject: tuple[str, str]) -> Any | None:
 def _now() -> dt.datetime:
     """The limiter's clock (:mod:`ratelimit_app.clock`: frozen in tests) as an aware time."""
     return dt.datetime.fromtimestamp(clock.now(), dt.UTC)
+
+
+#: Ban rows deleted per call of :func:`prune` (an index range: a millisecond or so).
+PRUNE_BATCH = 1000
+_pruned = -math.inf
+
+
+def prune(force: bool = False) -> int:
+    """Delete the ban rows whose memory has passed (``max`` after their end), and the
+    oldest ended ones past :data:`~ratelimit_app.bans.held.MOST_BANS` of them (so the table
+    holds at most twice that), at most :data:`PRUNE_BATCH` of each a call and, unless
+    ``force``, once every :data:`~ratelimit_app.bans.held.PRUNE_EVERY` seconds per process:
+    the number deleted. Called when a ban is made and as a process looks for changes
+    (:mod:`ratelimit_app.store`)."""
+    global _pruned
+    from ratelimit_app.models import Ban
+
+    if not force and time.monotonic() < _pruned + PRUNE_EVERY:
+        return 0
+    _pruned = time.monotonic()
+    now = _now()
+    old = Ban.objects.filter(remembered_until__lte=now).order_by("remembered_until")
+    ids = list(old.values_list("pk", flat=True)[:PRUNE_BATCH])
+    # Ended bans remembered past the most a process holds: the oldest are forgotten (their
+    # next ban is a first one), so a botnet cannot grow the table without bound.
+    ended = Ban.objects.filter(until__lte=now, remembered_until__gt=now).order_by("-until")
+    ids += ended.values_list("pk", flat=True)[MOST_BANS : MOST_BANS + PRUNE_BATCH]
+    if not ids:
+        return 0
+    deleted, _ = Ban.objects.filter(pk__in=ids).delete()
+    return deleted

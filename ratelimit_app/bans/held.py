@@ -1,6 +1,6 @@
 """The bans in force that a process holds in memory, so a banned request is refused with no
 round trip and no query: filled from the database's rows by the configuration in force
-(:mod:`ratelimit_app.config.store`), read by :mod:`ratelimit_app.bans.applied`."""
+(:mod:`ratelimit_app.store`), read by :mod:`ratelimit_app.bans.applied`."""
 
 from __future__ import annotations
 

@@ -4,5 +4,5 @@
 that match a request), ``access`` (allow and deny lists), ``declared`` (the settings' rules
 and lists, compiled) and ``sources`` (named limits other parts register: the DRF throttles).
 The settings themselves are :mod:`ratelimit_app.conf`; the configuration in force, settings
-and database together, is :mod:`ratelimit_app.config.store`.
+and database together, is :mod:`ratelimit_app.store`.
 """

@@ -3,7 +3,7 @@ validated and compiled once, and again after a setting changes.
 
 Invalid rules and lists are left out and logged here; the system checks
 (:mod:`ratelimit_app.checks`) report them with their codes. The database's rules and entries
-are merged with these by :mod:`ratelimit_app.config.store`, which holds the configuration in force.
+are merged with these by :mod:`ratelimit_app.store`, which holds the configuration in force.
 """
 
 from __future__ import annotations

@@ -33,8 +33,7 @@ from django.utils.module_loading import import_string
 
 from ratelimit_app import ALL
 from ratelimit_app.algorithms import rates
-from ratelimit_app.bans import spec as bans
-from ratelimit_app.config import kinds
+from ratelimit_app.config import bans, kinds
 from ratelimit_app.config.kinds import Kind
 from ratelimit_app.config.mistakes import LimitError, Mistake, collect, raise_all
 from ratelimit_app.identity import keys
@@ -124,7 +123,7 @@ class Limit:
     #: its place for at most ``lease`` seconds.
     concurrent: int | None = None
     lease: int = DEFAULT_LEASE
-    #: Who it refuses too often it bans (:mod:`ratelimit_app.bans.spec`; None: nobody).
+    #: Who it refuses too often it bans (:mod:`ratelimit_app.config.bans`; None: nobody).
     ban: bans.BanSpec | None = None
 
     #: Derived once (a limit is checked on every request it covers):
@@ -323,7 +322,7 @@ def build(
 
     ``concurrent`` (with its ``lease``, a duration: ``"30s"``, ``"2m"``; default a minute)
     adds an in-flight limit (:attr:`Limit.inflight`); with no ``rate``, the limit is that
-    in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.bans.spec.parse_ban`)
+    in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.config.bans.parse_ban`)
     bans who it refuses too often.
     """
     spec = None

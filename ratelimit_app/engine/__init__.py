@@ -4,7 +4,7 @@ A check (:class:`~ratelimit_app.config.limits.Check`) names a subject's limit; :
 runs each through the step of its algorithm (:mod:`.step`: :mod:`.sliding_window`,
 :mod:`.leaky_bucket`) in one round trip and evaluates it into a :class:`Result`. A refused
 hit is taken back; a refusal whose wait is exact is remembered by this process
-(:mod:`ratelimit_app.refusals`) and answered from memory while it lasts.
+(:mod:`ratelimit_app.engine.refusals`) and answered from memory while it lasts.
 :mod:`ratelimit_app.engine.enforce` is the one caller that decides requests.
 """
 

@@ -11,16 +11,15 @@ from ratelimit_app import clock
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Backend, Op
-from ratelimit_app.bans import applied as bans
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
-from ratelimit_app.engine.result import Result
+from ratelimit_app.engine.refusals.remembered import remember
+from ratelimit_app.engine.result import Result, banned
 from ratelimit_app.engine.step import STEPS, CheckTime, Step
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.provenance import page_sent
-from ratelimit_app.refusals.remembered import remember
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import backend_failed
 
@@ -75,7 +74,7 @@ def check_unless_banned(
     snap = RUNTIME.snapshot
     # Bans held: looked for in the loop that makes the namespaces.
     if snap is not None and snap.banning:
-        rule, site = bans.bans_in_force()
+        rule, site = snap.bans.rule, snap.bans.site
         look = False
         for c in checks:  # (as check_many's)
             step = STEPS[c.algorithm](c, moment)
@@ -86,7 +85,7 @@ def check_unless_banned(
             if step.namespace in rule or (site and c.ban is not None):
                 look = True
         if look:
-            found = bans.among(steps, moment.t)
+            found = _banned_among(steps, moment.t, rule, site)
             if found is not None:
                 return found, True
     else:
@@ -95,6 +94,27 @@ def check_unless_banned(
             steps.append(step)
             ops.append(step.op)
     return _run(checks, steps, ops, moment, take_back, True, request), False
+
+
+def _banned_among(
+    steps: Sequence[Step], now: float, rule: dict[str, float], site: dict[str, float]
+) -> list[Result | None] | None:
+    """The banned results of a request's checks, made into ``steps`` (their namespaces are
+    the bans' keys: :func:`ratelimit_app.bans.applied.ban_key`), from the bans this process
+    holds (``rule``: a limit's own, by namespace; ``site``: on every path, by address): no
+    round trip, no query. None when none is banned."""
+    found: list[Result | None] | None = None
+    for i, s in enumerate(steps):
+        until = rule.get(s.namespace)
+        if until is None and site:
+            c = s.check
+            if c.ban is not None and c.ban.site and c.subject[0] == "ip":
+                until = site.get(c.subject[1])
+        if until is not None and until > now:
+            if found is None:
+                found = [None] * len(steps)
+            found[i] = banned(s.check, until - now)
+    return found
 
 
 def _run(

@@ -25,20 +25,20 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ratelimit_app import request_state
+from ratelimit_app import request_state, store
 from ratelimit_app.algorithms.rates import MAX_COUNT
 from ratelimit_app.bans import applied as bans
 from ratelimit_app.conf import conf
-from ratelimit_app.config import store
 from ratelimit_app.config.limits import Check, Subjects
 from ratelimit_app.config.policy import Policy
 from ratelimit_app.engine import Result, report_failure, usage_dict
 from ratelimit_app.engine import charge as charge_checks
 from ratelimit_app.engine import take_back as take_back_hits
 from ratelimit_app.engine.checking import HOOKS, check_unless_banned
+from ratelimit_app.engine.refusals.recall import recall_many
+from ratelimit_app.engine.result import banned
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.overrides import applied as overrides
-from ratelimit_app.refusals.recall import recall_many
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ratelimited
 
@@ -374,7 +374,7 @@ def _refusal(request: Any, d: Decision) -> bool:
     if result is not None and result.reaches_ban and check.increment and not dry:
         seconds = bans.impose(d.name or d.limit.group, check, request)
         if seconds:
-            d.result = bans.banned(check, seconds)
+            d.result = banned(check, seconds)
     if not dry:
         return True
     d.shadowed = True

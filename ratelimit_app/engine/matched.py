@@ -34,8 +34,8 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
+from ratelimit_app import store
 from ratelimit_app.backends import get_backend
-from ratelimit_app.config import store
 from ratelimit_app.config.limits import Limit, Subjects
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce, responses, screen

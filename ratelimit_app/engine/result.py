@@ -8,6 +8,8 @@ from typing import Any
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.backends.base import MeterReply
 from ratelimit_app.config import kinds
+from ratelimit_app.config.limits import Check
+from ratelimit_app.identity.namespaces import namespace
 
 
 class Result:
@@ -58,7 +60,7 @@ class Result:
 
     def counted_down(self, elapsed: float) -> Result:
         """This refusal, made ``elapsed`` seconds ago, with its waits counted down (the
-        refusal memory's answer, :mod:`ratelimit_app.refusals`)."""
+        refusal memory's answer, :mod:`ratelimit_app.engine.refusals`)."""
         usages = [
             windows.Usage(
                 u.rate,
@@ -71,6 +73,15 @@ class Result:
             for u in self.usages
         ]
         return Result(usages, self.namespace, self.meter)
+
+
+def banned(c: Check, wait: float) -> Result:
+    """A check's refusal by its ban (:mod:`ratelimit_app.bans`): every rate over, to be
+    waited out until the ban ends."""
+    usages = [windows.Usage(r, r.count, 0, True, wait, wait) for r in c.rates]
+    found = Result(usages, namespace(c.scope, *c.subject))
+    found.banned = True
+    return found
 
 
 def meter_result(state: gcra.State, ns: str) -> Result:

@@ -14,9 +14,8 @@ from collections.abc import Sequence
 
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import clock
+from ratelimit_app import clock, store
 from ratelimit_app.conf import conf
-from ratelimit_app.config import store
 from ratelimit_app.config.limits import Subjects
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import responses
@@ -56,7 +55,7 @@ def screen(
     an allowed one), else the 429 of an address banned on every path, else None. What the
     request is (its address, for the lists and the bans) is read first; the address found
     for the bans is kept in ``subjects`` for the rules keyed on it. A ban on every path is
-    found by the address itself (unsealed from its row by :mod:`ratelimit_app.config.store`): a
+    found by the address itself (unsealed from its row by :mod:`ratelimit_app.store`): a
     dictionary look-up, no hash."""
     allow, deny = current.allow, current.deny
     lists = current.lists and bool(allow.networks or allow.users or deny.networks or deny.users)

@@ -3,7 +3,7 @@
 * **Rules**: the database's rules, editable and validated as ``RATELIMIT_RULES`` entries are
   (a bad rate or key is a form error naming it), and, read-only beside them, the rules of
   the settings: the whole configuration in force. A change applies in every process within
-  about a second (:mod:`ratelimit_app.config.store`).
+  about a second (:mod:`ratelimit_app.store`).
 * **Allow and deny lists**: IPs, CIDR networks, ``user:<id>`` and emails, with a note and an
   optional expiry; merged with ``RATELIMIT_ALLOW`` / ``RATELIMIT_DENY``.
 * **Overrides**: other rates (or none) for one subject of one limit
@@ -35,7 +35,7 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from ratelimit_app.bans import applied as bans
-from ratelimit_app.bans import spec as ban_spec
+from ratelimit_app.config import bans as ban_spec
 from ratelimit_app.config import declared, names
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.models import AccessEntry, Ban, Override, Rule

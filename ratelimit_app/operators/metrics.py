@@ -19,8 +19,9 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from ratelimit_app import store
 from ratelimit_app.conf import read
-from ratelimit_app.config import sources, store, views
+from ratelimit_app.config import sources, views
 from ratelimit_app.identity import addresses, keys
 from ratelimit_app.signals import ratelimited
 

@@ -18,19 +18,19 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app import ALL, clock
+from ratelimit_app import ALL, clock, store
 from ratelimit_app.algorithms import rates, windows
 from ratelimit_app.backends import get_backend
 from ratelimit_app.bans import applied as bans
-from ratelimit_app.config import limits, sources, store, views
+from ratelimit_app.config import limits, sources, views
 from ratelimit_app.config.kinds import DEFAULT, fixed_suffixes
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import Check, check_many, usage_dict
 from ratelimit_app.engine.checking import STRIKES
+from ratelimit_app.engine.refusals.remembered import refusal_key
 from ratelimit_app.identity import addresses, keys
 from ratelimit_app.identity.namespaces import namespace
-from ratelimit_app.refusals.remembered import refusal_key
 from ratelimit_app.runtime import RUNTIME
 
 __all__ = [

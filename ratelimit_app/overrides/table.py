@@ -20,7 +20,7 @@ A username matches exactly, as Django's authentication compares it (``PARTNER`` 
 ``partner``); only the email keys fold case.
 
 Pure logic: validation and a table compiled per configuration snapshot
-(:mod:`ratelimit_app.config.store`) and changed in place one override at a time
+(:mod:`ratelimit_app.store`) and changed in place one override at a time
 (:meth:`Table.put`, :meth:`Table.drop`); answering for a subject costs dictionary lookups,
 for a network one per prefix length the limit's networks have.
 """

@@ -9,7 +9,7 @@ What a view's throttles of this package do, per request:
   window of W seconds, whatever the concurrency); when one refuses, none of them counts
   it (a client retrying too fast gets in as soon as the window has room);
 * a refusal is remembered by the process until its wait ends (the refusal memory of
-  :mod:`ratelimit_app.refusals.memory`, shared with the middleware and ``@ratelimit``);
+  :mod:`ratelimit_app.engine.refusals.memory`, shared with the middleware and ``@ratelimit``);
 * the answer carries the ``RateLimit-Policy`` and ``RateLimit`` headers (through the view's
   ``headers``, which DRF adds to every response it finalises); a refused one, DRF's 429
   with ``Retry-After`` from :meth:`SimpleRateThrottle.wait`;

@@ -16,7 +16,7 @@ from django.test.utils import override_settings
 
 import metrics_app
 from metrics_app import buffer
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.operators import metrics
 from tests.admin.conftest import screenshot
 

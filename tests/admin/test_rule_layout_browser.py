@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.test.utils import override_settings
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.models import Rule
 from tests.admin.conftest import admin_login, screenshot
 

@@ -20,8 +20,8 @@ import pytest
 from django.core.cache import caches
 from django.test.utils import override_settings
 
+from ratelimit_app import store
 from ratelimit_app.backends import reset_backends
-from ratelimit_app.config import store
 from ratelimit_app.models import Ban
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.demo.conftest import SITE_SETTINGS, load_settings

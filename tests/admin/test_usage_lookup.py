@@ -11,8 +11,7 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import Client, override_settings
 
-from ratelimit_app import core
-from ratelimit_app.config import store
+from ratelimit_app import core, store
 from ratelimit_app.operators.admin import format_duration
 from ratelimit_app.testing import frozen_clock
 

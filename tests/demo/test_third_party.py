@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.models import Ban
 from ratelimit_app.testing import forget_refusals, frozen_clock
 

@@ -27,7 +27,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 import metrics_app
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.core import get_usage, is_ratelimited
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.exceptions import Ratelimited

@@ -19,7 +19,7 @@ from django.core.management import call_command
 from django.test import Client, override_settings
 from django.utils import translation
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.docs.snippets import DOCS
 from tests.ratelimit.conftest import MIDDLEWARE

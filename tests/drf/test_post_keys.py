@@ -25,7 +25,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIClient, APIRequestFactory
 from rest_framework.views import APIView
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.identity import keys
 from ratelimit_app.testing import forget_refusals

@@ -19,8 +19,7 @@ from django.utils.decorators import method_decorator
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app import charge, request_state, throttling
-from ratelimit_app.config import store
+from ratelimit_app import charge, request_state, store, throttling
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE, rules

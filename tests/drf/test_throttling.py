@@ -13,7 +13,7 @@ from rest_framework.settings import api_settings
 
 from ratelimit_app import clock, core, throttling
 from ratelimit_app.backends import get_backend, reset_backends
-from ratelimit_app.refusals import remembered as memory
+from ratelimit_app.engine.refusals import remembered as memory
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import backend_failed, ratelimited
 from ratelimit_app.testing import frozen_clock

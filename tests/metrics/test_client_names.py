@@ -28,7 +28,7 @@ from metrics_app.decorators import count_visits
 from metrics_app.models import Series
 from metrics_app.signals import buffer_full
 from metrics_app.testing import FrozenClock
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.testing import forget_refusals, frozen_clock
 
 #: Pages that exist; the catch-all view answers 200 for any other slug too.

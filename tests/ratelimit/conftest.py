@@ -99,7 +99,7 @@ MIDDLEWARE = [
 def rules_site() -> Iterator[None]:
     """The test views (tests/ratelimit/urls.py) behind :data:`MIDDLEWARE`, with no
     configuration snapshot and no remembered refusal from an earlier test."""
-    from ratelimit_app.config import store
+    from ratelimit_app import store
     from ratelimit_app.testing import forget_refusals
 
     store.forget()

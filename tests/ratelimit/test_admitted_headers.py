@@ -18,8 +18,7 @@ from django.test import RequestFactory
 from django.urls import path
 from django.views import View
 
-from ratelimit_app import core, request_state
-from ratelimit_app.config import store
+from ratelimit_app import core, request_state, store
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.exceptions import Ratelimited
 from ratelimit_app.testing import forget_refusals, frozen_clock

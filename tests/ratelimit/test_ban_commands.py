@@ -17,8 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from ratelimit_app import clock
-from ratelimit_app.config import store
+from ratelimit_app import clock, store
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.management.commands import ratelimit_bans, ratelimit_unban
 from ratelimit_app.models import Ban

@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.urls import path
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.identity.provenance import page_sent
 from ratelimit_app.models import Ban

@@ -16,9 +16,8 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from ratelimit_app import clock, core
-from ratelimit_app.bans import spec as bans
-from ratelimit_app.config import rules, store
+from ratelimit_app import clock, core, store
+from ratelimit_app.config import bans, rules
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import Ban, Rule
 from ratelimit_app.signals import subject_banned

@@ -19,9 +19,9 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
-from ratelimit_app import clock
+from ratelimit_app import clock, store
 from ratelimit_app.bans import applied as bans
-from ratelimit_app.config import store
+from ratelimit_app.config import versions
 from ratelimit_app.identity.sealing import unseal
 from ratelimit_app.models import Ban, Override
 from ratelimit_app.signals import ban_skipped
@@ -84,7 +84,7 @@ def look() -> Any:
 
 @pytest.mark.usefixtures("backend_kind")
 def test_a_new_ban_costs_each_process_one_query_of_what_changed(client: Client) -> None:
-    no_prune = mock.patch.object(store, "_pruned", float("inf"))  # (once a minute: not now)
+    no_prune = mock.patch.object(bans, "_pruned", float("inf"))  # (once a minute: not now)
     with frozen_clock(T0), mock.patch.object(store, "CONFIG_REFRESH", 0), no_prune:
         later = dt.datetime.fromtimestamp(T0 + 3600, dt.UTC)
         Ban.objects.bulk_create(ban_rows(2000, later))
@@ -92,7 +92,7 @@ def test_a_new_ban_costs_each_process_one_query_of_what_changed(client: Client) 
         assert len(snap.bans) == 2000 and store.current().banning
         # Another process bans a subject: its row, and its bump of the shared counter.
         Ban.objects.bulk_create(ban_rows(1, later))
-        store._version_op(increment=True, which=store.BANS)
+        versions.version_op(increment=True, which=versions.BANS)
         again, queries = look()
         assert again is snap and len(again.bans) == 2001
         assert len(queries) == 1 and '"changed" >=' in queries[0]
@@ -106,7 +106,7 @@ def test_a_rule_change_keeps_the_bans_and_reads_none_of_them(client: Client) -> 
         later = dt.datetime.fromtimestamp(T0 + 3600, dt.UTC)
         Ban.objects.bulk_create(ban_rows(500, later))
         held = store.current().bans
-        store._version_op(increment=True)  # a rule saved elsewhere: everything else is read
+        versions.version_op(increment=True)  # a rule saved elsewhere: everything else is read
         snap, queries = look()
         assert snap.bans is held and not any("ratelimit_app_ban" in q for q in queries)
 
@@ -194,8 +194,8 @@ def test_a_year_later_no_row_keeps_the_address(client: Client) -> None:
     with frozen_clock(T0) as at, mock.patch.object(store, "CONFIG_REFRESH", 0):
         assert [banned(client, "192.0.2.10") for _ in range(2)] == [False, True]
         at.advance(366 * 86400)
-        with mock.patch.object(store, "_pruned", -float("inf")):
-            store._version_op(increment=True, which=store.OVERRIDES)  # anything changed
+        with mock.patch.object(bans, "_pruned", -float("inf")):
+            versions.version_op(increment=True, which=versions.OVERRIDES)  # anything changed
             client.get("/other/", REMOTE_ADDR="198.51.100.1")
         assert not Ban.objects.exists()
 
@@ -204,7 +204,7 @@ def test_a_year_later_no_row_keeps_the_address(client: Client) -> None:
 def test_an_override_saved_elsewhere_costs_one_query_and_expires_without_a_reload(
     client: Client,
 ) -> None:
-    no_prune = mock.patch.object(store, "_pruned", float("inf"))
+    no_prune = mock.patch.object(bans, "_pruned", float("inf"))
     with mock.patch.object(store, "CONFIG_REFRESH", 0), no_prune:
         Override.objects.bulk_create(
             [
@@ -218,7 +218,7 @@ def test_an_override_saved_elsewhere_costs_one_query_and_expires_without_a_reloa
         Override.objects.bulk_create(
             [Override(limit="login", subject="192.0.2.50", rate="unlimited", expires=soon)]
         )
-        store._version_op(increment=True, which=store.OVERRIDES)
+        versions.version_op(increment=True, which=versions.OVERRIDES)
         again, queries = look()
         assert again is snap and len(queries) == 1 and len(again.override_rows) == 301
         assert [client.get("/login/", REMOTE_ADDR="192.0.2.50").status_code for _ in range(3)] == [
@@ -232,7 +232,7 @@ def test_an_override_saved_elsewhere_costs_one_query_and_expires_without_a_reloa
 def test_the_table_keeps_at_most_the_bound_of_ended_bans_remembered() -> None:
     """Ended bans whose memory lasts (a day, a week) would grow the table under a botnet:
     past the most a process holds, the oldest ended ones are forgotten."""
-    with frozen_clock(T0), mock.patch.object(store, "MOST_BANS", 2):
+    with frozen_clock(T0), mock.patch.object(bans, "MOST_BANS", 2):
         now = dt.datetime.fromtimestamp(T0, dt.UTC)
         rows = ban_rows(4, now)
         for i, row in enumerate(rows):  # ended 4, 3, 2 and 1 hours ago, remembered a day
@@ -240,7 +240,7 @@ def test_the_table_keeps_at_most_the_bound_of_ended_bans_remembered() -> None:
             row.remembered_until = now + dt.timedelta(days=1)
         Ban.objects.bulk_create(rows)
         Ban.objects.bulk_create(ban_rows(3, now + dt.timedelta(hours=1)))  # in force: kept
-        assert store.prune_bans(force=True) == 2
+        assert bans.prune(force=True) == 2
         kept = set(Ban.objects.values_list("key", flat=True))
         assert {r.key for r in rows[2:]} <= kept and not {r.key for r in rows[:2]} & kept
         assert len(kept) == 5

@@ -25,7 +25,7 @@ from django.test import AsyncClient, Client, RequestFactory, override_settings
 from django.urls import path, resolve
 from django.views.decorators.csrf import csrf_exempt
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.identity.provenance import csrf_refused
 from ratelimit_app.models import Ban
 from ratelimit_app.testing import forget_refusals, frozen_clock

@@ -28,8 +28,8 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.cache import never_cache
 
-from ratelimit_app import decorators
-from ratelimit_app.config import sources, store, views
+from ratelimit_app import decorators, store
+from ratelimit_app.config import sources, views
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.management.commands import ratelimit_usage
 from ratelimit_app.operators import operations

@@ -16,8 +16,8 @@ from django.test import Client, override_settings
 import metrics_app
 from metrics_app import buffer
 from metrics_app.testing import frozen_clock as metrics_clock
+from ratelimit_app import store
 from ratelimit_app.bans import applied as bans
-from ratelimit_app.config import store
 from ratelimit_app.models import Ban, Rule
 from ratelimit_app.operators.admin import UsageForm
 from ratelimit_app.testing import forget_refusals, frozen_clock

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
 from django.urls import path
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE

@@ -544,7 +544,7 @@ def test_rules_keyed_alike_read_the_value_once(monkeypatch: pytest.MonkeyPatch) 
         {"name": "d", "path": "/", "key": "header:x-api-key", "rate": "1000/d"},
     ]
     with override_settings(RATELIMIT_RULES=rules):
-        from ratelimit_app.config import store
+        from ratelimit_app import store
 
         request = RequestFactory().get("/", HTTP_X_API_KEY="k1")
         pending = matched.before(request, store.current().rules.match(request))

@@ -13,7 +13,8 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 
-from ratelimit_app.config import kinds, limits, rules, store
+from ratelimit_app import store
+from ratelimit_app.config import kinds, limits, rules
 from ratelimit_app.config.kinds import Kind
 from ratelimit_app.engine.step import STEPS
 from ratelimit_app.models import Rule

@@ -18,10 +18,10 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import core
+from ratelimit_app import core, store
 from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import get_backend
-from ratelimit_app.config import limits, store
+from ratelimit_app.config import limits
 from ratelimit_app.config.limits import LimitError
 from ratelimit_app.config.rules import RuleError, parse_rule
 from ratelimit_app.models import Rule as RuleRow

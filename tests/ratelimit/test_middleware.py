@@ -14,9 +14,8 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.test import Client, override_settings
 
-from ratelimit_app import core
+from ratelimit_app import core, store
 from ratelimit_app.backends import get_backend, reset_backends
-from ratelimit_app.config import store
 from ratelimit_app.signals import backend_failed, ratelimited
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE, rules

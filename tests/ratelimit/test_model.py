@@ -98,12 +98,12 @@ from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.algorithms.gcra import IN_FLIGHT, LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.algorithms.rates import MAX_LEASE, Rate, Slots, parse
 from ratelimit_app.backends import reset_backends
-from ratelimit_app.bans.spec import BanSpec
+from ratelimit_app.config.bans import BanSpec
 from ratelimit_app.core import reset, scope
 from ratelimit_app.engine import Check, Result, check_many, take_back
 from ratelimit_app.engine.checking import STRIKES
+from ratelimit_app.engine.refusals.remembered import refusal_key
 from ratelimit_app.identity.keys import namespace
-from ratelimit_app.refusals.remembered import refusal_key
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import FrozenClock, forget_refusals, frozen_clock
 from tests.conftest import start_or_skip

@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client, override_settings
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.models import Ban, Override, Rule
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips

@@ -18,8 +18,7 @@ from django.urls import path
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app import throttling
-from ratelimit_app.config import store
+from ratelimit_app import store, throttling
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import MIDDLEWARE

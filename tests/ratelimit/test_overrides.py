@@ -16,9 +16,9 @@ from django.http import HttpRequest, HttpResponse
 from django.test import Client, RequestFactory, override_settings
 from django.utils import timezone
 
-from ratelimit_app import core
+from ratelimit_app import core, store
 from ratelimit_app.algorithms.rates import Rate
-from ratelimit_app.config import store
+from ratelimit_app.config import versions
 from ratelimit_app.config.policy import policy
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.engine.enforce import Decision
@@ -490,7 +490,7 @@ class TestAtWork:
             Override.objects.bulk_create(
                 [Override(limit="login", subject="192.0.2.0/24", rate="unlimited")]
             )
-            store._version_op(increment=True)
+            versions.version_op(increment=True)
             assert client.get("/rules/unnamed/", REMOTE_ADDR="192.0.2.5").status_code == 200
             assert store.current().overriding
             Override.objects.all().delete()  # our own delete: post_delete bumps

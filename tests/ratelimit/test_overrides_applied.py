@@ -13,9 +13,10 @@ from unittest import mock
 import pytest
 from django.test import RequestFactory, override_settings
 
+from ratelimit_app import store
 from ratelimit_app.algorithms.gcra import IN_FLIGHT
 from ratelimit_app.algorithms.rates import Rate
-from ratelimit_app.config import limits, store
+from ratelimit_app.config import limits
 from ratelimit_app.config.policy import policy
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.identity.addresses import mask_ip

@@ -1,5 +1,6 @@
 """Due refusals are confirmed in batches: a botnet costs a few looks per cap, not one per
-subject (ratelimit_app.refusals.recall.recall_many, ratelimit_app.refusals.memory.Memory.soon)."""
+subject (ratelimit_app.engine.refusals.recall.recall_many,
+ratelimit_app.engine.refusals.memory.Memory.soon)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from django.test import Client
 
 from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend
+from ratelimit_app.engine.refusals import memory as refusals
+from ratelimit_app.engine.refusals import remembered as memory
+from ratelimit_app.engine.refusals.recall import LOOK_BATCH
 from ratelimit_app.identity.keys import namespace
 from ratelimit_app.operators.operations import target
-from ratelimit_app.refusals import memory as refusals
-from ratelimit_app.refusals import remembered as memory
-from ratelimit_app.refusals.recall import LOOK_BATCH
 from ratelimit_app.testing import frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules
 
@@ -120,7 +121,7 @@ def test_a_look_is_bounded(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -
     """At most LOOK_BATCH checks a look (a memcached multi-get, a Redis transaction)."""
     sizes: list[int] = []
     with rules(RULE), frozen_clock(T0) as clock:
-        monkeypatch.setattr("ratelimit_app.refusals.recall.LOOK_BATCH", 7)
+        monkeypatch.setattr("ratelimit_app.engine.refusals.recall.LOOK_BATCH", 7)
         client = Client()
         addresses = [f"198.51.100.{i}" for i in range(1, 21)]
         refuse(client, addresses)

@@ -20,10 +20,10 @@ from django.test import Client, RequestFactory, override_settings
 from ratelimit_app import core, signals
 from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend
+from ratelimit_app.engine.refusals import memory as refusals
+from ratelimit_app.engine.refusals import remembered as memory
 from ratelimit_app.identity import keys
 from ratelimit_app.operators import operations
-from ratelimit_app.refusals import memory as refusals
-from ratelimit_app.refusals import remembered as memory
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import forget_refusals, frozen_clock
 from tests.ratelimit.conftest import RoundTrips, rules

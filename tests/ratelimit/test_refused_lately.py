@@ -19,7 +19,7 @@ from metrics_app import buffer
 from metrics_app.models import Series, TopKey
 from metrics_app.testing import frozen_clock
 from metrics_app.topk import CAPACITY
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.operators import metrics
 
 pytestmark = pytest.mark.django_db

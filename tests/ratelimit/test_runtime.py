@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from django.test import RequestFactory, override_settings
 
-from ratelimit_app import backends, conf, runtime
-from ratelimit_app.config import declared, rules, store
+from ratelimit_app import backends, conf, runtime, store
+from ratelimit_app.config import declared, rules
 from ratelimit_app.config.limits import build
 from ratelimit_app.engine import check_many
 from ratelimit_app.identity import addresses, namespaces, provenance

@@ -461,8 +461,8 @@ def test_an_opentelemetry_round_trip_is_queued_not_recorded_on_the_request(
 def test_a_ban_not_made_at_the_bound_is_counted(client: Client, deltas: Deltas, name: str) -> None:
     """A process that holds the most bans it keeps makes no more (docs/operators, "Bans"):
     each refusal that would have banned is counted in ``bucketry_ratelimit_bans_skipped``."""
+    from ratelimit_app import store
     from ratelimit_app.bans import applied as bans
-    from ratelimit_app.config import store
     from ratelimit_app.operators.telemetry import BANS_SKIPPED
 
     ban = {"after": 1, "within": "1h", "for": "10m"}

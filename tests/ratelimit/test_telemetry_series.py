@@ -25,7 +25,7 @@ from django.test import Client, RequestFactory, override_settings
 from django.urls import path
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from ratelimit_app.config import store
+from ratelimit_app import store
 from ratelimit_app.core import get_usage
 from ratelimit_app.engine import checking
 from ratelimit_app.operators import telemetry

@@ -11,7 +11,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.reliability.site_settings
 application = get_wsgi_application()
 
 # A shorter refusal memory than the constant's 5 s, so test_scale waits less for it to end.
-from ratelimit_app.refusals import remembered as memory  # noqa: E402
+from ratelimit_app.engine.refusals import remembered as memory  # noqa: E402
 from tests.reliability.clients import REFUSAL_MEMORY  # noqa: E402
 
 memory.REFUSAL_MEMORY = REFUSAL_MEMORY

@@ -24,7 +24,7 @@ from django.test import Client, override_settings
 
 from ratelimit_app.backends import base, reset_backends
 from ratelimit_app.backends.base import Server
-from ratelimit_app.refusals import remembered as memory
+from ratelimit_app.engine.refusals import remembered as memory
 from tests.conftest import start_or_skip
 from tests.reliability import procs, worker
 from tests.reliability.common import ROOT, end, ms, report, summary

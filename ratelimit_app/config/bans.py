@@ -1,4 +1,4 @@
-"""Escalating bans, pure: what a ban spec says, and how long each ban lasts.
+"""A limit's ``ban`` option: what it says, and how long each ban lasts (pure).
 
 A limit with a ban (``{"after": 10, "within": "10m", "for": "1h", "max": "1d"}``) bans a
 subject it refused ``after`` times within ``within`` seconds: every request of that subject
@@ -7,8 +7,9 @@ last one is remembered (until ``max`` seconds after it ended) lasts twice the la
 ``max``.
 ``"scope": "site"`` bans the subject's address on every path, not only the limit's.
 
-No I/O, no Django: the engine counts the refusals (a sliding window of ``after`` per
-``within``), :mod:`ratelimit_app.bans` keeps the bans.
+No I/O; of Django only ``ImproperlyConfigured``, for a bad option. The engine counts the
+refusals (a sliding window of ``after`` per ``within``), :mod:`ratelimit_app.bans` keeps
+the bans.
 """
 
 from __future__ import annotations

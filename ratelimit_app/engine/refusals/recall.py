@@ -8,10 +8,10 @@ from typing import Any, NamedTuple
 from ratelimit_app import clock
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine.checking import check_many
+from ratelimit_app.engine.refusals import remembered as memory
+from ratelimit_app.engine.refusals.remembered import recalled, refusal_key
 from ratelimit_app.engine.result import Result
 from ratelimit_app.exceptions import BackendError
-from ratelimit_app.refusals import remembered as memory
-from ratelimit_app.refusals.remembered import recalled, refusal_key
 from ratelimit_app.runtime import RUNTIME
 
 #: Checks one look confirms at most: the request's due refusals and others due soon.
@@ -34,7 +34,7 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
     one not refused), with their waits counted down.
 
     When none is refused from memory but some are **due** (the memory's cap ran out before
-    the wait: :meth:`~ratelimit_app.refusals.memory.Memory.due`), they are confirmed in one
+    the wait: :meth:`~ratelimit_app.engine.refusals.memory.Memory.due`), they are confirmed in one
     round
     trip that only looks, together with the refusals due soon (up to :data:`LOOK_BATCH`): a
     botnet of refused subjects then costs a few looks per process per

@@ -35,21 +35,26 @@ from functools import partial
 from typing import Any
 
 from ratelimit_app import clock
-from ratelimit_app.algorithms.windows import Plan
-from ratelimit_app.backends import get_backend
-from ratelimit_app.bans.held import MOST_BANS, PRUNE_EVERY, HeldBans
+from ratelimit_app.bans.applied import prune
+from ratelimit_app.bans.held import MOST_BANS, HeldBans
 from ratelimit_app.config import declared
 from ratelimit_app.config.access import AccessList, merge
 from ratelimit_app.config.rules import CompiledRule, RuleError, RuleSet, parse_rule
+from ratelimit_app.config.versions import (
+    BANS,
+    BANS_DELETED,
+    CONFIG,
+    OVERRIDES,
+    Versions,
+    read_version,
+)
 from ratelimit_app.identity.addresses import mask_ip
-from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.overrides.table import OverrideError, Subject, Table
 from ratelimit_app.overrides.table import parse as parse_override
 from ratelimit_app.runtime import RUNTIME
 
 logger = logging.getLogger("ratelimit_app")
 
-VERSION_KEY = "config-version"
 #: Seconds a process uses its snapshot before it looks at the version counters again: how
 #: long an admin change takes to reach every process.
 CONFIG_REFRESH = 1.0
@@ -60,19 +65,6 @@ CHANGES_MARGIN = 1.0
 #: be read (the counter backend is down): the changes of bans and overrides are read each
 #: second meanwhile.
 BLIND_RELOAD = 30.0
-
-#: The version counters, one key each, read together once a second (one round trip):
-#: :data:`CONFIG` (a rule or a list changed, an override deleted: everything but the bans
-#: is read again), :data:`BANS` (a ban made, extended or lifted: the bans changed since are
-#: read), :data:`OVERRIDES` (an override saved: likewise) and :data:`BANS_DELETED` (a ban
-#: row deleted while in force: the bans are read again).
-CONFIG, BANS, OVERRIDES, BANS_DELETED = 0, 1, 2, 3
-_SUFFIXES = (":h0:0", ":h1:0", ":h2:0", ":h3:0")
-#: Each counter's plan: increment it, read them all (an eviction changes one too: a read).
-VERSION_PLANS = tuple(
-    Plan(writes=((suffix, 400 * 86400),), reads=_SUFFIXES, rates=()) for suffix in _SUFFIXES
-)
-Versions = tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -167,35 +159,6 @@ def forget() -> None:
     _publish(None)
 
 
-def bump(which: int = CONFIG) -> None:
-    """Something of the database changed: a new version of ``which`` counter
-    (:data:`CONFIG`, :data:`BANS`, :data:`OVERRIDES` or :data:`BANS_DELETED`) for every
-    process, and this process looks on its next request."""
-    try:
-        _version_op(increment=True, which=which)
-    except Exception as exc:  # other processes catch up when the cache is back
-        logger.warning("ratelimit: could not announce a configuration change: %s", exc)
-    snap = RUNTIME.snapshot
-    if snap is not None:
-        if which == CONFIG:
-            snap.expires = -math.inf  # read everything (the bans but what changed)
-        snap.deadline = -math.inf
-
-
-def _version_op(increment: bool, which: int = CONFIG) -> Versions:
-    ns = namespace("ratelimit-config", VERSION_KEY, "")
-    found = get_backend().run(ns, VERSION_PLANS[which], increment)
-    return tuple(int(v) for v in found)
-
-
-def _read_version() -> Versions | None:
-    try:
-        return _version_op(increment=False)
-    except Exception as exc:
-        logger.debug("ratelimit: could not read the configuration version: %s", exc)
-        return None
-
-
 def settings_only() -> Snapshot:
     return Snapshot(
         RuleSet(declared.rules()),
@@ -205,7 +168,7 @@ def settings_only() -> Snapshot:
 
 
 def _refresh(snap: Snapshot | None) -> Snapshot:
-    version = _read_version()
+    version = read_version()
     if snap is None or not _reads_changes(snap, version):
         work = partial(_load, version, snap)
     elif version is not None and version == snap.version and not snap.overrides_due(time.time()):
@@ -398,39 +361,9 @@ def _expire_overrides(snap: Snapshot) -> None:
 def _prune() -> None:
     """Delete the ban rows whose memory has passed, at most once a minute per process."""
     try:
-        prune_bans()
+        prune()
     except Exception as exc:  # a read-only replica, a locked database: next time
         logger.debug("ratelimit: could not delete old ban rows: %s", exc)
-
-
-#: Ban rows deleted per call of :func:`prune_bans` (an index range: a millisecond or so).
-PRUNE_BATCH = 1000
-_pruned = -math.inf
-
-
-def prune_bans(force: bool = False) -> int:
-    """Delete the ban rows whose memory has passed (``max`` after their end), and the
-    oldest ended ones past :data:`MOST_BANS` of them (so the table holds at most twice that),
-    at most :data:`PRUNE_BATCH` of each a call and, unless ``force``, once every
-    :data:`PRUNE_EVERY` seconds per process: the number deleted. Called when a ban is made
-    (:mod:`ratelimit_app.bans.applied`) and as a process looks for changes."""
-    global _pruned
-    from ratelimit_app.models import Ban
-
-    if not force and time.monotonic() < _pruned + PRUNE_EVERY:
-        return 0
-    _pruned = time.monotonic()
-    now = dt.datetime.fromtimestamp(clock.now(), dt.UTC)
-    old = Ban.objects.filter(remembered_until__lte=now).order_by("remembered_until")
-    ids = list(old.values_list("pk", flat=True)[:PRUNE_BATCH])
-    # Ended bans remembered past the most a process holds: the oldest are forgotten (their
-    # next ban is a first one), so a botnet cannot grow the table without bound.
-    ended = Ban.objects.filter(until__lte=now, remembered_until__gt=now).order_by("-until")
-    ids += ended.values_list("pk", flat=True)[MOST_BANS : MOST_BANS + PRUNE_BATCH]
-    if not ids:
-        return 0
-    deleted, _ = Ban.objects.filter(pk__in=ids).delete()
-    return deleted
 
 
 def _load(version: Versions | None, previous: Snapshot | None = None) -> Snapshot:

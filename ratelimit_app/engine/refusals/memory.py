@@ -4,15 +4,15 @@ When a check refuses a subject with an exact wait of R seconds, the window canno
 again before R has passed: later hits of other clients only add to its counts, and refused
 hits are not counted. So this process refuses the subject's later requests under the same
 limit **from memory**, with no round trip, until R has passed or a cap has (5 s,
-:data:`ratelimit_app.refusals.remembered.REFUSAL_MEMORY`; whichever comes first). That keeps the
-limiter *never lenient*. The cap bounds what memory cannot see: a reset made in another process, or
-a rule changed in the admin, reaches this process within that many seconds; a reset made in
-this process (:func:`ratelimit_app.operators.operations.reset`) is seen at once.
+:data:`ratelimit_app.engine.refusals.remembered.REFUSAL_MEMORY`; whichever comes first). That
+keeps the limiter *never lenient*. The cap bounds what memory cannot see: a reset made in another
+process, or a rule changed in the admin, reaches this process within that many seconds; a reset
+made in this process (:func:`ratelimit_app.operators.operations.reset`) is seen at once.
 
 When the cap has run out but the wait has not, the refusal is **due**: the caller confirms
-it with a look that counts nothing (:func:`ratelimit_app.refusals.recall.recall_many`: one round
-trip with no writes, where a counted check that is refused makes two) and remembers it again, or
-forgets it when the window has room after all. The same look confirms the refusals that
+it with a look that counts nothing (:func:`ratelimit_app.engine.refusals.recall.recall_many`: one
+round trip with no writes, where a counted check that is refused makes two) and remembers it
+again, or forgets it when the window has room after all. The same look confirms the refusals that
 will be due **soon** (:meth:`Memory.soon`), so a botnet of many refused subjects costs a few
 looks per cap, not one per subject.
 

@@ -1,4 +1,4 @@
-"""This process's refusals (:mod:`ratelimit_app.refusals.memory`), shared by every way in:
+"""This process's refusals (:mod:`ratelimit_app.engine.refusals.memory`), shared by every way in:
 each check refused with an exact wait, and its result, answered from memory while it lasts.
 It knows the engine's checks and results by their attributes only, so the engine imports it
 and not the other way round."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ratelimit_app.refusals import memory as refusals
+from ratelimit_app.engine.refusals import memory as refusals
 from ratelimit_app.runtime import RUNTIME
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def remember_always(on: bool) -> bool:
 
 def remember(refused: Sequence[tuple[Check, Result]], t: float) -> None:
     """Remember the refusals of counted checks (their waits exact) made at ``t``, when the
-    process is refusing a flood (:meth:`~ratelimit_app.refusals.memory.Memory.flooding`)."""
+    process is refusing a flood (:meth:`~ratelimit_app.engine.refusals.memory.Memory.flooding`)."""
     cap = REFUSAL_MEMORY
     if cap <= 0 or not refused:
         return
