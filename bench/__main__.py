@@ -17,6 +17,7 @@ from bench.claims import (
     drf_throttle,
     leaky_bucket,
     load,
+    memos,
     metrics,
     ratelimit_latency,
     ratelimit_middleware,
@@ -65,6 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         crowd = crowd_controls.run()
     print(crowd_controls.render(crowd), end="\n\n")
+    # What each memo of the runtime saves a request: instructions under valgrind.
+    if args.quick:
+        print(memos.render(memos.run(memos.QUICK_SIZES, (0,)), 1), end="\n\n")
+    else:
+        print(memos.render(memos.run()), end="\n\n")
     metrics.main()
     print(f"\n(all benchmarks: {time.monotonic() - started:.0f} s)")
 

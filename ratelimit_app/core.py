@@ -22,7 +22,7 @@ from ratelimit_app.algorithms import rates
 from ratelimit_app.conf import conf
 from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Method, method_set
-from ratelimit_app.config.policy import Policy, policy
+from ratelimit_app.config.policy import Policy, of_call
 from ratelimit_app.engine import enforce, failure_dict
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import add_shown as add_shown
@@ -100,10 +100,10 @@ def get_usage(
     if not conf.ENABLE or rate is None:
         return None
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
-    limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost, ban=ban)
     if fail_open is None and not increment:  # a look that counts nothing never enforces
         fail_open = True
-    return limit_usage(request, policy(limit, fail_open=fail_open, shadow=shadow), increment)
+    enforced = of_call(group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow)
+    return limit_usage(request, enforced, increment)
 
 
 def limit_usage(request: HttpRequest, enforced: Policy, increment: bool) -> dict[str, Any] | None:

@@ -124,7 +124,8 @@ class Runtime:
     def compile(self, key: tuple[Any, ...], make: Callable[..., T], *args: Any) -> T:
         """``make(*args)``, kept in ``compiled`` under ``key`` (a tuple that starts with
         what it is, then every value it is made from); a mistake it raises is not kept."""
-        return kept(self.compiled, COMPILED_MEMO, key, make, *args)
+        found = self.compiled.get(key, _MISSING)  # (the hit, without a call: every request)
+        return kept(self.compiled, COMPILED_MEMO, key, make, *args) if found is _MISSING else found
 
     def drop(self, build: Callable[[], Any]) -> None:
         """Forget the part ``build`` made (closed, when it has a ``close()``)."""

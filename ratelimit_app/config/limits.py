@@ -360,10 +360,10 @@ def _build_parts(
         )
     args = (group, key, rate, methods, algorithm, burst, trusted, cost)
     # Kept in the runtime: method_decorator decorates again on every request, and get_usage
-    # is called with the same limit again and again. The types are part of the key: a cost
-    # of True is no cost of 1.
+    # is called with the same limit again and again. The numbers' types are part of the key:
+    # a cost of True is no cost of 1.
     try:
-        return RUNTIME.compile(("limit", *args, *map(type, args)), _build, *args)
+        return RUNTIME.compile(("limit", *args, type(burst), type(cost)), _build, *args)
     except TypeError:  # an unhashable value (a list, a dict): not kept, then refused
         return _build(*args)
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit
+from ratelimit_app.runtime import RUNTIME
 
-__all__ = ["Policy", "policy"]
+__all__ = ["Policy", "of_call", "policy"]
 
 
 class Policy(NamedTuple):
@@ -67,3 +69,45 @@ def policy(
     return Policy(
         limit, name, block, fail_open, shadow, failures_only, sender, counts_requester, places
     )
+
+
+def of_call(
+    group: str,
+    key: Any,
+    rate: Any,
+    method: Any,
+    algorithm: Any,
+    burst: Any,
+    cost: Any,
+    ban: Any,
+    fail_open: bool | None,
+    shadow: bool,
+) -> Policy:
+    """The policy of a ``get_usage`` call's arguments (as :func:`limits.build
+    <ratelimit_app.config.limits.build>` takes them), made once and kept in the runtime: a
+    view calls it with the same arguments on every request. Arguments that cannot be kept
+    (a ``ban``'s dict, a list) make it on each call."""
+    args = (group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow)
+    # (The numbers' types are part of the key: a cost of True is no cost of 1.)
+    kept = ("policy", args, type(burst), type(cost))
+    try:
+        found = RUNTIME.compiled.get(kept)  # (the hit without a call: every request)
+        return RUNTIME.compile(kept, _of_call, *args) if found is None else found
+    except TypeError:  # unhashable
+        return _of_call(*args)
+
+
+def _of_call(
+    group: str,
+    key: Any,
+    rate: Any,
+    method: Any,
+    algorithm: Any,
+    burst: Any,
+    cost: Any,
+    ban: Any,
+    fail_open: bool | None,
+    shadow: bool,
+) -> Policy:
+    limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost, ban=ban)
+    return policy(limit, fail_open=fail_open, shadow=shadow)

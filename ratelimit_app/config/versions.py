@@ -62,12 +62,15 @@ def bump(which: int = CONFIG) -> None:
 
 
 def version_op(increment: bool, which: int = CONFIG) -> Versions:
+    """The four counters, read in one round trip, ``which`` incremented first when
+    ``increment``; raises what the backend raises."""
     ns = namespace("ratelimit-config", VERSION_KEY, "")
     found = get_backend().run(ns, VERSION_PLANS[which], increment)
     return tuple(int(v) for v in found)
 
 
 def read_version() -> Versions | None:
+    """The four counters, or None when the counter backend cannot be read (logged)."""
     try:
         return version_op(increment=False)
     except Exception as exc:

@@ -149,7 +149,10 @@ def client_ip(request: HttpRequest) -> str:
     address. Raises ``ImproperlyConfigured`` when no valid address is found (see
     :func:`client_address`).
     """
-    masked = _mask(_address(request))
+    address = _address(request)
+    masked = RUNTIME.masked.get(address, _MISSING)  # (a known client: no call)
+    if masked is _MISSING:
+        masked = _mask(address)
     if masked is None:
         raise ImproperlyConfigured(_no_address(request))
     return masked

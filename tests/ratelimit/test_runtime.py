@@ -123,3 +123,26 @@ def receivers(package: str) -> list[str]:
 
 def test_one_receiver_of_setting_changed() -> None:
     assert receivers("ratelimit_app") == ["ratelimit_app/runtime.py:_settings_changed"]
+
+
+def test_a_get_usage_call_makes_its_policy_once_and_tells_numbers_types_apart() -> None:
+    """``get_usage`` is called with the same arguments on every request: its policy is
+    made once (kept in the runtime); a cost of True is refused, never the kept cost of 1;
+    a ban's dict cannot be kept and is validated on each call."""
+    from ratelimit_app import ALL
+    from ratelimit_app.config.limits import LimitError
+    from ratelimit_app.config.policy import of_call
+
+    args = ("g-call", "ip", "5/m", ALL, "sliding_window", None)
+    first = of_call(*args, 1, None, None, False)
+    assert of_call(*args, 1, None, None, False) is first
+    assert of_call(*args, 1, None, True, False) is not first  # another policy: fails open
+    with pytest.raises(LimitError, match=r"[Cc]ost"):
+        of_call(*args, True, None, None, False)
+    ban = {"after": 3, "within": "1m", "for": "1h"}
+    banning = of_call(*args, 1, ban, None, False)
+    again = of_call(*args, 1, ban, None, False)
+    assert banning.limit.ban is not None and again.limit.ban == banning.limit.ban
+    assert again is not banning  # made again: a dict is no key
+    with pytest.raises(LimitError):
+        of_call(*args, 1, {"after": "x"}, None, False)
