@@ -92,22 +92,13 @@ def of_call(
     kept = ("policy", args, type(burst), type(cost))
     try:
         found = RUNTIME.compiled.get(kept)  # (the hit without a call: every request)
-        return RUNTIME.compile(kept, _of_call, *args) if found is None else found
+        return RUNTIME.compile(kept, _of_call, args) if found is None else found
     except TypeError:  # unhashable
-        return _of_call(*args)
+        return _of_call(args)
 
 
-def _of_call(
-    group: str,
-    key: Any,
-    rate: Any,
-    method: Any,
-    algorithm: Any,
-    burst: Any,
-    cost: Any,
-    ban: Any,
-    fail_open: bool | None,
-    shadow: bool,
-) -> Policy:
+def _of_call(args: tuple[Any, ...]) -> Policy:
+    """The policy of :func:`of_call`'s arguments, made."""
+    group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow = args
     limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost, ban=ban)
     return policy(limit, fail_open=fail_open, shadow=shadow)
