@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import operator
 import os
 import time
 import weakref
@@ -43,7 +44,6 @@ from ratelimit_app.backends.base import (
     cache_settings,
 )
 from ratelimit_app.backends.memcached_protocol import (
-    END,
     MN,
     CheckCommand,
     MemcachedEncoded,
@@ -56,15 +56,21 @@ from ratelimit_app.backends.memcached_protocol import (
     meta_set,
     parse_meta,
     quiet_deletes,
+    shape,
     stored,
 )
 from ratelimit_app.exceptions import BackendError
 
 #: Read-decide-store rounds of a leaky-bucket check before it is refused.
 CAS_ATTEMPTS = 8
-#: Check commands a backend keeps (a client's requests within one fine bucket send the same
-#: one); the memo starts over when full.
-COMMAND_MEMO = 1024
+#: Check commands a backend keeps, one per shape (the plans, counts and amounts of a
+#: request's ops: bounded by the configuration, not by the subjects); it starts over when full.
+SHAPE_MEMO = 256
+#: Reads the namespace of an op, in C.
+_NAMESPACE = operator.itemgetter(0)
+#: Reads what an op is but its namespace (its shape's part), in C.
+_SHAPE = operator.itemgetter(slice(1, None))
+_NO_SHAPE: Any = object()
 
 
 def _servers(location: Any) -> list[str]:
@@ -216,8 +222,9 @@ class MemcachedBackend(Backend):
         self.nodes = [_Node(s, client_options) for s in _servers(location)]
         if not self.nodes:
             raise BackendError(f"{alias}: no memcached server in LOCATION")
-        #: The recent check commands, by their ops (a plan is hashed by identity).
-        self._commands: dict[tuple[Op, ...], CheckCommand] = {}
+        #: The check commands of recent shapes, by the ops but for their namespaces (a plan
+        #: is hashed by identity); None for a shape made per check.
+        self._shapes: dict[tuple[Any, ...], CheckCommand | None] = {}
 
     @property
     def servers(self) -> Sequence[Server]:
@@ -328,16 +335,21 @@ class MemcachedBackend(Backend):
 
     def _run_node(self, node: _Node, ops: Sequence[Op]) -> list[list[int]]:
         """Every op of one node in one write and one reply
-        (:func:`~.memcached_protocol.check_command`)."""
-        key = tuple(ops)
-        command = self._commands.get(key)
-        if command is None:
+        (:func:`~.memcached_protocol.shape`: the command of the ops' shape, kept, with
+        their namespaces filled in; nothing is kept per subject)."""
+        key = tuple(map(_SHAPE, ops))
+        command = self._shapes.get(key, _NO_SHAPE)
+        if command is _NO_SHAPE:
+            command = shape(self.key_prefix, ops, self.encoded)
+            if len(self._shapes) >= SHAPE_MEMO:
+                self._shapes.clear()
+            self._shapes[key] = command
+        if command is None:  # an expiry read as a time: made for this check
             command = check_command(self.key_prefix, ops, self.encoded)
-            if command.reusable:
-                if len(self._commands) >= COMMAND_MEMO:
-                    self._commands.clear()
-                self._commands[key] = command
-        reply: bytes = self._on(node, _exchange, command.command, END)
+            sent = command.command
+        else:
+            sent = command.sending(list(map(_NAMESPACE, ops)))
+        reply: bytes = self._on(node, _exchange, sent, MN)
         try:
             return command.parse(reply)
         except ReplyError as exc:  # the data of these subjects, not the node: not marked down

@@ -24,6 +24,7 @@ whose ``MN`` marks the end of the replies.
 
 from __future__ import annotations
 
+import operator
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,14 +38,9 @@ from ratelimit_app.exceptions import BackendError
 MAX_RELATIVE_TTL = 30 * 86400
 #: Amounts (request costs) whose increments a plan's encoding keeps; it starts over when full.
 AMOUNT_MEMO = 16
-#: The end of a ``get`` reply, and of a pipeline ended by ``mn``.
-END = b"END\r\n"
+#: The end of a pipeline ended by ``mn``.
 MN = b"MN\r\n"
 
-#: What a quiet decrement answers: a miss (the bucket expired or was reset meanwhile).
-_QUIET_MISS = b"NF"
-#: The last lines of a reply split at its line breaks.
-_END_LINES = (b"END", b"")
 #: The bytes a count's data line may hold: digits and the padding of a decrement.
 _COUNT_BYTES = b"0123456789 "
 #: The CAS id in the flags of a meta reply (asked for with ``c``).
@@ -114,65 +110,58 @@ class MemcachedEncoded(Encoded):
 
 
 class CheckCommand:
-    """The command of one check (every op's take-backs and increments, then one multi-get
-    of every op's buckets) and how to read its reply.
+    """The command of one check (every op's take-backs and increments, then a meta read of
+    every other bucket of every op, then ``mn``) and how to read its reply.
 
-    Made by :func:`check_command`. A client's requests within one fine bucket send the same
-    command, so a backend keeps it (:attr:`reusable`) and only parses each reply.
+    Made by :func:`check_command` for given subjects, or by :func:`shape` for any subjects
+    (their namespaces left as slots): every request whose ops have the same plans, counts
+    and amounts sends the same command but for its subjects' namespaces (:meth:`sending`),
+    so a backend keeps one per shape, never one per subject. Its reply is read by position
+    (each read answers in the order asked), so nothing of it depends on the subjects.
     """
 
-    __slots__ = ("command", "increments", "index", "keys", "picks", "reusable", "zeros")
+    __slots__ = ("args", "command", "increments", "keys", "picks", "pieces", "reusable")
 
     def __init__(self) -> None:
         #: The bytes to send (without the final line break).
         self.command = b""
-        #: Every key the ``get`` asks for, in order, and a 0 for each.
+        #: Every key read (``mg``), in order.
         self.keys: list[bytes] = []
-        self.zeros: list[int] = []
-        #: Each key's position in :attr:`keys` (None: a key asked twice, two ops of one
-        #: subject).
-        self.index: dict[bytes, int] | None = None
-        #: ``VA`` replies expected: one per increment.
+        #: ``VA`` replies expected for the increments: one per increment.
         self.increments = 0
         #: Each op's values in the order of its plan's reads, picked (in C) from the
-        #: ``get``'s values followed by the increments' answers.
+        #: increments' answers followed by the reads' values.
         self.picks: list[Callable[[list[int]], Sequence[int]]] = []
         #: False when an expiry is a Unix time (over 30 days): made again per check.
         self.reusable = True
+        #: A shape's command in runs, each the pieces one namespace joins (``ns.join``),
+        #: and what picks each run's namespace out of the subjects' (None: not a shape).
+        self.pieces: tuple[list[str], ...] = ()
+        self.args: Callable[[Sequence[str]], Sequence[str]] | None = None
+
+    def sending(self, namespaces: Sequence[str]) -> bytes:
+        """A shape's command for the subjects ``namespaces`` (one per op, in order): each
+        run's pieces joined by its namespace, in C."""
+        args = self.args
+        assert args is not None
+        return "".join(map(str.join, args(namespaces), self.pieces)).encode()
 
     def parse(self, reply: bytes) -> list[list[int]]:
         """Every op's values, in the order of its plan's reads. Raises :class:`ReplyError`.
 
         The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
-        the new value for each increment, in the order sent, then ``VALUE <key> <flags>
-        <length>`` and the count of each bucket found, and ``END``. A bucket missing is 0; a
-        key asked twice (two ops of one subject) reads its last answer, the stricter; a key
-        not asked for is an error (a connection out of step with its commands), never some
-        bucket's count. A bucket an op writes is read from its increment's answer.
+        the new value for each increment, in the order sent, then for each read either
+        ``VA <length>`` and the bucket's count or ``EN`` (a bucket missing: 0), in the order
+        asked, and ``MN``. Read by position: a reply short of one answer per increment and
+        read (a lost write, an error line) is an error, never some bucket's count. A bucket
+        an op writes is read from its increment's answer.
         """
-        written, keys, counts = _read(reply, self.increments)
-        index = self.index
-        if keys == self.keys:  # every bucket there (a busy subject): in the order asked
-            values = counts
-        elif not keys:  # none there but those written (a young or quiet subject)
-            values = self.zeros + written
-            written = []
-        elif index is not None:  # some there: placed by key
-            values = self.zeros[:]
-            try:
-                for key, count in zip(keys, counts, strict=True):
-                    values[index[key]] = count
-            except KeyError:
-                raise ReplyError(f"unexpected key in reply: {reply[:200]!r}") from None
-        else:
-            found = dict(zip(keys, counts, strict=True))
-            if not found.keys() <= set(self.keys):
-                raise ReplyError(f"unexpected key in reply: {reply[:200]!r}")
-            values = list(map(found.get, self.keys, self.zeros))
-        if written:
-            values += written
+        values = _read(reply, self.increments, len(self.keys))
+        picks = self.picks
+        if len(picks) == 1:  # one subject (a decorator's check, get_usage)
+            return [list(picks[0](values))]
         out = []
-        for pick in self.picks:  # a loop, not a comprehension: on every request
+        for pick in picks:  # a loop, not a comprehension: on every request
             out.append(list(pick(values)))
         return out
 
@@ -209,63 +198,98 @@ def check_command(
                 place.append(len(keys))
                 keys.append(base + suffix)
         places.append(place)
-    if not keys and places:  # every read written (a marker's counter): a get of one, unread
-        keys.append((prefix + ops[0].namespace).encode() + encoded(ops[0].plan).reads[0])
-    made.command = b"".join(writes) + b"get " + b" ".join(keys)
-    made.zeros = [0] * len(keys)
-    made.picks = [picker([p if p >= 0 else len(keys) - 1 - p for p in place]) for place in places]
-    index = {key: i for i, key in enumerate(keys)}
-    made.index = index if len(index) == len(keys) else None
+    reads = [b"mg %s v q O%d\r\n" % (key, i) for i, key in enumerate(keys)]
+    made.command = b"".join(writes) + b"".join(reads) + b"mn"
+    made.picks = [
+        picker([p + made.increments if p >= 0 else -1 - p for p in place]) for place in places
+    ]
     return made
 
 
-def _read(reply: bytes, expected: int) -> tuple[list[int], list[bytes], list[int]]:
-    """The values the ``expected`` increments answered, and the key and count of each hit
-    (``VALUE <key> <flags> <length>`` and its data line), from one split of ``reply``.
+#: What stands for the namespace of op ``i`` in a shape's command while it is made (no key
+#: holds a control character), and what finds them.
+_SLOT = "\x01%d\x01"
+_SLOTS = re.compile("\x01(\\d+)\x01")
 
-    A miss answers a take-back wherever it stands before the hits (``NF``: its bucket was
-    gone); anything short of one ``VA`` reply an increment is a lost write. A data line
-    that is not a count (anything but digits and the padding a decrement leaves, ``9 ``:
-    int() would also take a sign or an underscore) or that holds a line break (which shifts
-    the lines) is a corrupt counter; all checked in C.
-    """
-    start = reply.find(b"VALUE ")
-    if start < 0:
-        start = len(reply) - 5  # END
-    lines = reply.split(b"\r\n")
-    before = reply.count(b"\r\n", 0, start)  # the lines of the increments' replies
-    # No data line (a number) and no other reply (NF, NS, an error) holds "VA ": counting
-    # them counts the heads that are VA replies.
-    if before == 2 * expected and reply.count(b"VA ", 0, start) == expected:
-        written = lines[1:before:2]
+
+def shape(prefix: str, ops: Sequence[Op], encoded: Callable[[Plan], Any]) -> CheckCommand | None:
+    """The command of every request whose ops are ``ops`` but for their namespaces: the
+    :func:`check_command` of ``ops`` with a slot for each namespace, made into a template
+    (:meth:`CheckCommand.sending`). None when an expiry is read as a time (made per
+    check)."""
+    slotted = [op._replace(namespace=_SLOT % i) for i, op in enumerate(ops)]
+    made = check_command(prefix, slotted, encoded)
+    if not made.reusable:
+        return None
+    segments = _SLOTS.split(made.command.decode())  # text, slot, text, slot, ..., text
+    ids: list[int] = []
+    runs: list[list[str]] = []
+    for at in range(1, len(segments), 2):
+        i, text = int(segments[at]), segments[at + 1]
+        if ids and ids[-1] == i:
+            runs[-1].append(text)
+        else:  # a new run: its first piece is the text before its first slot
+            ids.append(i)
+            runs.append([segments[0] if at == 1 else "", text])
+    if not runs:  # (no op)
+        ids, runs = [0], [[segments[0]]]
+    made.pieces = tuple(runs)
+    if len(ids) == 1:
+        only = ids[0]
+        made.args = lambda namespaces: (namespaces[only],)
     else:
-        written = _written(lines[:before], reply, start, expected)
-    try:
-        if lines[-1] or lines[-2] != b"END":
-            raise ValueError
-        if before == len(lines) - 2:  # no hit (a young or quiet subject)
-            return list(map(int, written)), [], []
-        found, data = lines[before:-2:2], lines[before + 1 : -2 : 2]
-        tokens = b" ".join(found).split(b" ")
-        if (
-            len(data) != len(found)
-            or len(tokens) != 4 * len(found)
-            or tokens[0::4].count(b"VALUE") != len(found)
-            or b"".join(data).translate(None, _COUNT_BYTES)
-        ):
-            raise ValueError
-        return list(map(int, written)), tokens[1::4], list(map(int, data))
-    except ValueError:
-        raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
+        made.args = operator.itemgetter(*ids)
+    made.keys = [b""] * len(made.keys)  # (its keys hold slots: only their number counts)
+    return made
 
 
-def _written(replies: list[bytes], reply: bytes, start: int, expected: int) -> list[bytes]:
-    """The values the increments answered, with the misses of take-backs (``NF``) among
-    their replies; a lost write raises."""
-    replies = [line for line in replies if line != _QUIET_MISS]
-    if len(replies) != 2 * expected or reply.count(b"VA ", 0, start) != expected:
+def _read(reply: bytes, increments: int, reads: int) -> list[int]:
+    """The values of a check's reply: each of the ``increments``' answers, then the count
+    of each of the ``reads`` (0 for a bucket missing), in order.
+
+    The reply: ``VA <length>`` and the value of each increment, in order, then ``VA <length>
+    O<i>`` and the count of each read ``i`` that found its bucket (a miss answers nothing:
+    ``q``), in order, and ``MN``. The misses of take-backs (``NF``: their bucket was gone)
+    are dropped wherever they stand. Anything short of one answer per increment (a lost
+    write, an error line), a read answered out of order or for no read asked, or a value
+    that is not a count (anything but digits and the padding a decrement leaves, ``9 ``:
+    int() would also take a sign or an underscore), is an error; all checked in C.
+    """
+    if b"NF" in reply:
+        reply = b"\r\n".join([line for line in reply.split(b"\r\n") if line != b"NF"])
+    lines = reply.split(b"\r\n")
+    heads, data = lines[0:-2:2], lines[1:-2:2]
+    found = len(heads) - increments  # reads that found their bucket
+    if (
+        len(lines) % 2
+        or found < 0
+        or (b"\n" + b"\n".join(heads)).count(b"\nVA ") != len(heads)
+        or lines[-2] != b"MN"
+        or lines[-1]
+    ):
         raise ReplyError(f"lost counter writes: {reply[:200]!r}")
-    return replies[1::2]
+    if b"".join(data).translate(None, _COUNT_BYTES):
+        raise ReplyError(f"corrupt counter: {reply[:200]!r}")
+    try:
+        counts = list(map(int, data))
+    except ValueError:  # an empty value
+        raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
+    if not found:  # nothing there but what was written (a new or quiet subject)
+        return counts + [0] * reads if reads else counts
+    tokens = b" ".join(heads[increments:]).split(b" ")
+    marks = b" ".join(tokens[2::3])
+    try:
+        if len(tokens) != 3 * found or not marks.startswith(b"O"):
+            raise ValueError
+        places = list(map(int, marks[1:].split(b" O")))
+    except ValueError:
+        raise ReplyError(f"lost counter writes: {reply[:200]!r}") from None
+    if len(places) == reads and places == list(range(reads)):  # every bucket there
+        return counts
+    if sorted(set(places)) != places or places[-1] >= reads or places[0] < 0:
+        raise ReplyError(f"reads answered out of order: {reply[:200]!r}")
+    placed = dict(zip(places, counts[increments:], strict=True))
+    return counts[:increments] + list(map(placed.get, range(reads), [0] * reads))
 
 
 def quiet_deletes(base: bytes, suffixes: Iterable[str]) -> bytes:

@@ -4,17 +4,16 @@ memcached keeps a value's length when a decrement drops a digit: ``10`` decremen
 stored as ``"9 "``, ``100`` as ``"99 "`` (``decr`` and meta arithmetic ``ma ... MD`` alike;
 the ``ma`` reply itself carries the bare number). The limiter takes a refused hit back with a
 quiet decrement, so a bucket that stood at 10 when a hit was refused holds ``"9 "`` from
-then on, and every later check reads that value through a multi-get.
+then on, and every later check reads that value through its meta read (``mg <key> v``).
 
-The multi-get reply is parsed two ways (:meth:`MemcachedBackend._parse
-<ratelimit_app.backends.memcached.MemcachedBackend._parse>`): **flat** when every bucket
-the request reads is there (the counts are the data lines in order), **sparse** when some
-are missing (each ``VALUE`` line is matched to its bucket by key). Both are driven here
-through ``check_many`` on a real memcached, with the raw ``get`` reply shown to hold the
-padding, and the limiter's counts, limits and admissions checked after it. Before the fix the
-sparse parser took ``"9 "`` for a corrupt counter: every check of the subject raised until the
-bucket expired, so its rule failed open (switched off by the client's own refused hit) or
-closed (429s nobody earned). The flat parser read it by the accident of ``int()``.
+A check's reads are answered in the order asked, each a count or a miss (``EN``, read as 0)
+(:meth:`CheckCommand.parse <ratelimit_app.backends.memcached_protocol.CheckCommand.parse>`):
+**flat** when every bucket the request reads is there, **sparse** when some are missing.
+Both are driven here through ``check_many`` on a real memcached, with the raw reply shown to
+hold the padding, and the limiter's counts, limits and admissions checked after it. (Before
+a fix, a parser took ``"9 "`` for a corrupt counter: every check of the subject raised until
+the bucket expired, so its rule failed open, switched off by the client's own refused hit,
+or closed, 429s nobody earned.)
 
 Also here: the ``NF`` of a take-back whose bucket is gone, wherever it stands in a round
 trip's replies, and a leaky bucket's TAT, which is never padded (it is stored whole, with
@@ -296,19 +295,22 @@ def encoded(plan: windows.Plan) -> P.MemcachedEncoded:
     return P.MemcachedEncoded(plan)
 
 
-def values_of(ops: list[Op], reply: bytes) -> list[list[int]]:
-    """The values of ``ops`` (key bases ``p:`` and their namespaces) from ``reply``."""
-    return P.check_command("p:", ops, encoded).parse(reply)
+def values_of(ops: list[Op], found: dict[bytes, bytes], writes: bytes = b"") -> list[list[int]]:
+    """The values of ``ops`` (key bases ``p:`` and their namespaces) from the reply of
+    ``writes`` (the increments' and take-backs' replies) and reads that find ``found``."""
+    made = P.check_command("p:", ops, encoded)
+    return made.parse(writes + reads_reply(made, found))
 
 
-def get_reply(found: dict[bytes, bytes]) -> bytes:
-    """A ``get`` reply: each key found and its data line, as stored, then ``END``."""
-    return (
-        b"".join(
-            b"VALUE %s 0 %d\r\n%s\r\n" % (key, len(data), data) for key, data in found.items()
-        )
-        + b"END\r\n"
-    )
+def reads_reply(made: P.CheckCommand, found: dict[bytes, bytes]) -> bytes:
+    """The replies of a check's reads, in the order asked (``VA``, the read's mark and the
+    data line, as stored, for a key in ``found``; nothing for any other), then ``MN``."""
+    replies = [
+        b"VA %d O%d\r\n%s\r\n" % (len(data), i, data)
+        for i, key in enumerate(made.keys)
+        if (data := found.get(key)) is not None
+    ]
+    return b"".join(replies) + b"MN\r\n"
 
 
 def va(*values: int) -> bytes:
@@ -316,21 +318,22 @@ def va(*values: int) -> bytes:
     return b"".join(b"VA %d\r\n%d\r\n" % (len(b"%d" % v), v) for v in values)
 
 
-def test_a_check_is_take_backs_and_increments_then_one_get() -> None:
+def test_a_check_is_take_backs_and_increments_then_the_reads() -> None:
     plan = windows.plan(parse("5/m;100/h"), T0)
     ops = [Op("{a}", plan, True), Op("{b}", plan, False, undo=plan)]
     made = P.check_command("p:", ops, encoded)
-    *writes, read = made.command.split(b"\r\n")
+    *writes_and_reads, end = made.command.split(b"\r\n")
     increments = [b"ma p:{a}%s N%d J1 v" % (s.encode(), t) for s, t in plan.writes]
     decrements = [b"ma p:{b}%s MD q" % s.encode() for s, _ in plan.writes]
-    assert writes == increments + decrements
     # A bucket {a} writes is read from its increment's answer, not asked for again.
     written = {s for s, _ in plan.writes}
     assert written & set(plan.reads)
     keys = [b"p:{a}" + s.encode() for s in plan.reads if s not in written] + [
         b"p:{b}" + s.encode() for s in plan.reads
     ]
-    assert read == b"get " + b" ".join(keys)
+    reads = [b"mg %s v q O%d" % (key, i) for i, key in enumerate(keys)]
+    assert writes_and_reads == increments + decrements + reads
+    assert end == b"mn"
     assert made.keys == keys
     assert made.increments == len(plan.writes) and made.reusable
 
@@ -340,10 +343,10 @@ def test_a_cost_is_the_amount_of_each_increment_and_take_back() -> None:
     and taken back by 5 (``MD D5``), one command a bucket as for a cost of 1."""
     plan = windows.plan(parse("50/m;100/h"), T0)
     ops = [Op("{a}", plan, True, amount=5), Op("{b}", plan, False, undo=plan, amount=5)]
-    *writes, _ = P.check_command("p:", ops, encoded).command.split(b"\r\n")
+    lines = P.check_command("p:", ops, encoded).command.split(b"\r\n")
     increments = [b"ma p:{a}%s N%d J5 D5 v" % (s.encode(), t) for s, t in plan.writes]
     decrements = [b"ma p:{b}%s MD D5 q" % s.encode() for s, _ in plan.writes]
-    assert writes == increments + decrements
+    assert [line for line in lines if line.startswith(b"ma ")] == increments + decrements
     far = windows.plan(parse("5/45d"), T0)  # made per check: the expiry is a time
     made = P.check_command("p:", [Op("{a}", far, True, amount=3)], encoded, lambda: T0)
     suffix, ttl = far.writes[0]
@@ -369,22 +372,20 @@ def test_a_written_bucket_reads_its_increment_s_answer() -> None:
     answers = list(range(101, 101 + len(enc.writes)))
     stored = {BASE_A + s: b"%d" % (i + 1) for i, s in enumerate(enc.reads)}
     stored = {k: v for k, v in stored.items() if k[len(BASE_A) :] not in dict(enc.writes)}
-    (values,) = values_of([Op("{a}", plan, True)], va(*answers) + get_reply(stored))
+    (values,) = values_of([Op("{a}", plan, True)], stored, va(*answers))
     for i, j in enc.proofs:
         assert values[i] == answers[j]
     others = [i for i in range(len(enc.reads)) if i not in dict(enc.proofs)]
     assert [values[i] for i in others] == [i + 1 for i in others]
 
 
-def test_an_op_that_reads_only_what_it_writes_still_sends_a_get() -> None:
-    """A counter read back from its own increment (the rules' change marker): the ``get``
-    asks for one key, whose answer is not read, so the command stays valid and its reply
-    ends with ``END``."""
+def test_an_op_that_reads_only_what_it_writes_sends_no_read() -> None:
+    """A counter read back from its own increment (the rules' change marker): nothing is
+    read besides, and the reply is the increment's answer and ``MN``."""
     plan = windows.Plan(writes=((":g", 60),), reads=(":g",), rates=())
     made = P.check_command("p:", [Op("{a}", plan, True)], encoded)
-    assert made.command.endswith(b"\r\nget p:{a}:g")
-    assert made.parse(va(7) + get_reply({b"p:{a}:g": b"9"})) == [[7]]
-    assert made.parse(va(7) + get_reply({})) == [[7]]
+    assert made.command == b"ma p:{a}:g N60 J1 v\r\nmn"
+    assert made.parse(va(7) + b"MN\r\n") == [[7]]
 
 
 def test_an_expiry_over_30_days_is_sent_as_a_unix_time() -> None:
@@ -392,43 +393,64 @@ def test_an_expiry_over_30_days_is_sent_as_a_unix_time() -> None:
     assert all(ttl > P.MAX_RELATIVE_TTL for _, ttl in plan.writes)
     made = P.check_command("p:", [Op("{a}", plan, True)], encoded, clock=lambda: T0)
     assert not made.reusable  # made again per check, from its clock
-    sent = [int(line.split(b" N")[1].split()[0]) for line in made.command.split(b"\r\n")[:-1]]
+    lines = [line for line in made.command.split(b"\r\n") if line.startswith(b"ma ")]
+    sent = [int(line.split(b" N")[1].split()[0]) for line in lines]
     assert sent == [int(T0) + ttl for _, ttl in plan.writes]
     assert P.expiry(60, clock=lambda: T0) == 60
     assert P.expiry(P.MAX_RELATIVE_TTL, clock=lambda: T0) == P.MAX_RELATIVE_TTL
     assert P.expiry(P.MAX_RELATIVE_TTL + 1, clock=lambda: T0) == int(T0) + P.MAX_RELATIVE_TTL + 1
 
 
-def test_a_backend_keeps_a_command_and_sends_the_same_bytes(
+def test_a_backend_keeps_a_command_per_shape_never_per_subject(
     on_memcached: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A check command is made once per ops (a client's requests within one fine bucket)
-    and kept: byte for byte the one made anew. One with an expiry read as a time is made
-    per check, from the clock of that check; the memo starts over when full."""
-    backend = get_backend()
+    """A check command is kept per shape (the ops' plans, counts and amounts), with slots for
+    the namespaces: a thousand subjects leave one entry, and each sends byte for byte the
+    command made anew for it. One with an expiry read as a time is made per check, from the
+    clock of that check; the memo starts over when full."""
+    backend: Any = get_backend()
     plan, far = windows.plan(parse("5/m;100/h"), T0), windows.plan(parse("5/45d"), T0)
-    ops = [Op("{a}", plan, True), Op("{b}", plan, False)]
-    backend.run_many(ops)
-    kept = backend._commands[tuple(ops)]
-    assert kept.command == P.check_command(backend.key_prefix, ops, backend.encoded).command
-    backend.run_many(ops)
-    assert backend._commands[tuple(ops)] is kept
+    for i in range(1000):
+        ops = [Op(f"{{a{i}}}", plan, True), Op(f"{{b{i}}}", plan, False, undo=plan)]
+        backend.run_many(ops)
+    assert len(backend._shapes) == 1
+    (kept,) = backend._shapes.values()
+    made = P.check_command(backend.key_prefix, ops, backend.encoded)
+    assert kept.sending([op.namespace for op in ops]) == made.command
     backend.run_many([Op("{c}", far, True)])
-    assert len(backend._commands) == 1  # made per check: not kept
-    monkeypatch.setattr(memcached, "COMMAND_MEMO", 1)
+    assert list(backend._shapes.values())[-1] is None  # made per check: its shape says so
+    monkeypatch.setattr(memcached, "SHAPE_MEMO", 1)
     backend.run_many([Op("{d}", plan, True)])
-    assert list(backend._commands) == [(Op("{d}", plan, True),)]  # full: started over
+    assert len(backend._shapes) == 1  # full: started over
+
+
+def test_a_shape_keeps_a_percent_sign_of_its_prefix_and_the_order_of_its_subjects() -> None:
+    """The template is filled in by ``%``: a prefix holding one is sent as it is, and each
+    namespace lands in its own op's keys."""
+    plan = windows.plan(parse("5/m;100/h"), T0)
+    ops = [Op("{a}", plan, True), Op("{b}", plan, True, amount=2), Op("{c}", plan, False)]
+    kept = P.shape("p%s:", ops, encoded)
+    assert kept is not None
+    other = [op._replace(namespace=ns) for op, ns in zip(ops, ["{x}", "{y}", "{z}"], strict=True)]
+    sent = kept.sending(["{x}", "{y}", "{z}"])
+    again = P.check_command("p%s:", other, encoded)
+    assert sent == again.command
+    counts = {b"p%s:{z}" + s.encode(): b"%d" % (i + 1) for i, s in enumerate(plan.reads)}
+    answers = va(*range(1, 1 + 2 * len(plan.writes)))
+    parsed = kept.parse(answers + reads_reply(again, counts))
+    assert parsed == again.parse(answers + reads_reply(again, counts))
+    assert parsed[2] == list(range(1, len(plan.reads) + 1))  # {z} looks: reads each bucket
 
 
 def test_a_backend_keeps_the_command_of_each_cost_apart(on_memcached: str) -> None:
-    """The memo is keyed by the ops, amounts included: requests of two costs on the same
-    buckets never send each other's command."""
+    """The memo is keyed by the ops' shapes, amounts included: requests of two costs on
+    the same buckets never send each other's command."""
     backend: Any = get_backend()
     plan = windows.plan(parse("50/m"), T0)
     ns = namespace("kept-costs", "ip", "192.0.2.8")
     one, three = (Op(ns, plan, True, amount=a) for a in (1, 3))
     assert [sum(backend.run_many([op])[0]) for op in (one, three, one, three)] == [1, 4, 5, 8]
-    kept = [backend._commands[(op,)].command for op in (one, three)]
+    kept = [backend._shapes[(op[1:],)].sending([ns]) for op in (one, three)]
     assert kept == [
         P.check_command(backend.key_prefix, [op], encoded).command for op in (one, three)
     ]
@@ -442,7 +464,7 @@ def test_a_padded_count_is_a_count(every_bucket: bool) -> None:
     stored = {BASE_A + s: b"1" for s in enc.reads} if every_bucket else {}
     stored[BASE_A + enc.reads[0]] = b"9 "
     stored[BASE_A + enc.reads[-1]] = b"99 "
-    (values,) = values_of([Op("{a}", plan)], get_reply(stored))
+    (values,) = values_of([Op("{a}", plan)], stored)
     assert values[0] == 9 and values[-1] == 99
     assert sum(values) == 9 + 99 + (len(values) - 2 if every_bucket else 0)
 
@@ -455,22 +477,23 @@ def test_a_value_that_is_no_count_is_an_error(every_bucket: bool, data: bytes) -
     stored = {BASE_A + s: b"1" for s in enc.reads} if every_bucket else {}
     stored[BASE_A + enc.reads[1]] = data
     with pytest.raises(P.ReplyError, match="corrupt counter"):
-        values_of([Op("{a}", plan)], get_reply(stored))
+        values_of([Op("{a}", plan)], stored)
 
 
 def test_a_missing_increment_reply_is_a_lost_write() -> None:
     plan = windows.plan(parse("5/m"), T0)
     enc = encoded(plan)
     op = Op("{a}", plan, True)
+    made = P.check_command("p:", [op], encoded)
     answered = [1] * len(enc.writes)
-    assert values_of([op], va(*answered) + get_reply({}))
+    assert made.parse(va(*answered) + reads_reply(made, {}))
     for reply in (
-        va(*answered[1:]) + get_reply({}),  # one increment did not answer
-        b"NS\r\n" + va(*answered[1:]) + get_reply({}),  # one did not store
-        b"SERVER_ERROR out of memory\r\n" + get_reply({}),
+        va(*answered[1:]) + reads_reply(made, {}),  # one increment did not answer
+        b"NS\r\n" + va(*answered[1:]) + reads_reply(made, {}),  # one did not store
+        b"SERVER_ERROR out of memory\r\n" + reads_reply(made, {}),
     ):
         with pytest.raises(P.ReplyError, match="lost counter writes"):
-            values_of([op], reply)
+            made.parse(reply)
 
 
 def test_an_increment_reply_raises_a_read_that_found_less() -> None:
@@ -480,23 +503,25 @@ def test_an_increment_reply_raises_a_read_that_found_less() -> None:
     enc = encoded(plan)
     (i, _), *_ = enc.proofs
     answered = [3] * len(enc.writes)
-    (values,) = values_of([Op("{a}", plan, True)], va(*answered) + get_reply({}))
+    (values,) = values_of([Op("{a}", plan, True)], {}, va(*answered))
     assert values[i] == 3 and sum(values) == 3 * len(enc.proofs)
 
 
 def test_a_take_backs_miss_wherever_it_stands() -> None:
     """``NF`` answers a quiet decrement whose bucket is gone: before, between or after
-    the increments of other subjects, it shifts none of their replies."""
+    the increments of other subjects, alone or several in a row, it shifts none of their
+    replies."""
     plan = windows.plan(parse("5/m"), T0)
     enc = encoded(plan)
     ops = [Op("{a}", plan, True), Op("{a}x", plan, False, undo=plan)]
     n = len(enc.writes)
     for replies in (
         b"NF\r\n" + va(*[2] * n),
+        b"NF\r\n" * 3 + va(*[2] * n),
         va(*[2] * n) + b"NF\r\n" * n,
         va(2) + b"NF\r\n" + va(*[2] * (n - 1)),
     ):
-        a, b = values_of(ops, replies + get_reply({}))
+        a, b = values_of(ops, {}, replies)
         assert sum(a) == 2 * len(enc.proofs) and sum(b) == 0
 
 
@@ -508,40 +533,46 @@ def test_subjects_whose_bases_share_a_prefix_read_each_their_own() -> None:
         BASE_B + enc.reads[0]: b"7",
         BASE_B + enc.reads[-1]: b"5",
     }
-    a, b = values_of([Op("{a}", plan), Op("{a}x", plan)], get_reply(stored))
+    a, b = values_of([Op("{a}", plan), Op("{a}x", plan)], stored)
     assert (a[0], sum(a)) == (1, 1)
     assert (b[0], b[-1], sum(b)) == (7, 5, 12)
 
 
-def test_one_subject_twice_in_a_round_trip_reads_its_counts_twice() -> None:
-    """Two ops of one namespace (the same keys asked twice in one ``get``): memcached
-    answers each occurrence, and each op reads all of its buckets. A bucket another client
-    wrote between the two occurrences is answered at the second place only: both ops read
-    it (the stricter count), not the second op alone."""
+def test_a_run_of_misses_reads_zero_each() -> None:
+    """Misses (which answer nothing) in a row, at the start, between hits and before ``MN``:
+    each reads 0 in its own place, and the hits around them keep theirs."""
     plan = windows.plan(parse("5/m;100/h"), T0)
     enc = encoded(plan)
-    first, last = BASE_A + enc.reads[0], BASE_A + enc.reads[-1]
-    ops = [Op("{a}", plan), Op("{a}", plan)]
-    once = get_reply({first: b"4", last: b"6"})[: -len(P.END)]
-    a, b = values_of(ops, once + once + P.END)
-    assert a == b and (a[0], a[-1], sum(a)) == (4, 6, 10)
-    a, b = values_of(ops, get_reply({first: b"4"}))  # asked first: a miss
-    assert a == b and (a[0], sum(a)) == (4, 4)
+    made = P.check_command("p:", [Op("{a}", plan)], encoded)
+    for hits in ({0}, {len(enc.reads) - 1}, {0, 3, 4}, set(), set(range(len(enc.reads)))):
+        stored = {BASE_A + s: b"%d" % (i + 1) for i, s in enumerate(enc.reads) if i in hits}
+        (values,) = made.parse(reads_reply(made, stored))
+        assert values == [i + 1 if i in hits else 0 for i in range(len(enc.reads))]
 
 
 @pytest.mark.parametrize(
-    "key",
-    [b"p:{other}:60/60:1", BASE_A + b":not-a-bucket"],
-    ids=["another-subject", "not-a-bucket-read"],
+    "change", ["one-more", "no-such-read", "out-of-order", "twice", "error-line", "no-mn"]
 )
-def test_a_key_not_asked_for_is_an_error(key: bytes) -> None:
-    """A hit for a key the check did not ask for (a connection out of step with its
-    commands) is refused, never read as some bucket's count."""
-    plan = windows.plan(parse("5/m"), T0)
+def test_a_reply_out_of_step_is_an_error(change: str) -> None:
+    """A reply with an answer more than the check asked for, a read's answer for a read
+    not asked or out of order (a connection out of step with its commands), or an error
+    line in place of an answer, is refused, never read as some bucket's count."""
+    plan = windows.plan(parse("5/m;100/h"), T0)
     enc = encoded(plan)
-    reply = get_reply({BASE_A + enc.reads[0]: b"2", key: b"3"})
-    with pytest.raises(P.ReplyError, match="unexpected key"):
-        values_of([Op("{a}", plan)], reply)
+    made = P.check_command("p:", [Op("{a}", plan)], encoded)
+    hit = b"VA 1 O0\r\n2\r\n"
+    reply = reads_reply(made, {BASE_A + enc.reads[0]: b"2"})
+    assert reply == hit + P.MN
+    reply = {
+        "one-more": b"VA 1\r\n3\r\n" + reply,
+        "no-such-read": b"VA 1 O%d\r\n2\r\n" % len(enc.reads) + P.MN,
+        "out-of-order": b"VA 1 O3\r\n2\r\n" + hit + P.MN,
+        "twice": hit + hit + P.MN,
+        "error-line": b"CLIENT_ERROR bad command line format\r\n" + P.MN,
+        "no-mn": hit + b"EN\r\n",
+    }[change]
+    with pytest.raises(P.ReplyError):
+        made.parse(reply)
 
 
 @settings(max_examples=200, deadline=None)
@@ -560,12 +591,11 @@ def test_every_reply_shape_reads_what_was_stored(
     data: st.DataObject,
 ) -> None:
     """Two subjects (one key base the prefix of the other), counting or looking, with every
-    bucket there, some or none, counts padded or not: each op reads exactly what is stored
-    (every bucket there: the flat path; else the sparse one), and a bucket it writes what
-    its increment answered."""
+    bucket there, some or none, counts padded or not: each op reads exactly what is stored,
+    and a bucket it writes what its increment answered."""
     plan = windows.plan(parse("5/m;100/h"), T0)
     enc = encoded(plan)
-    stored: dict[bytes, bytes] = {}  # in the order asked: memcached answers in that order
+    stored: dict[bytes, bytes] = {}
     expected = []
     writes = b""
     for base, count, increment, which in zip(
@@ -586,8 +616,7 @@ def test_every_reply_shape_reads_what_was_stored(
             writes += va(*[answered] * len(enc.writes))
         expected.append(values)
     ops = [Op("{a}", plan, increments[0]), Op("{a}x", plan, increments[1])]
-    reply = writes + get_reply(stored)
-    assert values_of(ops, reply) == expected
+    assert values_of(ops, stored, writes) == expected
 
 
 # -- meta commands: leaky buckets --
