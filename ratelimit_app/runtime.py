@@ -4,8 +4,8 @@ Everything the limiter keeps between requests lives here, built from the setting
 use: the values read (``settings``, the object :mod:`ratelimit_app.conf` reads through), the
 compiled pieces a check is made of (``compiled``: a rate's bucket plan, a leaky bucket's
 meter, a key's function, a limit built from its arguments, the ``RateLimit-Policy`` text), a
-client's address as parsed, masked and judged a trusted proxy, the subjects' namespaces, the
-checks made ready for a fine bucket (``ready``), the configuration snapshot in force
+client's address as parsed, masked and judged a trusted proxy, the subjects' namespaces, each
+limit's plan for its current fine bucket (``plans``), the configuration snapshot in force
 (``snapshot``), and the parts higher layers build from the settings (``parts``: the
 counter backends, the settings' rules and lists, the refusal memory, the URL names
 resolved, the templates and messages of the answers).
@@ -78,7 +78,7 @@ class Runtime:
         "masked",
         "namespaces",
         "parts",
-        "ready",
+        "plans",
         "refusals",
         "settings",
         "snapshot",
@@ -99,9 +99,9 @@ class Runtime:
     def _fresh(self) -> None:
         #: A limit's pieces that do not depend on the subject, by what they are made from.
         self.compiled: dict[tuple[Any, ...], Any] = {}
-        #: A check's namespace, plan and operation for its fine bucket, by its scope and
-        #: subject (an entry holds its check: another check of them makes its own).
-        self.ready: dict[Any, tuple[Any, ...]] = {}
+        #: A limit's plan for its current fine bucket, by the limit's scope: (the bucket's
+        #: index, the buckets per window, the plan).
+        self.plans: dict[str, tuple[int, int, Any]] = {}
         #: A subject's namespace, by (group, kind, value).
         self.namespaces: dict[tuple[str, str, str], str] = {}
         #: A client's text: the address it holds, masked, and whether a trusted proxy.

@@ -41,21 +41,18 @@ from tests.servers import require_binary
 MEMOS = {
     "everything on": "",
     "compiled (plans, meters, key functions)": "RUNTIME.compiled = Forgetful()",
-    "ready checks (by scope and subject)": "RUNTIME.ready = Forgetful()",
+    "plans (by limit, for the fine bucket)": "RUNTIME.plans = Forgetful()",
     "namespaces (by limit, kind, value)": "RUNTIME.namespaces = Forgetful()",
     "addresses (parsed, masked, trusted)": (
         "RUNTIME.addresses = Forgetful(); RUNTIME.masked = Forgetful(); "
         "RUNTIME.trusted = Forgetful()"
-    ),
-    "a limit's checks (by subject)": (
-        "for r in store.current().rules.rules: object.__setattr__(r.limit, '_checks', Forgetful())"
     ),
     "rules matched (by path, method; URL names)": (
         "store.current().rules._matched = Forgetful(); "
         "RUNTIME.parts[rules._url_names] = Forgetful()"
     ),
     "plans' encodings (by plan)": "get_backend()._encodings = Forgetful()",
-    "memcached check commands (by ops)": "get_backend()._commands = Forgetful()",
+    "memcached check commands (by shape)": "get_backend()._shapes = Forgetful()",
 }
 
 #: Run in the child once, before the warm-up: one request builds what the memos belong to,

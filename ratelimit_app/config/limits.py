@@ -92,8 +92,6 @@ class Check(NamedTuple):
 
 
 _tuple = tuple.__new__
-#: Counted checks a limit keeps, one per recent subject (:meth:`Limit.check`).
-CHECK_MEMO = 1024
 #: Seconds an in-flight place is held at most (its lease) unless the limit says otherwise.
 DEFAULT_LEASE = 60
 
@@ -152,9 +150,6 @@ class Limit:
     inflight: Limit | None = field(init=False, repr=False)
     #: and whether it can be checked on an event loop (no database, no user code).
     async_safe: bool = field(init=False, repr=False)
-    #: Its counted checks of recent subjects (static rates only): a client's requests
-    #: share one :class:`Check`, made once. Starts over when it holds :data:`CHECK_MEMO`.
-    _checks: dict[tuple[str, str], Check] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         static = None
@@ -175,7 +170,6 @@ class Limit:
             set_("subject_of", keys.reader(self.key))
         except ImproperlyConfigured:  # (raised again by each check, as before)
             set_("subject_of", functools.partial(keys.subject, self.key))
-        set_("_checks", {})
         cost = self.cost if type(self.cost) is int else None
         set_("static_cost", cost)
         inflight = None
@@ -237,20 +231,7 @@ class Limit:
             cost = self.cost_for(request)
             if not cost:
                 return None
-        elif not increment or rate_list is not self.static_rates:
-            pass
-        else:
-            memo = self._checks
-            found = memo.get(subject)
-            if found is None:
-                if len(memo) >= CHECK_MEMO:
-                    memo.clear()
-                # tuple.__new__: a NamedTuple's own __new__ is a Python function.
-                found = memo[subject] = _tuple(
-                    Check,
-                    (scope, subject, rate_list, True, self.algorithm, self.burst, cost, self.ban),
-                )
-            return found
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function.
         return _tuple(
             Check,
             (scope, subject, rate_list, increment, self.algorithm, self.burst, cost, self.ban),

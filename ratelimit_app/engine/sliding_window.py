@@ -14,10 +14,10 @@ from ratelimit_app.runtime import RUNTIME
 
 _tuple = tuple.__new__
 
-#: Checks a process keeps made ready for their fine bucket (``RUNTIME.ready``: a check's
-#: namespace, plan and operation, by the check; a client's requests within one fine bucket
-#: find them made). The memo starts over when full.
-READY_MEMO = 4096
+#: Limits whose plan for the current fine bucket a process keeps (``RUNTIME.plans``, by
+#: the limit's scope: every subject of a limit finds it made, a new one as a known one). The
+#: memo starts over when full.
+PLAN_MEMO = 1024
 
 
 def plan(
@@ -59,35 +59,26 @@ class SlidingWindow(Step):
 
     def __init__(self, check: Check, moment: CheckTime) -> None:
         # Made for every check of every request: no super() call, and the common case (one
-        # rate, a fine bucket seen already) a memo's look.
+        # rate) a look in the limit's plan for its fine bucket, whoever the subject.
         self.check, self.moment, self.undo = check, moment, False
         #: A refused check's fine buckets, read in the second round trip to time its wait.
         self.detail: windows.Plan | None = None
-        rates = check.rates
-        if len(rates) == 1 and check.increment and not moment.hierarchical:  # (kept checks)
-            index = int(moment.t * moment.per_window // rates[0].seconds)
-            memo = RUNTIME.ready
-            key = (check.scope, check.subject)
-            ready = memo.get(key)
-            if (
-                ready is not None
-                and ready[0] is check
-                and ready[1] == index
-                and ready[2] == moment.per_window
-            ):
-                self.namespace, self.plan, self.op = ready[3], ready[4], ready[5]
-                return
-            self._make()
-            if len(memo) >= READY_MEMO:
-                memo.clear()
-            memo[key] = (check, index, moment.per_window, self.namespace, self.plan, self.op)
-        else:
-            self._make()
-
-    def _make(self) -> None:
-        check, moment = self.check, self.moment
         self.namespace = ns = namespace(check.scope, *check.subject)
-        self.plan = made = plan(check.rates, moment.t, moment.per_window, moment.hierarchical)
+        rates = check.rates
+        if len(rates) == 1 and not moment.hierarchical:
+            index = int(moment.t * moment.per_window // rates[0].seconds)
+            memo = RUNTIME.plans
+            found = memo.get(check.scope)
+            if found is not None and found[0] == index and found[1] == moment.per_window:
+                made = found[2]
+            else:
+                made = plan(rates, moment.t, moment.per_window)
+                if len(memo) >= PLAN_MEMO:
+                    memo.clear()
+                memo[check.scope] = (index, moment.per_window, made)
+        else:
+            made = plan(rates, moment.t, moment.per_window, moment.hierarchical)
+        self.plan = made
         # tuple.__new__: a NamedTuple's own __new__ is a Python function.
         self.op = _tuple(Op, (ns, made, check.increment, None, check.cost))
 

@@ -90,16 +90,9 @@ def _mask(ip: str) -> str | None:
 
 
 def _masked(ip: str, v4_mask: int, v6_mask: int) -> str | None:
-    if v4_mask == 32:
-        # A plain IPv4 address, unmasked, is its own answer: the C parser (0.7 us) instead
-        # of ipaddress (5 us), for the first request of every new client. inet_pton rejects
-        # what ipaddress rejects (leading zeros, short forms, spaces); printing it back equal
-        # means the text is already the canonical form ipaddress would give.
-        try:
-            if socket.inet_ntop(socket.AF_INET, socket.inet_pton(socket.AF_INET, ip)) == ip:
-                return ip
-        except (OSError, ValueError):  # not IPv4 (ValueError: an embedded NUL)
-            pass
+    if v4_mask == 32 and ipv4_number(ip) is not None:
+        # A plain IPv4 address, unmasked, is its own answer (no ipaddress object).
+        return ip
     addr = _parse_address(ip)
     if addr is None:
         return None
@@ -120,6 +113,32 @@ _MISSING: Any = object()
 MAX_ADDRESS_LENGTH = 64
 
 
+def ipv4_number(text: str) -> int | None:
+    """The IPv4 address ``text`` holds, as a number, when it is one written as ipaddress
+    prints it (``192.0.2.1``), by the C parser: 0.7 us instead of ipaddress's 5 us, for the
+    first request of every new client. None for anything else (then ipaddress decides).
+    inet_pton rejects what ipaddress rejects (leading zeros, short forms, spaces); printing
+    it back equal means the text is already the canonical form."""
+    try:
+        packed = socket.inet_pton(socket.AF_INET, text)
+        if socket.inet_ntop(socket.AF_INET, packed) != text:
+            return None
+    except (OSError, ValueError):  # not IPv4 (ValueError: an embedded NUL)
+        return None
+    return int.from_bytes(packed, "big")
+
+
+def _trusted_v4() -> tuple[tuple[int, int], ...]:
+    """The IPv4 networks of ``RATELIMIT_TRUSTED_PROXIES`` (IPv4-mapped ones included), as
+    (network, mask) numbers: built once (a part of the runtime)."""
+    found = []
+    for net in conf.TRUSTED_PROXIES:
+        net = unmap_network(net)
+        if isinstance(net, ipaddress.IPv4Network):
+            found.append((int(net.network_address), int(net.netmask)))
+    return tuple(found)
+
+
 def trusted_proxy(ip: str) -> bool:
     """True when ``ip`` is one of ``RATELIMIT_TRUSTED_PROXIES``."""
     ip = ip.strip()
@@ -128,10 +147,18 @@ def trusted_proxy(ip: str) -> bool:
     memo = RUNTIME.trusted
     found = memo.get(ip)
     if found is None:
-        addr = _parse_address(ip)
-        found = addr is not None and any(
-            addr in unmap_network(net) for net in conf.TRUSTED_PROXIES
-        )
+        number = ipv4_number(ip)
+        if number is not None:  # (every new IPv4 client: no ipaddress object)
+            found = False
+            for net, mask in RUNTIME.part(_trusted_v4):
+                if number & mask == net:
+                    found = True
+                    break
+        else:
+            addr = _parse_address(ip)
+            found = addr is not None and any(
+                addr in unmap_network(net) for net in conf.TRUSTED_PROXIES
+            )
         if len(memo) >= ADDRESS_MEMO:
             memo.clear()
         memo[ip] = found
@@ -205,7 +232,9 @@ def _address(request: HttpRequest) -> str:
         if hop and not trusted_proxy(hop):
             # A proxy appends the address it saw, which is always valid; garbage here
             # means a misconfigured proxy: count the proxy itself rather than no one.
-            valid = len(hop) <= MAX_ADDRESS_LENGTH and _parse_address(hop) is not None
+            valid = len(hop) <= MAX_ADDRESS_LENGTH and (
+                ipv4_number(hop) is not None or _parse_address(hop) is not None
+            )
             return hop if valid else text
     return text
 

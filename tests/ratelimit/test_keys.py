@@ -510,6 +510,31 @@ def test_the_ipv4_fast_path_agrees_on_any_text(ip: str) -> None:
     assert addresses._masked(ip, 32, 128) == _masked_slowly(ip)
 
 
+def _trusted_slowly(ip: str, networks: list[str]) -> bool:
+    """Whether ``ip`` is in one of ``networks``, by ipaddress alone (the reference)."""
+    addr = addresses._parsed(ip.strip())
+    return addr is not None and any(
+        addr in addresses.unmap_network(ipaddress.ip_network(n)) for n in networks
+    )
+
+
+TRUSTED = ["10.0.0.0/8", "192.0.2.7/32", "::ffff:198.51.100.0/120", "2001:db8::/32"]
+
+
+@given(
+    st.ip_addresses(v=4).map(str)
+    | st.sampled_from(["10.0.0.1", "10.255.255.255", "11.0.0.0", "192.0.2.7", "192.0.2.8"])
+    | st.sampled_from(["198.51.100.9", "198.51.101.0", "::ffff:10.0.0.1", "2001:db8::1"])
+    | st.text(alphabet="0123456789.x: ", max_size=18)
+)
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_trusted_proxy_is_judged_as_ipaddress_judges_it(ip: str) -> None:
+    """The IPv4 fast path (a number against each network's number and mask) agrees with
+    ipaddress on every address and on text that is none, IPv4-mapped networks included."""
+    with override_settings(RATELIMIT_TRUSTED_PROXIES=TRUSTED):
+        assert keys.trusted_proxy(ip) == _trusted_slowly(ip, TRUSTED)
+
+
 def test_trusted_proxies_are_read_again_when_the_setting_changes() -> None:
     with override_settings(RATELIMIT_TRUSTED_PROXIES=["10.0.0.0/8"]):
         assert keys.trusted_proxy("10.1.2.3")

@@ -1,10 +1,9 @@
 """What a check keeps from one request to the next, and how much of it.
 
-A client's requests within one fine bucket make the same check: its limit keeps the
-:class:`~ratelimit_app.config.limits.Check` of each recent subject, and the sliding-window
-step the subject's namespace, plan and operation for the fine bucket (``RUNTIME.ready``). Both are
-bounded (a botnet of new subjects starts them over), and a settings change that may change
-a namespace forgets them.
+A check keeps nothing of its subject: the sliding-window step finds its limit's plan for the
+fine bucket (``RUNTIME.plans``, by the limit's scope), so a client never seen costs what a
+known one does. The plans are bounded by the limits (and a memo size), never by the
+subjects, and a settings change that may change a namespace forgets them.
 """
 
 from __future__ import annotations
@@ -27,41 +26,40 @@ def request(ip: str) -> Any:
     return RequestFactory().get("/", REMOTE_ADDR=ip)
 
 
-def test_a_limit_keeps_one_counted_check_per_subject(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_limit_keeps_no_check_per_subject() -> None:
     limit = limits.build("memo-checks", "ip", "5/m")
     first = limit.check(request("192.0.2.1"))
-    assert limit.check(request("192.0.2.1")) is first
-    assert limit.check(request("192.0.2.1"), increment=False) is not first  # a look: made
-    assert limit.check(request("192.0.2.2")) is not first
-    monkeypatch.setattr(limits, "CHECK_MEMO", 2)
-    limit.check(request("192.0.2.3"))
-    assert len(limit._checks) == 1  # full: started over
+    assert limit.check(request("192.0.2.1")) == first
+    assert not hasattr(limit, "_checks")
+    with frozen_clock(T0):
+        for i in range(200):
+            check_many([limit.check(request(f"198.51.100.{i}"))])  # type: ignore[list-item]
+    assert list(RUNTIME.plans) == [first.scope]  # type: ignore[union-attr]
 
 
-def test_a_check_finds_its_fine_bucket_made_and_a_new_bucket_makes_it_again() -> None:
+def test_every_subject_finds_its_limit_s_plan_and_a_new_bucket_makes_it_again() -> None:
     limit = limits.build("memo-ready", "ip", "5/m")
-    check = limit.check(request("192.0.2.10"))
-    assert check is not None
-    key = (check.scope, check.subject)
+    one, two = (limit.check(request(ip)) for ip in ("192.0.2.10", "192.0.2.11"))
+    assert one is not None and two is not None
     with frozen_clock(T0) as clock:
-        check_many([check])
-        made = RUNTIME.ready[key]
-        clock.advance(0.1)  # the same fine bucket (one second for '5/m')
-        check_many([check])
-        assert RUNTIME.ready[key] is made
+        check_many([one])
+        made = RUNTIME.plans[one.scope]
+        clock.advance(0.1)  # the same fine bucket (one second for '5/m'), another subject
+        check_many([two])
+        assert RUNTIME.plans[one.scope] is made
         clock.advance(1.0)  # the next one
-        check_many([check])
-        assert RUNTIME.ready[key] is not made
-        assert RUNTIME.ready[key][4] is not made[4]  # its plan
+        check_many([one])
+        assert RUNTIME.plans[one.scope] is not made
+        assert RUNTIME.plans[one.scope][2] is not made[2]  # its plan
 
 
-def test_the_ready_memo_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sliding_window, "READY_MEMO", 2)
-    limit = limits.build("memo-bounded", "ip", "5/m")
+def test_the_plans_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sliding_window, "PLAN_MEMO", 2)
     with frozen_clock(T0):
         for i in range(5):
-            check_many([limit.check(request(f"192.0.2.{20 + i}"))])  # type: ignore[list-item]
-            assert len(RUNTIME.ready) <= 2
+            limit = limits.build(f"memo-bounded-{i}", "ip", "5/m")
+            check_many([limit.check(request("192.0.2.20"))])  # type: ignore[list-item]
+            assert len(RUNTIME.plans) <= 2
 
 
 def test_a_new_secret_key_forgets_the_namespaces_made() -> None:
