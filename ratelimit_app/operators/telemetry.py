@@ -19,8 +19,10 @@ instruments, the scrape set-up and alerts.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import importlib.util
+import itertools
 import logging
 import os
 import threading
@@ -88,8 +90,123 @@ MAX_LABEL = 200
 #: two that every limit makes (the alerts of docs/observability.rst divide refusals by them).
 WELCOMED = (enforce.ADMITTED, enforce.REFUSED)
 
-Count = Callable[[], None]
+Count = Callable[[], object]
 Timing = Callable[[float], None]
+
+
+class Totals:
+    """Decisions counted in this process, by (limit, decision): a counter each
+    (``itertools.count``, whose step is one call in C and atomic under the GIL: a decision
+    costs no lock and no Python frame), read when the sink is collected."""
+
+    def __init__(self) -> None:
+        self._cells: dict[tuple[str, str], itertools.count[int]] = {}
+        self._lock = threading.Lock()
+
+    def cell(self, limit: str, decision: str) -> Count:
+        """What counts one decision of ``limit`` (a series from 0 from now on)."""
+        with self._lock:
+            found = self._cells.setdefault((limit, decision), itertools.count())
+        return found.__next__
+
+    def items(self) -> list[tuple[tuple[str, str], int]]:
+        """Each series and its count now."""
+        with self._lock:
+            cells = list(self._cells.items())
+        # A count's repr is ``count(n)``: n steps taken (read without stepping it).
+        return [(key, int(repr(cell)[6:-1])) for key, cell in cells]
+
+
+class _Timing:
+    """One backend's round trips: how many fell at or under each bound of
+    :data:`BACKEND_BUCKETS` (the last: over every bound), and their sum, under a lock
+    (prometheus-client's histogram takes a lock per bucket and per sum, and checks its
+    labels, on every observation)."""
+
+    __slots__ = ("counts", "lock", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BACKEND_BUCKETS) + 1)
+        self.total = 0.0
+        self.lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        at = bisect.bisect_left(BACKEND_BUCKETS, seconds)  # (a bucket holds what is <= it)
+        with self.lock:
+            self.counts[at] += 1
+            self.total += seconds
+
+    def read(self) -> tuple[list[tuple[str, float]], float]:
+        """The cumulative buckets (``le``, count) and the sum, as a histogram shows them."""
+        from prometheus_client.utils import floatToGoString
+
+        with self.lock:
+            counts, total = self.counts[:], self.total
+        buckets, seen = [], 0
+        for bound, n in zip((*BACKEND_BUCKETS, float("inf")), counts, strict=True):
+            seen += n
+            buckets.append((floatToGoString(bound), float(seen)))
+        return buckets, total
+
+
+class _Decisions:
+    """prometheus-client's collector of :data:`REQUESTS`, read from a :class:`Totals`."""
+
+    def __init__(self, totals: Totals) -> None:
+        self.totals = totals
+
+    def describe(self) -> list[Any]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Any]:
+        family = self._family()
+        for (limit, decision), n in self.totals.items():
+            family.add_metric([limit, decision], n)
+        yield family
+
+    @staticmethod
+    def _family() -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        return CounterMetricFamily(
+            REQUESTS, "Rate-limit decisions, by limit and decision.", labels=["limit", "decision"]
+        )
+
+
+class _Timings:
+    """prometheus-client's collector of :data:`BACKEND_SECONDS`: a :class:`_Timing` per
+    backend label."""
+
+    def __init__(self) -> None:
+        self._by: dict[str, _Timing] = {}
+        self._lock = threading.Lock()
+
+    def observer(self, backend: str) -> Timing:
+        with self._lock:
+            found = self._by.setdefault(backend, _Timing())
+        return found.observe
+
+    def describe(self) -> list[Any]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Any]:
+        family = self._family()
+        with self._lock:
+            found = list(self._by.items())
+        for backend, timing in found:
+            buckets, total = timing.read()
+            family.add_metric([backend], buckets, total)
+        yield family
+
+    @staticmethod
+    def _family() -> Any:
+        from prometheus_client.core import HistogramMetricFamily
+
+        return HistogramMetricFamily(
+            BACKEND_SECONDS,
+            "Round trip of a rate-limit check to its counters, in seconds.",
+            labels=["backend"],
+        )
 
 
 class Sink(Protocol):
@@ -104,25 +221,43 @@ class Sink(Protocol):
 
 class Prometheus:
     """The instruments in prometheus-client's default registry, or ``registry`` (made once
-    per registry: a second registration of a name is an error)."""
+    per registry: a second registration of a name is an error).
+
+    The decisions and the round trips are collectors of ours (:class:`Totals`,
+    :class:`_Timing`: a decision is one call in C, a round trip a lock and two additions),
+    read at each scrape; in prometheus-client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``),
+    where every worker's counts live in files, they are prometheus-client's own counter and
+    histogram."""
 
     def __init__(self, registry: Any = None) -> None:
-        from prometheus_client import REGISTRY, Counter, Histogram
+        from prometheus_client import REGISTRY, Counter, Histogram, values
 
         at = REGISTRY if registry is None else registry
-        self.requests = Counter(
-            REQUESTS,
-            "Rate-limit decisions, by limit and decision.",
-            ["limit", "decision"],
-            registry=at,
-        )
-        self.seconds = Histogram(
-            BACKEND_SECONDS,
-            "Round trip of a rate-limit check to its counters, in seconds.",
-            ["backend"],
-            buckets=BACKEND_BUCKETS,
-            registry=at,
-        )
+        #: Whether the counts live in prometheus-client's files (its multiprocess mode).
+        self.shared = values.ValueClass is not values.MutexValue
+        self.totals = Totals()
+        self.timings = _Timings()
+        self.requests: Any
+        self.seconds: Any
+        if self.shared:
+            self.requests = Counter(
+                REQUESTS,
+                "Rate-limit decisions, by limit and decision.",
+                ["limit", "decision"],
+                registry=at,
+            )
+            self.seconds = Histogram(
+                BACKEND_SECONDS,
+                "Round trip of a rate-limit check to its counters, in seconds.",
+                ["backend"],
+                buckets=BACKEND_BUCKETS,
+                registry=at,
+            )
+        else:
+            self.requests = _Decisions(self.totals)
+            self.seconds = self.timings
+            at.register(self.requests)
+            at.register(self.seconds)
         self.errors = Counter(
             BACKEND_ERRORS, "Rate-limit checks whose counters failed.", ["backend"], registry=at
         )
@@ -134,11 +269,15 @@ class Prometheus:
         )
 
     def decision(self, limit: str, decision: str) -> Count:
-        return self.requests.labels(limit, decision).inc
+        if self.shared:
+            return self.requests.labels(limit, decision).inc
+        return self.totals.cell(limit, decision)
 
     def trip(self, backend: str) -> tuple[Timing, Count]:
         errors = self.errors.labels(backend)
-        return self.seconds.labels(backend).observe, errors.inc
+        if self.shared:
+            return self.seconds.labels(backend).observe, errors.inc
+        return self.timings.observer(backend), errors.inc
 
     def skipped(self, limit: str) -> Count:
         return self.skipped_bans.labels(limit).inc
@@ -157,15 +296,12 @@ class OpenTelemetry:
 
         if meter is None:
             meter = metrics.get_meter("bucketry")
-        self._totals: dict[tuple[str, str], list[int]] = {}
-        self._lock = threading.Lock()
+        self.totals = Totals()
 
         def totals(options: Any) -> list[Any]:
-            with self._lock:
-                found = [(key, cell[0]) for key, cell in self._totals.items()]
             return [
                 metrics.Observation(n, {"limit": limit, "decision": decision})
-                for (limit, decision), n in found
+                for (limit, decision), n in self.totals.items()
             ]
 
         meter.create_observable_counter(
@@ -189,15 +325,7 @@ class OpenTelemetry:
         RECORDER.start()
 
     def decision(self, limit: str, decision: str) -> Count:
-        with self._lock:
-            cell = self._totals.setdefault((limit, decision), [0])
-        lock = self._lock
-
-        def count() -> None:
-            with lock:
-                cell[0] += 1
-
-        return count
+        return self.totals.cell(limit, decision)
 
     def trip(self, backend: str) -> tuple[Timing, Count]:
         attributes = {"backend": backend}
@@ -292,8 +420,10 @@ class Telemetry:
 
     def __init__(self, sinks: list[Sink]) -> None:
         self.sinks = sinks
-        self._counts: dict[tuple[str, str], list[Count]] = {}
-        self._trips: dict[type, tuple[list[Timing], list[Count]]] = {}
+        #: What counts a decision in every sink, by (limit, decision); what times a round
+        #: trip and counts a failed one in every sink, by backend class.
+        self._counts: dict[tuple[str, str], Count] = {}
+        self._trips: dict[type, tuple[Timing, Count]] = {}
         #: The configuration in force whose limits were last welcomed (a new one, after a
         #: change of settings or of the database's rules, is welcomed on the next verdict).
         self._config: object = None
@@ -331,20 +461,19 @@ class Telemetry:
             decision = enforce.outcome(d, verdict)
             if decision is None:
                 continue
-            key = (enforce.limit_name(d), decision)
-            bound = counts.get(key)
-            if bound is None:
+            key = (d.name or d.limit.group, decision)  # (enforce.limit_name, without a call)
+            count = counts.get(key)
+            if count is None:
                 # First seen (a decorator's group, a throttle's scope): its refusals start
                 # from 0 too.
                 self.welcome([key[0]])
-                bound = self._bound(key)
-            for count in bound:
-                count()
+                count = self._bound(key)
+            count()
 
-    def _bound(self, key: tuple[str, str]) -> list[Count]:
+    def _bound(self, key: tuple[str, str]) -> Count:
         bound = self._counts.get(key)
         if bound is None:
-            found = [s.decision(label(key[0]), key[1]) for s in self.sinks]
+            found = _every([s.decision(label(key[0]), key[1]) for s in self.sinks])
             bound = self._bind(self._counts, key, found)
         return bound
 
@@ -360,22 +489,21 @@ class Telemetry:
             return
         self._trip_bound(cls)
 
-    def _trip_bound(self, cls: type) -> tuple[list[Timing], list[Count]]:
+    def _trip_bound(self, cls: type) -> tuple[Timing, Count]:
         bound = self._trips.get(cls)
         if bound is None:
             found = [s.trip(backend_kind(cls)) for s in self.sinks]
-            bound = self._bind(self._trips, cls, ([t for t, _ in found], [e for _, e in found]))
+            timings = _every([t for t, _ in found])
+            bound = self._bind(self._trips, cls, (timings, _every([e for _, e in found])))
         return bound
 
     def trip(self, backend: Backend, seconds: float, failed: bool) -> None:
         """A hook of ``HOOKS.trips``: the round trip's time, and an error
         when it failed."""
         bound = self._trips.get(type(backend)) or self._trip_bound(type(backend))
-        for timing in bound[0]:
-            timing(seconds)
+        bound[0](seconds)
         if failed:
-            for error in bound[1]:
-                error()
+            bound[1]()
 
     def ban_skipped(self, sender: Any = None, limit: str = "", **kwargs: Any) -> None:
         """:data:`~ratelimit_app.signals.ban_skipped`: a ban not made (rare: no binding)."""
@@ -387,6 +515,19 @@ class Telemetry:
         if len(cache) < MAX_BOUND:
             cache[key] = value
         return value
+
+
+def _every(calls: list[Callable[..., Any]]) -> Callable[..., Any]:
+    """One call that makes each of ``calls`` with its arguments (the one itself, when one:
+    a decision in one sink is one call)."""
+    if len(calls) == 1:
+        return calls[0]
+
+    def every(*args: Any) -> None:
+        for call in calls:
+            call(*args)
+
+    return every
 
 
 def label(text: str) -> str:

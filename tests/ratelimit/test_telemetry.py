@@ -289,7 +289,8 @@ def test_no_subject_or_path_reaches_a_label(client: Client, name: str) -> None:
 def test_a_label_is_short_and_encodable(group: str, expected: str) -> None:
     assert telemetry.label(group) == expected
     sink = telemetry.Prometheus.__new__(telemetry.Prometheus)  # the registered counters
-    sink.requests = REGISTRY._names_to_collectors[REQUESTS]  # type: ignore[assignment]
+    sink.shared = False
+    sink.totals = REGISTRY._names_to_collectors[REQUESTS].totals  # type: ignore[attr-defined]
     sink.decision(telemetry.label(group), "admitted")()
     generate_latest()  # the whole scrape still encodes
 
