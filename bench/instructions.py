@@ -20,7 +20,13 @@ Cases: ``plain`` (the plain view), ``floor`` (one round trip and visit counting,
 case) and ``rules-refused`` (the same while this process remembers a refusal of another
 client, as on any site that refused anyone lately; the load bench's floods leave that).
 
-Run: ``python -m bench.instructions [--base REV] [--cases plain,floor,rules,rules-refused]``.
+``one-rule`` is one rule alone (what each further matching rule adds: ``rules`` has three).
+With ``--clients one,new,zipf`` each case is counted for the bench's one client, for a new
+client on every request and for a Zipf mix over 100,000 addresses (the crowds' requests
+counted alone: ``late``).
+
+Run: ``python -m bench.instructions [--base REV] [--cases plain,floor,rules,rules-refused]
+[--clients one,new,zipf]``.
 Needs valgrind (Debian's ``valgrind``). ``--base`` counts the code of a git revision too.
 """
 
@@ -29,10 +35,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -46,12 +54,18 @@ CASES = {
     "floor": "/bench/floor/counted/",
     "rules": "/bench/rules/counted/",
     "rules-refused": "/bench/rules/counted/",
+    "one-rule": "/bench/one/counted/",
     "leaky": "/bench/leaky/counted/",
 }
 #: The cases counted unless others are asked for (``leaky``: :mod:`bench.claims.memos`).
 DEFAULT_CASES = ("plain", "floor", "rules", "rules-refused")
 #: Requests counted in the two runs of a case; the warm-up before them.
 N1, N2, WARMUP = 100, 500, 600
+#: The crowds a case may be counted for besides the bench's one client (``--clients``):
+#: ``new``, a new client on every request; ``zipf``, a Zipf mix (s = :data:`ZIPF_S`) over
+#: :data:`ZIPF_N` addresses, most of them seen once or rarely.
+WORKLOADS: dict[str, bool | str] = {"one": False, "new": True, "zipf": "zipf"}
+ZIPF_N, ZIPF_S = 100_000, 1.1
 T0 = 1_780_000_000.0
 
 #: What runs under valgrind: ``python -c CHILD CASE N``, in the tree to count.
@@ -136,6 +150,11 @@ if SETUP:  # the caller's set-up (a database's rows in force, ...), once before 
     exec(SETUP)
 # With CLIENTS, every request from a new client, through the trusted proxy: 10.0.0.1, ...
 clients = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in itertools.count(1))
+if CLIENTS == "zipf":  # drawn before: a Zipf mix (s = ZIPF_S) over ZIPF_N addresses
+    import random
+    ranks = random.Random(37).choices(range(1, ZIPF_N + 1), k=WARMUP + n,
+        cum_weights=list(itertools.accumulate(1 / k ** ZIPF_S for k in range(1, ZIPF_N + 1))))
+    clients = iter([f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in ranks])
 def client():
     return next(clients) if CLIENTS else None
 for _ in range(WARMUP):
@@ -187,7 +206,7 @@ def count(
     out_dir: str,
     warmup: int = WARMUP,
     setup: str = "",
-    clients: bool = False,
+    clients: bool | str = False,
     late: bool = False,
     layout: int = 0,
 ) -> int:
@@ -195,7 +214,8 @@ def count(
 
     ``setup``: Python run in the child once, after Django's set-up and before the warm-up
     (its names: ``get``, ``app``, ``now``...); ``clients``: every request (warm-up
-    included) from a new client address, 10.0.0.1 counting up, in X-Forwarded-For;
+    included) from a new client address, 10.0.0.1 counting up, in X-Forwarded-For (``"zipf"``:
+    from a Zipf mix over :data:`ZIPF_N` addresses, drawn with a fixed seed);
     ``late``: count the counted requests only (``callgrind --instr-atstart=no``, then
     ``callgrind_control -i on`` after the warm-up, and collected inside
     :data:`_COUNTED_IN` only): the start, the set-up and the warm-up run several times
@@ -205,6 +225,7 @@ def count(
     child = f"T0 = {T0!r}\nWARMUP = {warmup}\nPATHS = {CASES!r}\n" + CHILD
     if setup or clients or late:
         options = f"SETUP = {setup!r}\nCLIENTS = {clients!r}\nLATE = {late!r}\n"
+        options += f"ZIPF_N = {ZIPF_N}\nZIPF_S = {ZIPF_S}\n"
         child = child.replace(_COUNTED, options + _COUNTED_WITH_OPTIONS)
     if layout:
         child = f"LAYOUT = {layout}\n" + _LAYOUT + child
@@ -244,7 +265,7 @@ def per_request(
     out_dir: str,
     sizes: tuple[int, int, int],
     setup: str = "",
-    clients: bool = False,
+    clients: bool | str = False,
     late: bool = False,
     layout: int = 0,
 ) -> float:
@@ -256,17 +277,26 @@ def per_request(
     return (more - count(tree, env, case, n1, out_dir, warmup, *options)) / (n2 - n1)
 
 
+Counts = dict[str, dict[tuple[str, str], float]]
+
+
 def run(
     cases: Sequence[str],
     base: str | None = None,
     sizes: tuple[int, int, int] = (N1, N2, WARMUP),
-) -> dict[str, dict[str, float]]:
-    """Instructions per request of each case: ``{side: {case: count}}`` (``head``: this
-    tree; ``base``: the revision ``base``, when given). ``sizes``: N1, N2 and the warm-up."""
+    workloads: Sequence[str] = ("one",),
+) -> Counts:
+    """Instructions per request of each case for each workload (:data:`WORKLOADS`):
+    ``{side: {(case, workload): count}}`` (``head``: this tree; ``base``: the revision
+    ``base``, when given, with this tree's bench site). ``sizes``: N1, N2 and the warm-up.
+    A crowd's cases count the requests only (``late``)."""
     require_binary("valgrind")
-    unknown = [c for c in cases if c not in CASES]
+    unknown = [c for c in cases if c not in CASES] + [w for w in workloads if w not in WORKLOADS]
     if unknown:
-        raise ValueError(f"unknown cases {unknown}; the cases are {', '.join(CASES)}")
+        raise ValueError(
+            f"unknown cases or workloads {unknown}; the cases are {', '.join(CASES)}, "
+            f"the workloads {', '.join(WORKLOADS)}"
+        )
     with ExitStack() as stack:
         state = stack.enter_context(tempfile.TemporaryDirectory(prefix="bucketry-instr-"))
         url, _ = load.start_database("sqlite", state, stack)
@@ -275,25 +305,41 @@ def run(
         trees = {"head": load.ROOT}
         if base is not None:
             trees["base"] = export(base, state)
-        return {
-            side: {case: per_request(tree, env, case, state, sizes) for case in cases}
-            for side, tree in trees.items()
-        }
+            for site in SITE:  # the same site (its rules and URLs), the other revision's code
+                shutil.copy(load.ROOT / site, trees["base"] / site)
+
+        def one(tree: Path, case: str, workload: str) -> float:
+            crowd = WORKLOADS[workload]
+            out = os.path.join(state, f"{tree.name}-{case}-{workload}")
+            os.makedirs(out, exist_ok=True)
+            return per_request(tree, env, case, out, sizes, "", crowd, bool(crowd))
+
+        jobs = [(side, c, w) for side in trees for c in cases for w in workloads]
+        # Two at a time: each count is one process (valgrind runs one thread at a time).
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            found = list(pool.map(lambda job: one(trees[job[0]], job[1], job[2]), jobs))
+        counts: Counts = {side: {} for side in trees}
+        for (side, c, w), n in zip(jobs, found, strict=True):
+            counts[side][(c, w)] = n
+        return counts
 
 
-def render(counts: dict[str, dict[str, float]], base: str | None) -> str:
-    cases = list(counts["head"])
-    floor = counts["head"].get("floor")
+#: The bench site's modules a base revision is counted with (this tree's).
+SITE = ("bench/load_site.py", "bench/load_urls.py")
+
+
+def render(counts: Counts, base: str | None) -> str:
     rows = []
-    for case in cases:
-        head = counts["head"][case]
-        row: list[object] = [case, f"{head / 1000:.1f}k"]
+    for case, workload in counts["head"]:
+        head = counts["head"][(case, workload)]
+        floor = counts["head"].get(("floor", workload))
+        row: list[object] = [case, workload, f"{head / 1000:.1f}k"]
         row.append("-" if floor is None or case == "floor" else f"{(head - floor) / 1000:.1f}k")
         if "base" in counts:
-            was = counts["base"][case]
+            was = counts["base"][(case, workload)]
             row += [f"{was / 1000:.1f}k", f"{head / was:.3f}"]
         rows.append(row)
-    header = ["case", "instructions", "over the floor"]
+    header = ["case", "clients", "instructions", "over the floor"]
     if "base" in counts:
         header += [f"base ({base})", "head / base"]
     return table("Instructions per request (callgrind; in-process, deterministic)", header, rows)
@@ -303,8 +349,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", help="a git revision to count as well")
     parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help="comma-separated")
+    parser.add_argument(
+        "--clients",
+        default="one",
+        help="comma-separated: one (the bench's client), new (a new client every request), "
+        "zipf (a Zipf mix over 100,000 addresses)",
+    )
     args = parser.parse_args(argv)
-    counts = run(args.cases.split(","), args.base)
+    counts = run(args.cases.split(","), args.base, workloads=args.clients.split(","))
     print(render(counts, args.base))
 
 

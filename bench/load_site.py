@@ -41,6 +41,8 @@ RATELIMIT_RULES = [
     {"name": "bench-ip-m", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/m"},
     {"name": "bench-email-h", "path": RULES_PATH, "key": "email", "rate": f"{HUGE}/h"},
     {"name": "bench-ip-d", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/d"},
+    # One rule alone (bench.instructions' one-rule case: what each further rule adds).
+    {"name": "bench-one", "path": "/bench/one/", "key": "ip", "rate": f"{HUGE}/m"},
     # One leaky bucket (bench.claims.memos: its check has no ready memo of its own).
     {
         "name": "bench-leaky",

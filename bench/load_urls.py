@@ -45,6 +45,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     # RATELIMIT_RULES match path prefixes: both are behind the bench's three rules.
     path("bench/rules/", csrf_exempt(plain)),
     path("bench/rules/counted/", csrf_exempt(counted)),
+    path("bench/one/counted/", csrf_exempt(counted)),
     path("bench/django-ratelimit/", csrf_exempt(decorated)),
     # Behind the bench's leaky bucket (bench.claims.memos).
     path("bench/leaky/counted/", csrf_exempt(counted)),

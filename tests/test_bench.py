@@ -304,16 +304,19 @@ def test_instructions_are_counted_per_request() -> None:
     refusal remembered while three rules check) is a whole request's count."""
     with pytest.raises(ValueError, match="unknown cases"):
         instructions.run(["no-such-case"])
+    with pytest.raises(ValueError, match="no-such-crowd"):
+        instructions.run(["rules"], workloads=["no-such-crowd"])
     if find_binary("valgrind") is None:
         missing = MissingServerBinary("valgrind", PACKAGES["valgrind"])
         if in_ci():
             pytest.fail(f"CI=true and {missing}", pytrace=False)
         pytest.skip(str(missing))
-    counts = instructions.run(["rules-refused"], sizes=(2, 6, 3))
-    cost = counts["head"]["rules-refused"]
-    assert 100_000 < cost < 10_000_000  # a whole request through Django: not 0, not a crash
+    counts = instructions.run(["rules-refused"], sizes=(2, 6, 3), workloads=("one", "zipf"))
+    for workload in ("one", "zipf"):  # the bench's client, and a Zipf mix of addresses
+        cost = counts["head"][("rules-refused", workload)]
+        assert 100_000 < cost < 10_000_000  # a whole request through Django: not 0, not a crash
     text = instructions.render(counts, None)
-    assert "rules-refused" in text and "instructions" in text
+    assert "rules-refused" in text and "zipf" in text and "instructions" in text
 
 
 @pytest.mark.slow

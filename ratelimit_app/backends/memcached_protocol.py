@@ -276,7 +276,17 @@ def _read(reply: bytes, increments: int, reads: int) -> list[int]:
         raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
     if not found:  # nothing there but what was written (a new or quiet subject)
         return counts + [0] * reads if reads else counts
-    tokens = b" ".join(heads[increments:]).split(b" ")
+    return _placed(reply, heads[increments:], counts, increments, reads)
+
+
+def _placed(
+    reply: bytes, heads: list[bytes], counts: list[int], increments: int, reads: int
+) -> list[int]:
+    """The increments' answers, then each read's count in its place (0 where ``heads``,
+    the reads that found their bucket, mark none), from ``counts`` in the order of the
+    reply. Raises :class:`ReplyError` for a mark out of order or of no read asked."""
+    found = len(heads)
+    tokens = b" ".join(heads).split(b" ")
     marks = b" ".join(tokens[2::3])
     try:
         if len(tokens) != 3 * found or not marks.startswith(b"O"):

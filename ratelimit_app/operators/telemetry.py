@@ -152,8 +152,13 @@ class _Timing:
 class _Decisions:
     """prometheus-client's collector of :data:`REQUESTS`, read from a :class:`Totals`."""
 
-    def __init__(self, totals: Totals) -> None:
-        self.totals = totals
+    def __init__(self, sink: Prometheus) -> None:
+        self.sink = sink
+
+    @property
+    def totals(self) -> Totals:
+        """The decisions its sink reads (shared with the other sinks of its telemetry)."""
+        return self.sink.totals
 
     def describe(self) -> list[Any]:
         return [self._family()]
@@ -254,7 +259,7 @@ class Prometheus:
                 registry=at,
             )
         else:
-            self.requests = _Decisions(self.totals)
+            self.requests = _Decisions(self)
             self.seconds = self.timings
             at.register(self.requests)
             at.register(self.seconds)
@@ -420,6 +425,12 @@ class Telemetry:
 
     def __init__(self, sinks: list[Sink]) -> None:
         self.sinks = sinks
+        #: The decisions counted, shared by every sink that reads them at its collection
+        #: (a decision is then one count, whatever the sinks).
+        self.totals = Totals()
+        for sink in sinks:
+            if hasattr(sink, "totals"):
+                sink.totals = self.totals
         #: What counts a decision in every sink, by (limit, decision); what times a round
         #: trip and counts a failed one in every sink, by backend class.
         self._counts: dict[tuple[str, str], Count] = {}
@@ -520,6 +531,7 @@ class Telemetry:
 def _every(calls: list[Callable[..., Any]]) -> Callable[..., Any]:
     """One call that makes each of ``calls`` with its arguments (the one itself, when one:
     a decision in one sink is one call)."""
+    calls = list(dict.fromkeys(calls))  # (sinks that share a count count it once)
     if len(calls) == 1:
         return calls[0]
 
