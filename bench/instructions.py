@@ -285,11 +285,14 @@ def run(
     base: str | None = None,
     sizes: tuple[int, int, int] = (N1, N2, WARMUP),
     workloads: Sequence[str] = ("one",),
+    exporters: bool = True,
 ) -> Counts:
     """Instructions per request of each case for each workload (:data:`WORKLOADS`):
     ``{side: {(case, workload): count}}`` (``head``: this tree; ``base``: the revision
     ``base``, when given, with this tree's bench site). ``sizes``: N1, N2 and the warm-up.
-    A crowd's cases count the requests only (``late``)."""
+    A crowd's cases count the requests only (``late``). ``exporters=False``: the
+    exporters' hooks are taken out after one request (the site installs both libraries'),
+    as on a site without them."""
     require_binary("valgrind")
     unknown = [c for c in cases if c not in CASES] + [w for w in workloads if w not in WORKLOADS]
     if unknown:
@@ -312,7 +315,8 @@ def run(
             crowd = WORKLOADS[workload]
             out = os.path.join(state, f"{tree.name}-{case}-{workload}")
             os.makedirs(out, exist_ok=True)
-            return per_request(tree, env, case, out, sizes, "", crowd, bool(crowd))
+            setup = "" if exporters else WITHOUT_EXPORTERS
+            return per_request(tree, env, case, out, sizes, setup, crowd, bool(crowd or setup))
 
         jobs = [(side, c, w) for side in trees for c in cases for w in workloads]
         # Two at a time: each count is one process (valgrind runs one thread at a time).
@@ -324,6 +328,13 @@ def run(
         return counts
 
 
+#: Run before the warm-up to count a case without the exporters: one request connects
+#: them, then their hooks are taken out.
+WITHOUT_EXPORTERS = """get(path)
+from ratelimit_app.engine.checking import HOOKS
+HOOKS.observers.clear()
+HOOKS.trips.clear()
+"""
 #: The bench site's modules a base revision is counted with (this tree's).
 SITE = ("bench/load_site.py", "bench/load_urls.py")
 
@@ -355,8 +366,18 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated: one (the bench's client), new (a new client every request), "
         "zipf (a Zipf mix over 100,000 addresses)",
     )
+    parser.add_argument(
+        "--without-exporters",
+        action="store_true",
+        help="take the exporters' hooks out (the site installs both libraries')",
+    )
     args = parser.parse_args(argv)
-    counts = run(args.cases.split(","), args.base, workloads=args.clients.split(","))
+    counts = run(
+        args.cases.split(","),
+        args.base,
+        workloads=args.clients.split(","),
+        exporters=not args.without_exporters,
+    )
     print(render(counts, args.base))
 
 

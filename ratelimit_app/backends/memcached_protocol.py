@@ -150,11 +150,12 @@ class CheckCommand:
         """Every op's values, in the order of its plan's reads. Raises :class:`ReplyError`.
 
         The reply: the misses of the quiet decrements (``NF``), a ``VA <length>`` line and
-        the new value for each increment, in the order sent, then for each read either
-        ``VA <length>`` and the bucket's count or ``EN`` (a bucket missing: 0), in the order
-        asked, and ``MN``. Read by position: a reply short of one answer per increment and
-        read (a lost write, an error line) is an error, never some bucket's count. A bucket
-        an op writes is read from its increment's answer.
+        the new value for each increment, in the order sent, then ``VA <length> O<place>``
+        and the count of each read that found its bucket (a miss answers nothing: 0), in
+        the order asked, and ``MN`` (:func:`_read`). Read by place: a reply short of one
+        answer per increment (a lost write, an error line), or with a read's answer out of
+        place, is an error, never some bucket's count. A bucket an op writes is read from
+        its increment's answer.
         """
         values = _read(reply, self.increments, len(self.keys))
         picks = self.picks
@@ -260,10 +261,12 @@ def _read(reply: bytes, increments: int, reads: int) -> list[int]:
     lines = reply.split(b"\r\n")
     heads, data = lines[0:-2:2], lines[1:-2:2]
     found = len(heads) - increments  # reads that found their bucket
+    joined = b"\n" + b"\n".join(heads)
     if (
         len(lines) % 2
         or found < 0
-        or (b"\n" + b"\n".join(heads)).count(b"\nVA ") != len(heads)
+        or joined.count(b"\nVA ") != len(heads)
+        or joined.count(b" O") != found  # (a read's answer among the increments': one lost)
         or lines[-2] != b"MN"
         or lines[-1]
     ):

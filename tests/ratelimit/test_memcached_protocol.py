@@ -489,6 +489,8 @@ def test_a_missing_increment_reply_is_a_lost_write() -> None:
     assert made.parse(va(*answered) + reads_reply(made, {}))
     for reply in (
         va(*answered[1:]) + reads_reply(made, {}),  # one increment did not answer
+        # ... and a read's answer stands where its answer would be
+        va(*answered[1:]) + reads_reply(made, {BASE_A + enc.reads[-1]: b"1"}),
         b"NS\r\n" + va(*answered[1:]) + reads_reply(made, {}),  # one did not store
         b"SERVER_ERROR out of memory\r\n" + reads_reply(made, {}),
     ):
