@@ -39,10 +39,12 @@ def _key(i: int) -> bytes:
 
 
 def command() -> bytes:
-    """The bytes the floor sends: the increments, then one multi-get (the increments' keys,
-    which hit, and others, which miss, as in a young window)."""
+    """The bytes the floor sends, as the limiter sends them: the increments, then a quiet
+    meta read of each key marked with its place (the increments' keys, which hit, and
+    others, which miss, as in a young window), then ``mn``."""
     writes = b"".join(b"ma %s N62 J1 v\r\n" % _key(i) for i in range(INCREMENTS))
-    return writes + b"get " + b" ".join(_key(i) for i in range(READS)) + b"\r\n"
+    reads = b"".join(b"mg %s v q O%d\r\n" % (_key(i), i) for i in range(READS))
+    return writes + reads + b"mn\r\n"
 
 
 COMMAND = command()
@@ -84,7 +86,7 @@ class RoundTripFloor:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(COMMAND)
         reply = self.sock.recv(65536)
-        while not reply.endswith(b"END\r\n"):
+        while not reply.endswith(b"MN\r\n"):
             chunk = self.sock.recv(65536)
             if not chunk:
                 raise ConnectionError("memcached closed the connection")

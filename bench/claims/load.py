@@ -91,8 +91,12 @@ TARGET = 0.5
 FLOOD_TARGET = 0.9
 #: ... and at least this many times django-ratelimit's refusals (its 403s).
 FLOOD_PEER_TARGET = 1.8
-#: The botnet's clients, each over its limit.
+#: A crowd's 429s at least this share of the plain view's throughput (issue 37).
+CROWD_TARGET = 0.85
+#: The botnet's clients, each over its limit; a crowd's (issue 37's flood of 20,000
+#: addresses, most of them new to a process's memos).
 BOTNET_CLIENTS = 200
+CROWD_CLIENTS = 20_000
 LINK_KEY = "bench"
 LINK_URL = "https://example.com/"
 FORM = "email=bench%40example.com&password=x"
@@ -169,6 +173,14 @@ CASES = (
         clients=BOTNET_CLIENTS,
     ),
     Case(
+        "crowd",
+        f"crowd: {CROWD_CLIENTS} clients over a rule (429)",
+        "/bench/botnet/",
+        rules=("bench-botnet",),
+        status=429,
+        clients=CROWD_CLIENTS,
+    ),
+    Case(
         "django-ratelimit-flood",
         "flood: 1 client over a django-ratelimit decorator (403)",
         "/bench/django-ratelimit/flood/",
@@ -184,6 +196,7 @@ RUN_ORDER = (
     "flood",
     "django-ratelimit-flood",
     "botnet",
+    "crowd",
     TARGET_CASE,
     "floor",
     "rules",
@@ -328,6 +341,7 @@ class Report:
         """(what, measured, target, met, the ratio in each round) of every target."""
         plain, flood = self.row("plain"), self.row("flood")
         botnet, peer = self.row("botnet"), self.row("django-ratelimit-flood")
+        crowd = self.row("crowd")
         target = self.row(TARGET_CASE)
         return [
             (
@@ -352,6 +366,12 @@ class Report:
                         botnet,
                         plain,
                         FLOOD_TARGET,
+                    ),
+                    (
+                        f"crowd ({CROWD_CLIENTS} clients): 429s / plain view rps",
+                        crowd,
+                        plain,
+                        CROWD_TARGET,
                     ),
                     ("flood: our 429s / django-ratelimit's 403s", flood, peer, FLOOD_PEER_TARGET),
                 )
