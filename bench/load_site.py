@@ -43,7 +43,7 @@ RATELIMIT_RULES = [
     {"name": "bench-ip-d", "path": RULES_PATH, "key": "ip", "rate": f"{HUGE}/d"},
     # One rule alone (bench.instructions' one-rule case: what each further rule adds).
     {"name": "bench-one", "path": "/bench/one/", "key": "ip", "rate": f"{HUGE}/m"},
-    # One leaky bucket (bench.claims.memos: its check has no ready memo of its own).
+    # One leaky bucket (bench.claims.memos: the memos its check reads).
     {
         "name": "bench-leaky",
         "path": "/bench/leaky/",

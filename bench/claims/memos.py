@@ -80,7 +80,7 @@ NOISE = 3_000
 WORKLOADS = {"one client": False, "a crowd": True}
 #: The cases (:data:`bench.instructions.CASES`) and the memos turned off in each: the
 #: ``leaky`` case (one leaky-bucket rule) for the memos its check reads (a leaky bucket's
-#: check has no ready memo: it reads the namespaces' on every request).
+#: check reads the namespaces' memo on every request).
 CASES = {
     "rules": tuple(MEMOS),
     "leaky": (

@@ -1,7 +1,7 @@
 """memcached through pymemcache clients: one pipelined round trip a check.
 
 What the round trips say is :mod:`.memcached_protocol`'s: a check is one write of every
-subject's increments and one multi-get of their buckets, a leaky bucket is compare-and-set
+subject's increments and a quiet read of each other bucket, a leaky bucket is compare-and-set
 with the meta commands. This module holds the servers: the nodes and their idle connections
 (:class:`_Idle`), which node a subject lives on, and what happens when one fails.
 
@@ -90,7 +90,7 @@ def _exchange(client: Any, command: bytes, end: bytes, count: int = 1) -> bytes:
     """One round trip on a pymemcache connection, for replies of any length.
 
     pymemcache's ``raw_command`` keeps only the last socket read of a reply (4 KiB), which
-    cuts the multi-get of a busy subject, so the limiter reads on the client's socket itself.
+    cuts the reads of a busy subject, so the limiter reads on the client's socket itself.
     The reply is complete when it ends with ``end`` and holds ``count`` of them. A failure
     propagates, and the pool then drops the connection.
     """

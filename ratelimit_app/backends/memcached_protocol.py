@@ -6,12 +6,15 @@ nodes, their connections and the failover).
 of a request on one node: per subject, quiet decrements that take back a refused hit
 (``ma <key> MD q``: only a miss answers, ``NF``), then increments (``ma <key> N<ttl> J1 v``:
 created with the TTL on a miss, answering ``VA`` and the new value), and after all of them
-ONE ``get`` of every other bucket the subjects read. A bucket a subject writes is read from
-its increment's answer: its count with this hit and every hit counted before it (a later
-hit on that bucket sees this one in its own answer, so of two concurrent hits the later
-sees the earlier, as with a read). memcached answers a connection's commands in order, so
-the ``get`` sees the increments, and one ``get`` is one reply to wait for. The ``VA``
-replies prove that each write landed: a bucket is never read as zero after a failed write.
+a quiet read of every other bucket the subjects read, marked with its place (``mg <key> v
+q O<i>``: a miss answers nothing, a hit ``VA <length> O<i>`` and the count), then ``mn``,
+whose ``MN`` ends the one reply to wait for. A bucket a subject writes is read from its
+increment's answer: its count with this hit and every hit counted before it (a later hit on
+that bucket sees this one in its own answer, so of two concurrent hits the later sees the
+earlier, as with a read). memcached answers a connection's commands in order, so the reads
+see the increments. The ``VA`` replies prove that each write landed: a bucket is never read
+as zero after a failed write. Every request whose checks have the same plans, counts and
+costs sends the same command but for its subjects' namespaces (:func:`shape`).
 A request of cost ``a`` adds and takes back ``a`` in one command a bucket all the same
 (``ma <key> N<ttl> J<a> D<a> v``, ``ma <key> MD D<a> q``).
 
