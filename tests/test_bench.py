@@ -311,10 +311,11 @@ def test_instructions_are_counted_per_request() -> None:
         if in_ci():
             pytest.fail(f"CI=true and {missing}", pytrace=False)
         pytest.skip(str(missing))
-    counts = instructions.run(["rules-refused"], sizes=(2, 6, 3), workloads=("one", "zipf"))
-    for workload in ("one", "zipf"):  # the bench's client, and a Zipf mix of addresses
-        cost = counts["head"][("rules-refused", workload)]
-        assert 100_000 < cost < 10_000_000  # a whole request through Django: not 0, not a crash
+    # The Zipf mix only (the bench's one client takes the same path with no crowd set-up):
+    # each workload is two runs under valgrind, the slowest part of this test.
+    counts = instructions.run(["rules-refused"], sizes=(2, 6, 3), workloads=("zipf",))
+    cost = counts["head"][("rules-refused", "zipf")]
+    assert 100_000 < cost < 10_000_000  # a whole request through Django: not 0, not a crash
     text = instructions.render(counts, None)
     assert "rules-refused" in text and "zipf" in text and "instructions" in text
 
