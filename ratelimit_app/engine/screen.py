@@ -57,25 +57,25 @@ def screen(
     for the bans is kept in ``subjects`` for the rules keyed on it. A ban on every path is
     found by the address itself (unsealed from its row by :mod:`ratelimit_app.store`): a
     dictionary look-up, no hash."""
-    allow, deny = current.allow, current.deny
-    lists = current.lists and bool(allow.networks or allow.users or deny.networks or deny.users)
-    address = None
-    if lists and (allow.networks or deny.networks):
-        address = addresses.client_address(request)
     banned = None
-    if current.site_bans:
+    if current.site_bans:  # (the address's subject is the "ip" key's: no reader made)
         subject = subjects.get("ip")
         if subject is None:
             try:
-                subject = subjects["ip"] = keys.subject("ip", "", request)
+                subject = subjects["ip"] = ("ip", keys.client_ip(request))
             except Exception:  # no address: the rules say what to do
                 subject = None
         if subject is not None:
             banned = current.bans.site.get(subject[1])
-    if lists:
-        listed = _listed(request, current, rules, address)
-        if listed is not None:
-            return listed
+    if current.lists:
+        allow, deny = current.allow, current.deny
+        if allow.networks or allow.users or deny.networks or deny.users:
+            address = None
+            if allow.networks or deny.networks:
+                address = addresses.client_address(request)
+            listed = _listed(request, current, rules, address)
+            if listed is not None:
+                return listed
     return None if banned is None else _site_banned(request, banned)
 
 
