@@ -362,11 +362,14 @@ def test_crowd_controls_bench_counts_and_times() -> None:
     assert [(t.state.bans, t.state.overrides) for t in report.timed] == [(0, 0), (200, 20)]
     for t in report.timed:
         assert t.plain_ms > 0 and all(ms > 0 for ms in (*t.ban_ms, *t.override_ms))
+        assert t.idle_ms > 0  # a look with no change: the version counters read
+        assert t.change_ms() == max(t.ban_ms[0], t.override_ms[0]) - t.idle_ms
     assert report.timed[1].held > report.timed[0].held  # the rows take memory
     text = crowd_controls.render(report)
     assert "200 bans + 20 overrides" in text and "20 overrides on /24 networks" in text
     assert "<= +10,000" in text and "<= +2,500" in text and "override: next request" in text
     assert "over 1 override on a /24 network" in text
+    assert "look, no change" in text and "a change costs" in text
 
 
 @pytest.mark.slow

@@ -42,7 +42,11 @@ or an override through ``Override.objects.create`` (its ``post_save`` tells ever
 times either the configuration's next look (``store.current()``) or the next request (a
 request of the subject just banned or overridden, which must be refused or get the override's
 rate: the change is in force). The change is made in the same process, as if another had
-made it. Medians of ``changes`` changes each; for scale, a request with no change. And the
+made it. Medians of ``changes`` changes each; for scale, a request with no change, and a
+look with no change (the process's look a second at the version counters, made anyway:
+before each change, the snapshot's deadline passed). What a change costs a process, the
+target (at most :data:`TARGET_MS`), is its look over a look with none: reading the rows
+changed and taking them in. The next request shows it in force. And the
 memory the process holds for the rows (``tracemalloc``, around the snapshot's first load,
 over the same with no rows). Timed: nothing, 1,000 and 10,000 bans (a hundredth and a
 tenth of the crowd's), the crowd.
@@ -270,10 +274,16 @@ def override(i):
         policy = get(subject)["RateLimit-Policy"]
         assert f'"{RULE}:10/m";q=10;' in policy + ";", policy
     return check
+from ratelimit_app.runtime import RUNTIME
+def idle():  # the look a process makes every second anyway: the version counters, no change
+    RUNTIME.snapshot.deadline = 0.0
+    return ms(store.current)
 found = {"held": held, "plain": statistics.median(plain)}
+idles = []
 for name, change in (("ban", ban), ("override", override)):
     look, first = [], []
     for i in range(2 * changes):
+        idles.append(idle())
         check = change(i)
         if i % 2:  # the next request (it looks at the configuration itself)
             first.append(ms(check))
@@ -281,6 +291,7 @@ for name, change in (("ban", ban), ("override", override)):
             look.append(ms(store.current))
             check()
     found[name] = [statistics.median(look), statistics.median(first)]
+found["idle"] = statistics.median(idles)
 print(json.dumps(found))
 mc.stop()
 """
@@ -297,6 +308,13 @@ class Timed:
     plain_ms: float
     ban_ms: tuple[float, float]
     override_ms: tuple[float, float]
+    #: A look with no change (ms): the version counters read, as every second.
+    idle_ms: float = 0.0
+
+    def change_ms(self) -> float:
+        """What a new ban or override costs the process (ms), the worse of the two: its
+        look over a look with no change (which the process makes every second anyway)."""
+        return max(self.ban_ms[0], self.override_ms[0]) - self.idle_ms
 
 
 @dataclass(frozen=True)
@@ -342,7 +360,12 @@ def _time_state(tree: Path, env: dict[str, str], state: State, changes: int, cwd
     found = json.loads(out.stdout.strip().splitlines()[-1])
     ban, override = found["ban"], found["override"]
     return Timed(
-        state, found["held"], found["plain"], (ban[0], ban[1]), (override[0], override[1])
+        state,
+        found["held"],
+        found["plain"],
+        (ban[0], ban[1]),
+        (override[0], override[1]),
+        found["idle"],
     )
 
 
@@ -438,29 +461,27 @@ def render(report: Report) -> str:
                 t.state.name,
                 f"{(t.held - report.timed[0].held) / 1e6:.1f}",
                 f"{t.plain_ms:.2f}",
+                f"{t.idle_ms:.2f}",
                 *(f"{v:.2f}" for v in (*t.ban_ms, *t.override_ms)),
+                f"{t.change_ms():.2f}",
             ]
         )
-    crowd = report.timed[-1]
-    # What a change costs: the next look, or the next request over a request with none.
-    worst = max(
-        crowd.ban_ms[0],
-        crowd.override_ms[0],
-        crowd.ban_ms[1] - crowd.plain_ms,
-        crowd.override_ms[1] - crowd.plain_ms,
-    )
+    # What a change costs: its look over a look with none (the process's look a second).
+    worst = report.timed[-1].change_ms()
     second = table(
         f"A new ban or override, in a process holding the rows (ms, median of "
-        f"{report.changes} changes each; target at the crowd: <= {TARGET_MS:g} ms, "
-        f"{'met' if worst <= TARGET_MS else 'NOT met'})",
+        f"{report.changes} changes each; target at the crowd: a change's look over a look "
+        f"with none <= {TARGET_MS:g} ms, {'met' if worst <= TARGET_MS else 'NOT met'})",
         [
             "database",
             "MB held (over nothing)",
             "request, no change",
+            "look, no change",
             "ban: next look",
             "ban: next request",
             "override: next look",
             "override: next request",
+            "a change costs",
         ],
         timed_rows,
     )

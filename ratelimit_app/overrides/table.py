@@ -40,6 +40,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ratelimit_app.algorithms import rates
 from ratelimit_app.config.limits import Mistake, collect, raise_all
 from ratelimit_app.identity import addresses, keys
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = [
     "UNLIMITED",
@@ -141,7 +142,9 @@ def parse_rate(value: object) -> Rates:
     if text.lower() == UNLIMITED_TEXT:
         return UNLIMITED
     try:
-        return rates.parse(text)
+        # One tuple per rate text, shared by the overrides that give it (ten thousand
+        # overrides of "10/m" hold one): kept with what the runtime compiles.
+        return RUNTIME.compile(("rates", text), rates.parse, text)
     except ImproperlyConfigured as exc:
         raise OverrideError("rate", f"{exc} Or 'unlimited'.") from None
 
