@@ -265,3 +265,28 @@ def test_a_ban_on_every_path_is_found_by_its_sealed_address(client: Client) -> N
         Ban.objects.update(sealed="v1:" + "00" * 30)  # unreadable (another SECRET_KEY)
         store.forget()
         assert not store.current().bans.site
+
+
+@pytest.mark.db_matrix
+def test_the_changed_rows_are_read_as_the_orm_reads_them() -> None:
+    """A look reads the rows changed since a time with SQL compiled once
+    (:func:`store.changed_since`): the same rows, converted alike (aware times, booleans),
+    as the ORM's own query, on SQLite and PostgreSQL; and the SQL is made once."""
+    now = dt.datetime.fromtimestamp(clock.now(), dt.UTC)
+    Ban.objects.bulk_create(ban_rows(3, now + dt.timedelta(hours=1), site=True))
+    Ban.objects.bulk_create(ban_rows(2, now + dt.timedelta(hours=2)))
+    Override.objects.create(limit="login", subject="192.0.2.9", rate="10/m")
+    Ban.objects.filter(site=False).update(changed=now - dt.timedelta(days=1))  # (not read)
+    since = now - dt.timedelta(hours=1)
+    for model, fields in ((Ban, store.BAN_FIELDS), (Override, store.OVERRIDE_FIELDS)):
+        orm = list(model.objects.filter(changed__gte=since).values_list(*fields))
+        with mock.patch.object(store, "_changed_query", wraps=store._changed_query) as made:
+            found = store.changed_since(model, fields, since)
+            again = store.changed_since(model, fields, since)
+        assert sorted(found, key=repr) == sorted(orm, key=repr) == sorted(again, key=repr)
+        assert made.call_count <= 1  # (made once; none when an earlier look made it)
+        for row in found:
+            for value in row:
+                assert not isinstance(value, dt.datetime) or value.tzinfo is not None
+    assert len(store.changed_since(Ban, store.BAN_FIELDS, since)) == 3
+    assert {row[2] for row in store.changed_since(Ban, store.BAN_FIELDS, since)} == {True}
