@@ -2,7 +2,8 @@
 
 1. ``record()`` against the floor of the same job (a locked dict increment keyed by
    ``(name, minute)`` with a clock read), interleaved in one run; target <= 3x.
-2. One flush of 10,000 series on PostgreSQL: statements and time (insert and update paths).
+2. One flush of 100,000 series on PostgreSQL: statements, time and the process's CPU
+   (insert and update paths); target: at most 0.5 s of CPU.
 3. Downsampling dense minute data of 100 series, loaded in SQL (``generate_series``):
    60 days by default (the whole bench then takes about 5 minutes on 2 cores);
    ``--full-year`` for the size docs/performance quotes, 100 series x 365 days (52.56M
@@ -100,6 +101,12 @@ def bench_record(calls: int, rounds: int) -> list[list[object]]:
     ]
 
 
+#: Series in the flush bench, and the CPU its flush may take in the flushing process (ms;
+#: issue 37: a flush interval of a crowd's series, written in half a second). The
+#: database's own work is the server's, apart: the wall time shows it.
+FLUSH_SERIES, FLUSH_CPU_MS = 100_000, 500.0
+
+
 def bench_flush(series: int) -> list[list[object]]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -112,10 +119,14 @@ def bench_flush(series: int) -> list[list[object]]:
         for i in range(series):
             metrics_app.record(f"s:{i}", at=NOW)
         with CaptureQueriesContext(connection) as ctx:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             metrics_app.flush()
-            elapsed = time.perf_counter() - start
-        rows.append([f"{series} series, {label}", len(ctx.captured_queries), elapsed * 1e3])
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+        cpu_ms = cpu * 1e3
+        met = "yes" if cpu_ms <= FLUSH_CPU_MS else "NO"
+        rows.append(
+            [f"{series:,} series, {label}", len(ctx.captured_queries), elapsed * 1e3, cpu_ms, met]
+        )
     assert Series.objects.count() == series
     assert Bucket.objects.filter(count=2).count() == series
     Series.objects.all().delete()
@@ -327,9 +338,10 @@ def run(days: int, n_series: int, batch_size: int | None, quick: bool) -> None:
         )
         print(
             table(
-                "metrics: one flush on PostgreSQL (1,000 rows per statement)",
-                ["flush", "statements", "ms"],
-                bench_flush(10_000),
+                "metrics: one flush on PostgreSQL (1,000 rows per statement; "
+                f"target: at most {FLUSH_CPU_MS:g} ms of the process's CPU)",
+                ["flush", "statements", "ms", "CPU ms", "met"],
+                bench_flush(FLUSH_SERIES),
             ),
             end="\n\n",
             flush=True,

@@ -211,3 +211,31 @@ def test_flusher_thread_flushes_and_backs_off(clock: FrozenClock) -> None:
         flush_failed.disconnect(on_failed)
     assert total("threaded") == 4
     buffer.reset()
+
+
+#: Names that a flush must write exactly: quotes, a backslash, braces and commas (an array
+#: literal's), JSON's own escapes, a tab, characters beyond ASCII and beyond the BMP.
+AWKWARD = ['say "hi"', "back\\slash", "{a,b}", '["x", 1]', "tab\there", "café ☕ 𝄞", "null"]
+
+
+def test_awkward_names_and_first_last_seen_are_written_exactly(clock: FrozenClock) -> None:
+    """On PostgreSQL a flush sends each batch's rows as one JSON array
+    (``storage._write_json``), on SQLite as placeholders: either way every name is stored
+    as recorded, and a series' first and last minute only ever widen."""
+    for name in AWKWARD:
+        metrics_app.record(name, 2)
+    assert metrics_app.flush() == len(AWKWARD)
+    minute = int(clock.t // 60) * 60
+    for name in AWKWARD:
+        metrics_app.record(name, at=clock.t - 120)
+        metrics_app.record(name, at=clock.t + 60)
+    metrics_app.flush()
+    metrics_app.record(AWKWARD[0], at=clock.t)  # inside: neither end moves
+    metrics_app.flush()
+    found = {s.name: s for s in Series.objects.all()}
+    assert set(found) == set(AWKWARD)
+    for name in AWKWARD:
+        assert total(name) == 4 + (name == AWKWARD[0])
+        assert found[name].first_seen.timestamp() == minute - 120  # type: ignore[union-attr]
+        assert found[name].last_seen.timestamp() == minute + 60  # type: ignore[union-attr]
+    assert bucket_counts()[(AWKWARD[5], 60, minute)] == 2
