@@ -22,7 +22,7 @@ rather than four placeholders a row, which psycopg would parse in Python
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -76,6 +76,22 @@ def _gathered(
     return series, buckets
 
 
+def _times(connection: Any) -> Callable[[float], Any]:
+    """A flush's adapter of Unix seconds to the database's datetime value, each distinct
+    second adapted once (a flush's times fall in a few minutes)."""
+    adapted: dict[float, Any] = {}
+
+    def dt(seconds: float) -> Any:
+        found = adapted.get(seconds)
+        if found is None:
+            found = adapted[seconds] = connection.ops.adapt_datetimefield_value(
+                datetime.fromtimestamp(seconds, tz=UTC)
+            )
+        return found
+
+    return dt
+
+
 def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> bool:
     """Add ``counts`` to the database in one transaction; False if ``flush_id`` was applied.
 
@@ -89,15 +105,7 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
     qn = connection.ops.quote_name
     ledger_t, series_t = (qn(m._meta.db_table) for m in (FlushLedger, Series))
 
-    adapted: dict[float, Any] = {}  # (a flush's series start and end in a few minutes)
-
-    def dt(seconds: float) -> Any:
-        found = adapted.get(seconds)
-        if found is None:
-            found = adapted[seconds] = connection.ops.adapt_datetimefield_value(
-                datetime.fromtimestamp(seconds, tz=UTC)
-            )
-        return found
+    dt = _times(connection)
 
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         cursor.execute(
@@ -228,15 +236,7 @@ def write_tops(
     columns = ("name", "key", "label", "ref", "start", "count", "first_seen", "last_seen")
     first, last = qn("first_seen"), qn("last_seen")
 
-    adapted: dict[float, Any] = {}  # (a flush's series start and end in a few minutes)
-
-    def dt(seconds: float) -> Any:
-        found = adapted.get(seconds)
-        if found is None:
-            found = adapted[seconds] = connection.ops.adapt_datetimefield_value(
-                datetime.fromtimestamp(seconds, tz=UTC)
-            )
-        return found
+    dt = _times(connection)
 
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         for part in chunks(rows, BATCH_SIZE):
