@@ -7,10 +7,10 @@ A short-URL service counts each redirect of a key::
 
 The series name is ``series`` formatted with the view's keyword arguments, or what a
 callable ``series(request, *args, **kwargs)`` returns. Such a name holds what the client
-typed, so it is recorded as *client-chosen*: all of them together take at most a tenth of
-the buffer (:data:`metrics_app.buffer.aggregator.MAX_CLIENT_KEYS`), and the names the code
-chooses (the limiter's ``ratelimit:<rule>``) keep the rest. A plain string without ``{...}``
-names one series, chosen by the code.
+typed, so it is recorded as *client-chosen*: all of them together take at most 300,000 of
+the buffer's 350,000 keys (:data:`metrics_app.buffer.aggregator.MAX_CLIENT_KEYS`), and the
+names the code chooses (the limiter's ``ratelimit:<rule>``) keep the rest. A plain string
+without ``{...}`` names one series, chosen by the code.
 
 What counts: a response with a status below 400 (a 404 for a made-up key must not create a
 series per guess), and, when ``only`` is given, only if ``only(request, *args, **kwargs)``

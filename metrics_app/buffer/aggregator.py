@@ -16,11 +16,18 @@ client that makes up a new name per request fills at most its share, and the res
 chooses (the limiter's ``ratelimit:<rule>`` among them): a flood of junk names cannot push
 out the counts that chart the attack.
 
+The default bounds hold a flush interval of a crowd's traffic: 100,000 series seen in one
+interval that straddles a minute's end are 200,000 keys, and while that batch is written the
+next interval's first keys come in; whether a client chose the names (short URLs) or the code
+did. A key costs about 170 bytes (a tuple, its name, a dict slot: the minute's int is shared
+by the minute's keys), so a full buffer holds some 60 MB (``test_buffer``'s
+``test_the_default_bound_holds_a_flush_interval_of_a_crowd`` measures it).
+
 At a bound, counts for keys already buffered are still added; a count for a *new*
-``(name, minute)`` is dropped, the first drop of each kind until the next seal is logged at
-ERROR and sent as the ``buffer_full`` signal, and :meth:`Aggregator.take_dropped` hands the
-totals to the flusher, which logs them. Memory therefore stays bounded while the database is
-down, and what is lost is said out loud.
+``(name, minute)`` is dropped and counted. The first drop at each bound until the next flush
+sends the ``buffer_full`` signal, and :meth:`Aggregator.take_dropped` hands the flusher the
+totals and the bounds met, which it logs at ERROR in one line per flush. Memory therefore
+stays bounded while the database is down, and what is lost is said out loud, once a flush.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from metrics_app.signals import buffer_full
@@ -45,11 +52,38 @@ CountsDict = dict[tuple[str, int], int]
 #: (:mod:`metrics_app.telemetry`). Empty unless one is installed.
 DROPS: list[Callable[[int], None]] = []
 
-#: The most ``(series, minute)`` keys a process buffers, live and queued (about 200 bytes
-#: each: some 20 MB); also the most fields of the Redis buffer's live hash.
-MAX_BUFFERED_KEYS = 100_000
-#: Of :data:`MAX_BUFFERED_KEYS`, the most keys whose name a client chose: a tenth.
-MAX_CLIENT_KEYS = MAX_BUFFERED_KEYS // 10
+#: The most ``(series, minute)`` keys a process buffers, live and queued (about 170 bytes
+#: each: some 60 MB); also the most fields of the Redis buffer's live hash.
+MAX_BUFFERED_KEYS = 350_000
+#: Of :data:`MAX_BUFFERED_KEYS`, the most keys whose name a client chose: enough for a flush
+#: interval of 100,000 short URLs across a minute's end (200,000 keys) beside the interval
+#: before being written; 50,000 keys stay for the names the code chooses, whatever clients
+#: send.
+MAX_CLIENT_KEYS = 300_000
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """What was dropped since the last flush: events, new keys, and each bound met."""
+
+    events: int = 0
+    keys: int = 0
+    #: ``{bound: first name dropped at it}``, the bound ``"MAX_BUFFERED_KEYS"`` or
+    #: ``"MAX_CLIENT_KEYS"`` (or ``"redis"``: the Redis buffer's script said no).
+    bounds: dict[str, str] = field(default_factory=dict)
+
+    def message(self, limits: dict[str, int]) -> str:
+        """One line for the log: the totals, each bound with its value, a name dropped."""
+        met = "; ".join(
+            f"{bound}={limits[bound]:,} met, e.g. {name!r:.80}"
+            if bound in limits
+            else f"{bound}, e.g. {name!r:.80}"
+            for bound, name in self.bounds.items()
+        )
+        return (
+            f"metrics buffer full: dropped {self.events:,} events in {self.keys:,} new "
+            f"(series, minute) keys since the last flush ({met or 'no bound named'})"
+        )
 
 
 def notify(observers: list[Callable[..., None]], *args: Any) -> None:
@@ -96,8 +130,10 @@ class Aggregator:
         self._sequence = 0
         self._dropped_events = 0
         self._dropped_keys = 0
-        self._drop_reported = False
-        self._client_drop_reported = False
+        #: ``{bound: first name dropped}`` since the last flush (see :class:`Dropped`).
+        self._dropped_at: dict[str, str] = {}
+        #: The minute of the last new key: its keys share this one int.
+        self._minute = 0
         #: When the first live count was added (meaningful while there are live counts).
         self._since = 0.0
 
@@ -117,44 +153,35 @@ class Aggregator:
             if not share_full and len(counts) + self._pending_keys < self.max_keys:
                 if not counts:
                     self._since = time.monotonic()
+                if minute == self._minute:
+                    key = (name, self._minute)  # one int per minute, not one per key
+                else:
+                    self._minute = minute
                 counts[key] = count
                 self._live_client_keys += client_chosen
                 return
             self._dropped_events += count
             self._dropped_keys += 1
+            bound = "MAX_CLIENT_KEYS" if share_full else "MAX_BUFFERED_KEYS"
+            first = bound not in self._dropped_at
+            if first:
+                self._dropped_at[bound] = name
         if DROPS:
             notify(DROPS, count)
-        self._report_drop(name, count, share_full)
+        if first:
+            limit = self.max_client_keys if share_full else self.max_keys
+            buffer_full.send(sender=None, name=name, count=count, max_keys=limit, bound=bound)
 
-    def drop(self, count: int) -> None:
-        """Count ``count`` events that could not be buffered elsewhere as dropped."""
+    def drop(self, count: int, name: str = "", bound: str = "") -> None:
+        """Count ``count`` events that could not be buffered elsewhere as dropped; ``bound``
+        (if any) names why, for the flush's log line."""
         with self._lock:
             self._dropped_events += count
             self._dropped_keys += 1
+            if bound:
+                self._dropped_at.setdefault(bound, name)
         if DROPS:
             notify(DROPS, count)
-
-    def _report_drop(self, name: str, count: int, share_full: bool) -> None:
-        # One report per bound: a flood of client-chosen names, reported first, must not
-        # silence the report that names chosen by the code are being dropped too.
-        if share_full:
-            if self._client_drop_reported:
-                return
-            self._client_drop_reported = True
-            which, bound = "MAX_CLIENT_KEYS", self.max_client_keys
-        else:
-            if self._drop_reported:
-                return
-            self._drop_reported = True
-            which, bound = "MAX_BUFFERED_KEYS", self.max_keys
-        logger.error(
-            "metrics buffer full (%s=%d): dropping counts for new keys such as %r until a "
-            "flush succeeds",
-            which,
-            bound,
-            name,
-        )
-        buffer_full.send(sender=None, name=name, count=count, max_keys=bound, bound=which)
 
     def seal(self, blocking: bool = True) -> bool:
         """Queue the live counts as a new batch (if any). False if the lock was busy."""
@@ -173,13 +200,19 @@ class Aggregator:
             self._lock.release()
         return True
 
-    def take_dropped(self) -> tuple[int, int]:
-        """Events and keys dropped since the last call; the next drop is reported again."""
+    def take_dropped(self) -> Dropped:
+        """What was dropped since the last call; the next drop is signalled again."""
         with self._lock:
-            dropped = self._dropped_events, self._dropped_keys
+            if not self._dropped_keys:
+                return Dropped()
+            dropped = Dropped(self._dropped_events, self._dropped_keys, self._dropped_at)
             self._dropped_events = self._dropped_keys = 0
-            self._drop_reported = self._client_drop_reported = False
+            self._dropped_at = {}
         return dropped
+
+    def limits(self) -> dict[str, int]:
+        """The bounds by name, as :meth:`Dropped.message` names them."""
+        return {"MAX_BUFFERED_KEYS": self.max_keys, "MAX_CLIENT_KEYS": self.max_client_keys}
 
     def oldest(self) -> Batch | None:
         """The batch to write next, or None when the queue is empty."""

@@ -89,13 +89,10 @@ class Flusher:
         aggregator = self.aggregator
         if not aggregator.seal(blocking):
             return None
-        events, keys = aggregator.take_dropped()
-        if events:
-            logger.error(
-                "metrics buffer full: dropped %d events in %d new (series, minute) keys",
-                events,
-                keys,
-            )
+        dropped = aggregator.take_dropped()
+        if dropped.keys:
+            # The one log line of a flush interval's drops, however many there were.
+            logger.error(dropped.message(aggregator.limits()))
         batch = aggregator.oldest()
         if batch is None:
             return 0

@@ -47,7 +47,8 @@ class RedisTarget:
     """``METRICS_BUFFER = "redis"``: one script call per count (:mod:`metrics_app.buffer.shared`).
 
     When Redis fails, or the shared hash is at a bound, the count is lost, not the request:
-    it is counted as dropped in the aggregator's stats, and logged at most once a minute.
+    it is counted as dropped in the aggregator's stats; a failure is logged at most once a
+    minute, the drops at a bound by the next flush, in its one line.
     """
 
     def __init__(self, aggregator: Aggregator) -> None:
@@ -58,17 +59,17 @@ class RedisTarget:
         try:
             if shared.record(name, minute, count, client_chosen):
                 return
-            reason = (
-                "the Redis buffer is at a bound (MAX_CLIENT_KEYS for names chosen by "
-                "clients, else MAX_BUFFERED_KEYS)"
-            )
         except Exception as exc:
-            reason = f"the Redis buffer failed: {exc}"
-        self._aggregator.drop(count)
-        now = time.monotonic()
-        if self._logged_at is None or now - self._logged_at > 60:
-            self._logged_at = now
-            logger.error("metrics: counts of %r dropped: %s", name, reason)
+            self._aggregator.drop(count)
+            now = time.monotonic()
+            if self._logged_at is None or now - self._logged_at > 60:
+                self._logged_at = now
+                logger.error(
+                    "metrics: counts of %r dropped: the Redis buffer failed: %s", name, exc
+                )
+            return
+        # At a bound of the shared hash: counted, and logged by the next flush in one line.
+        self._aggregator.drop(count, name, "the Redis buffer's bounds")
 
 
 class ProcessBuffer:

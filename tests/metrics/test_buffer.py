@@ -94,7 +94,62 @@ def test_bound_drops_new_keys_loudly(
     assert len(sent) == 1  # once per flush interval, not per call
     assert sent[0]["name"] == "s3"
     assert (sent[0]["bound"], sent[0]["max_keys"]) == ("MAX_BUFFERED_KEYS", 3)
-    assert "metrics buffer full" in caplog.text
+
+
+def test_drops_are_logged_once_a_flush_naming_each_bound(
+    clock: FrozenClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flood of drops at both bounds is one ERROR line, at the flush, not one per drop
+    or per bound; the next flush says nothing more unless more was dropped."""
+    held = aggregator.Aggregator(max_keys=0, max_client_keys=0)
+    flush = flusher.Flusher(held)
+    with caplog.at_level("ERROR", logger="metrics_app"):
+        for i in range(1_000):
+            held.add(f"page:{i}", 1, 2, client_chosen=True)
+            held.add(f"code:{i}", 1, 1)
+        assert caplog.records == []  # nothing yet: the flush says it
+        assert flush.flush() == 0
+        flush.flush()
+    assert len(caplog.records) == 1
+    line = caplog.records[0].getMessage()
+    assert "dropped 3,000 events in 2,000 new (series, minute) keys" in line
+    assert "MAX_CLIENT_KEYS=0 met, e.g. 'page:0'" in line
+    assert "MAX_BUFFERED_KEYS=0 met, e.g. 'code:0'" in line
+    assert held.stats()["dropped_events"] == 0
+
+
+@pytest.mark.parametrize("client_chosen", [False, True], ids=["code", "client"])
+def test_the_default_bound_holds_a_flush_interval_of_a_crowd(client_chosen: bool) -> None:
+    """100,000 series in a flush interval that straddles a minute's end (200,000 keys),
+    while the batch before is still being written: nothing is dropped at the default
+    bounds, short URLs (client-chosen) or names the code chose, and a key costs under 200
+    bytes (the bound's 60 MB at most)."""
+    import gc
+    import tracemalloc
+
+    held = aggregator.Aggregator()
+    minute = 29_000_000
+    for i in range(100_000):  # the batch being written when the next interval begins
+        held.add(f"shorturl:{i:x}", int(str(minute - 1)), 1, client_chosen)
+    held.seal()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for at in (minute, minute + 1):  # every series on both sides of the minute's end
+            for i in range(100_000):
+                held.add(f"shorturl:{i:x}", int(str(at)), 1, client_chosen)
+        size = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    stats = held.stats()
+    assert stats["dropped_events"] == 0
+    assert stats["buffered_keys"] == 300_000 and len(held.live_counts()) == 200_000
+    assert size / 200_000 < 200
+    for i in range(50_000):  # the names the code chooses fill the rest, and no more
+        held.add(f"code:{i}", minute, 1)
+    held.add("code:one-more", minute, 1)
+    assert held.stats()["dropped_events"] == 1 and held.stats()["buffered_keys"] == 350_000
 
 
 def test_forked_child_starts_empty_and_parent_keeps_its_counts() -> None:
