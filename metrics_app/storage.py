@@ -12,11 +12,13 @@ A flush is three kinds of statement, each a multi-row batch of at most
 3. the buckets, ``INSERT ... ON CONFLICT (series_id, resolution, start) DO UPDATE SET
    count = count + EXCLUDED.count``.
 
-PostgreSQL and SQLite (3.35+) both take this SQL. Rows are written in sorted order so that
-concurrent flushes from many processes lock rows in the same order and cannot deadlock. On
-PostgreSQL a batch's rows are one JSON array (``json_array_elements ... WITH ORDINALITY``)
-rather than four placeholders a row, which psycopg would parse in Python
-(:func:`_write_json`); the statements and their order are the same.
+SQLite (3.35+) takes this SQL. Rows are written in sorted order so that concurrent flushes
+from many processes lock rows in the same order and cannot deadlock. On PostgreSQL
+(:func:`_write_json`) steps 2 and 3 are one statement per batch of series, ``1 + ceil(series
+/ batch)`` in all: the batch's rows are one JSON array (``json_array_elements ... WITH
+ORDINALITY``) rather than four placeholders a row, which psycopg would parse in Python, and
+the series' upsert is a CTE whose ids the buckets' upsert joins in SQL; the order of the
+rows locked is the same.
 """
 
 from __future__ import annotations
@@ -100,7 +102,6 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
     """
     alias = using or router.db_for_write(Bucket)
     precision = conf.RETENTION.finest.precision
-    series, buckets = _gathered(counts, precision)
     connection = connections[alias]
     qn = connection.ops.quote_name
     ledger_t, series_t = (qn(m._meta.db_table) for m in (FlushLedger, Series))
@@ -116,8 +117,9 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
         if cursor.rowcount == 0:
             return False
         if connection.vendor == "postgresql":
-            _write_json(cursor, connection, series, buckets, precision)
+            _write_json(cursor, connection, counts, precision)
             return True
+        series, buckets = _gathered(counts, precision)
         ids: dict[str, int] = {}
         first, last = qn("first_seen"), qn("last_seen")
         for part in chunks(sorted(series), BATCH_SIZE):
@@ -149,50 +151,79 @@ def write_counts(counts: Counts, flush_id: str, *, using: str | None = None) -> 
     return True
 
 
-def _write_json(
-    cursor: Any,
-    connection: Any,
-    series: dict[str, list[int]],
-    buckets: dict[tuple[str, int], int],
-    precision: int,
-) -> None:
-    """The series and buckets of a flush on PostgreSQL: the same statements and batches,
-    each batch's rows passed as one JSON array (``json_array_elements ... WITH
-    ORDINALITY``, in sorted order), not four placeholders a row. psycopg parses a
-    statement's placeholders, and adapts the items of a list, in Python: 4,000 placeholders
-    a statement cost more than writing the rows (a flush of 100,000 series took seconds of
-    CPU in that parse), where ``json.dumps`` writes a batch in C. Names are text JSON
-    escapes exactly (:func:`metrics_app.names.check_name` keeps out NUL and lone
-    surrogates, which no column could store either)."""
+def _by_series(counts: Counts, precision: int) -> dict[str, list[Any]]:
+    """The rows of a flush on PostgreSQL, in one pass over ``counts``: name -> ``[name,
+    total, first minute's start, last minute's start, bucket start, count, ...]`` (seconds;
+    a start and count for each bucket of the name, one or two in a flush)."""
+    rows: dict[str, list[Any]] = {}
+    minutes: dict[int, tuple[int, int]] = {}  # minute -> its start, its bucket's start
+    for (name, minute), count in counts.items():
+        if not count:
+            continue
+        times = minutes.get(minute)
+        if times is None:
+            times = minutes[minute] = (minute * 60, align(minute * 60, precision))
+        row = rows.get(name)
+        if row is None:
+            at, start = times
+            rows[name] = [name, count, at, at, start, count]
+        else:
+            _add(row, count, *times)
+    return rows
+
+
+def _add(row: list[Any], count: int, at: int, start: int) -> None:
+    """Add a second (or later) minute's ``count`` to a row of :func:`_by_series`."""
+    row[1] += count
+    if at < row[2]:
+        row[2] = at
+    if at > row[3]:
+        row[3] = at
+    for i in range(4, len(row), 2):
+        if row[i] == start:
+            row[i + 1] += count
+            return
+    row += (start, count)
+
+
+def _write_json(cursor: Any, connection: Any, counts: Counts, precision: int) -> None:
+    """The series and buckets of a flush on PostgreSQL: one statement per batch of
+    :data:`BATCH_SIZE` series, their rows one JSON array (``json_array_elements ... WITH
+    ORDINALITY``, in the names' order), not four placeholders a row. The series' upsert is
+    a data-modifying CTE whose ``RETURNING`` the buckets' upsert joins on the name, so no id
+    comes back to Python.
+
+    psycopg parses a statement's placeholders, and adapts the items of a list, in Python:
+    4,000 placeholders a statement cost more than writing the rows, where ``json.dumps``
+    writes a batch in C. Names are text JSON escapes exactly
+    (:func:`metrics_app.names.check_name` keeps out NUL and lone surrogates, which no column
+    could store either). Rows are locked in the names' order, a series before its buckets,
+    so concurrent flushes cannot deadlock."""
     qn = connection.ops.quote_name
     series_t, bucket_t = qn(Series._meta.db_table), qn(Bucket._meta.db_table)
-    first, last, total = qn("first_seen"), qn("last_seen"), qn("total")
-    upsert_series = (
-        f"INSERT INTO {series_t} ({qn('name')}, {total}, {first}, {last}) "
-        "SELECT u.v->>0, (u.v->>1)::bigint, to_timestamp((u.v->>2)::bigint), "
-        "to_timestamp((u.v->>3)::bigint) "
-        "FROM json_array_elements(%s::json) WITH ORDINALITY AS u(v, n) ORDER BY u.n "
-        f"ON CONFLICT ({qn('name')}) DO UPDATE SET "
+    first, last, total, name = qn("first_seen"), qn("last_seen"), qn("total"), qn("name")
+    upsert = (
+        "WITH u AS (SELECT v, n FROM json_array_elements(%s::json) WITH ORDINALITY AS u(v, n)), "
+        f"s AS (INSERT INTO {series_t} ({name}, {total}, {first}, {last}) "
+        "SELECT v->>0, (v->>1)::bigint, to_timestamp((v->>2)::bigint), "
+        "to_timestamp((v->>3)::bigint) FROM u ORDER BY n "
+        f"ON CONFLICT ({name}) DO UPDATE SET "
         f"{total} = {series_t}.{total} + EXCLUDED.{total}, "
         f"{first} = LEAST({series_t}.{first}, EXCLUDED.{first}), "
         f"{last} = GREATEST({series_t}.{last}, EXCLUDED.{last}) "
-        f"RETURNING {qn('id')}, {qn('name')}"
-    )
-    ids: dict[str, int] = {}
-    for part in chunks(sorted(series), BATCH_SIZE):
-        rows = [[name, *series[name]] for name in part]
-        cursor.execute(upsert_series, [json.dumps(rows, ensure_ascii=False)])
-        ids.update((name, pk) for pk, name in cursor.fetchall())
-    upsert_buckets = (
+        f"RETURNING {qn('id')}, {name}) "
         f"INSERT INTO {bucket_t} ({qn('series_id')}, {qn('resolution')}, {qn('start')}, "
-        f"{qn('count')}) SELECT (u.v->>0)::bigint, %s, (u.v->>1)::bigint, (u.v->>2)::bigint "
-        "FROM json_array_elements(%s::json) WITH ORDINALITY AS u(v, n) ORDER BY u.n "
+        f"{qn('count')}) SELECT s.{qn('id')}, %s, (u.v->>b.i)::bigint, (u.v->>(b.i + 1))::bigint "
+        f"FROM u JOIN s ON s.{name} = u.v->>0 "
+        "CROSS JOIN generate_series(4, json_array_length(u.v) - 1, 2) AS b(i) "
+        "ORDER BY u.n, b.i "
         f"ON CONFLICT ({qn('series_id')}, {qn('resolution')}, {qn('start')}) DO UPDATE SET "
         f"{qn('count')} = {bucket_t}.{qn('count')} + EXCLUDED.{qn('count')}"
     )
-    ordered = sorted((ids[name], start, count) for (name, start), count in buckets.items())
-    for part_rows in chunks(ordered, BATCH_SIZE):
-        cursor.execute(upsert_buckets, [precision, json.dumps(part_rows)])
+    rows = _by_series(counts, precision)
+    for part in chunks(sorted(rows), BATCH_SIZE):
+        batch = json.dumps([rows[series] for series in part], ensure_ascii=False)
+        cursor.execute(upsert, [batch, precision])
 
 
 def upsert_buckets(cursor: Any, connection: Any, n: int, params: list[Any]) -> None:

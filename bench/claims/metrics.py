@@ -338,7 +338,7 @@ def run(days: int, n_series: int, batch_size: int | None, quick: bool) -> None:
         )
         print(
             table(
-                "metrics: one flush on PostgreSQL (1,000 rows per statement; "
+                "metrics: one flush on PostgreSQL (1,000 series per statement; "
                 f"target: at most {FLUSH_CPU_MS:g} ms of the process's CPU)",
                 ["flush", "statements", "ms", "CPU ms", "met"],
                 bench_flush(FLUSH_SERIES),
