@@ -179,13 +179,26 @@ def _timed(backend: Backend, ops: list[Any], now_us: int) -> list[Any]:
     except BackendError:
         _tell(backend, time.perf_counter() - start, True)
         raise
-    _tell(backend, time.perf_counter() - start, False)
+    seconds = time.perf_counter() - start
+    for fn in HOOKS.trips:  # (_tell, inline: on every request with an exporter)
+        try:
+            fn(backend, seconds, False)
+        except Exception:
+            _tell(backend, seconds, False, after=fn)
+            break
     return replies
 
 
-def _tell(backend: Backend, seconds: float, failed: bool) -> None:
+def _tell(backend: Backend, seconds: float, failed: bool, after: Any = None) -> None:
+    """Tell each of ``HOOKS.trips`` of a round trip (``after``: one that just failed, which
+    is removed; those before it were told)."""
     trips = HOOKS.trips
-    for fn in list(trips):
+    hooks = list(trips)
+    if after is not None:
+        logger.error("ratelimit: round-trip observer %r failed; removed", after, exc_info=True)
+        trips.remove(after)
+        hooks = hooks[hooks.index(after) + 1 :]
+    for fn in hooks:
         try:
             fn(backend, seconds, failed)
         except Exception:  # an exporter never fails a request

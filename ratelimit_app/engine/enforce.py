@@ -356,11 +356,24 @@ def limit_name(d: Decision) -> str:
 
 
 def _observe(verdict: Verdict) -> None:
-    observers = HOOKS.observers
-    for fn in list(observers):
+    for fn in HOOKS.observers:  # (no copy: one that fails is removed below, then the rest)
         try:
             fn(verdict)
         except Exception:  # an exporter never fails a request
+            _observe_after(verdict, fn)
+            return
+
+
+def _observe_after(verdict: Verdict, failed: Any) -> None:
+    """Remove the observer ``failed`` (it raised: logged), and tell those after it."""
+    observers = HOOKS.observers
+    logger.error("ratelimit: observer %r failed; removed", failed, exc_info=True)
+    rest = observers[observers.index(failed) + 1 :]
+    observers.remove(failed)
+    for fn in rest:
+        try:
+            fn(verdict)
+        except Exception:
             logger.exception("ratelimit: observer %r failed; removed", fn)
             observers.remove(fn)
 

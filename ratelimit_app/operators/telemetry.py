@@ -195,6 +195,7 @@ class _Timings:
         return [self._family()]
 
     def collect(self) -> Iterable[Any]:
+        RECORDER.record()  # the round trips queued so far: a scrape sees every one
         family = self._family()
         with self._lock:
             found = list(self._by.items())
@@ -335,10 +336,8 @@ class OpenTelemetry:
     def trip(self, backend: str) -> tuple[Timing, Count]:
         attributes = {"backend": backend}
         self.errors.add(0, attributes)  # the series exists from 0, as prometheus-client's
-        record = self.seconds.record
-        later = RECORDER.queue.append
         return (
-            lambda seconds: later((record, seconds, attributes)),
+            functools.partial(self.seconds.record, attributes=attributes),
             functools.partial(self.errors.add, 1, attributes),
         )
 
@@ -353,17 +352,20 @@ RECORD_EVERY = 0.5
 
 
 class Recorder:
-    """Round trips waiting to be recorded in an OpenTelemetry histogram, and the thread that
-    records them: an SDK's ``record`` costs ten microseconds and more, so a check only
-    queues its time, and the thread records the queue every :data:`RECORD_EVERY` seconds.
+    """Round trips waiting to be recorded in the sinks' histograms, and the thread that
+    records them: an OpenTelemetry SDK's ``record`` costs ten microseconds and more, and
+    prometheus-client's a lock or two, so a check only queues its time (one ``append`` in
+    C, whatever the sinks), and the thread records the queue every :data:`RECORD_EVERY`
+    seconds; a scrape of our Prometheus collector records it first.
 
-    Invariant: while an OpenTelemetry sink exists, each process has one recorder thread (a
+    Invariant: while a sink exists, each process has one recorder thread (a
     forked child starts its own, with an empty queue: its parent's round trips are the
     parent's to record), and at most :data:`QUEUED` round trips wait (past that the oldest
     are dropped, never the request's time)."""
 
     def __init__(self) -> None:
-        self.queue: deque[tuple[Callable[..., Any], float, dict[str, str]]] = deque(maxlen=QUEUED)
+        #: ``(record, seconds)``: ``record(seconds)`` records a round trip in every sink.
+        self.queue: deque[tuple[Timing, float]] = deque(maxlen=QUEUED)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -400,17 +402,19 @@ class Recorder:
         done = 0
         while True:
             try:
-                record, seconds, attributes = self.queue.popleft()
+                record, seconds = self.queue.popleft()
             except IndexError:
                 return done
             try:
-                record(seconds, attributes)
+                record(seconds)
             except Exception:  # an SDK's failure never reaches a request
                 logger.exception("ratelimit: could not record a round trip")
             done += 1
 
 
 RECORDER = Recorder()
+#: Queue a round trip's ``(record, seconds)`` (the recorder's queue's ``append``).
+LATER = RECORDER.queue.append
 
 
 def record_queued() -> int:
@@ -435,9 +439,14 @@ class Telemetry:
         #: trip and counts a failed one in every sink, by backend class.
         self._counts: dict[tuple[str, str], Count] = {}
         self._trips: dict[type, tuple[Timing, Count]] = {}
+        #: What counts an admitted decision in every sink, by limit: the common count,
+        #: found with one look-up of the limit's name (a ``str``, whose hash is kept).
+        self._admitted: dict[str, Count] = {}
         #: The configuration in force whose limits were last welcomed (a new one, after a
         #: change of settings or of the database's rules, is welcomed on the next verdict).
         self._config: object = None
+        # The sinks' round trips are queued and recorded by this thread.
+        RECORDER.start()
 
     def welcome(self, limits: Iterable[str]) -> None:
         """Make the :data:`WELCOMED` series of each limit named, at 0 (those it has are
@@ -465,21 +474,40 @@ class Telemetry:
         look (``increment=False``: ``get_usage`` reading a counter) decides nothing."""
         if RUNTIME.snapshot is not self._config:
             self.welcome_configured()
-        counts = self._counts
+        if verdict.limited or verdict.remembered or verdict.failed is not None:
+            for d in verdict.decisions:
+                self._count(d, verdict)
+            return
+        # Nothing refused, every limit checked: the common case inline, an admitted count
+        # bound to the limit's name (a dry run's would-be refusal apart).
+        admitted = self._admitted
         for d in verdict.decisions:
-            if not d.check.increment:
+            if d.shadowed or not d.check.increment:
+                self._count(d, verdict)
                 continue
-            decision = enforce.outcome(d, verdict)
-            if decision is None:
-                continue
-            key = (d.name or d.limit.group, decision)  # (enforce.limit_name, without a call)
-            count = counts.get(key)
+            count = admitted.get(d.name or d.limit.group)  # (enforce.limit_name, inline)
             if count is None:
-                # First seen (a decorator's group, a throttle's scope): its refusals start
-                # from 0 too.
-                self.welcome([key[0]])
-                count = self._bound(key)
-            count()
+                self._count(d, verdict)
+            else:
+                count()
+
+    def _count(self, d: enforce.Decision, verdict: enforce.Verdict) -> None:
+        """Count ``d``'s outcome (none for a look, or a limit not decided)."""
+        if not d.check.increment:
+            return
+        decision = enforce.outcome(d, verdict)
+        if decision is None:
+            return
+        name = enforce.limit_name(d)
+        count = self._counts.get((name, decision))
+        if count is None:
+            # First seen (a decorator's group, a throttle's scope): its refusals start
+            # from 0 too.
+            self.welcome([name])
+            count = self._bound((name, decision))
+        if decision == enforce.ADMITTED:
+            self._bind(self._admitted, name, count)
+        count()
 
     def _bound(self, key: tuple[str, str]) -> Count:
         bound = self._counts.get(key)
@@ -512,7 +540,7 @@ class Telemetry:
         """A hook of ``HOOKS.trips``: the round trip's time, and an error
         when it failed."""
         bound = self._trips.get(type(backend)) or self._trip_bound(type(backend))
-        bound[0](seconds)
+        LATER((bound[0], seconds))  # recorded in every sink by the recorder's thread
         if failed:
             bound[1]()
 

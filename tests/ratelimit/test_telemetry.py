@@ -476,3 +476,65 @@ def test_a_ban_not_made_at_the_bound_is_counted(client: Client, deltas: Deltas, 
         store.forget()
         assert statuses(client, "/api/", 3) == [200, 429, 429]
     assert deltas.of(BANS_SKIPPED, limit=name) == (2.0, 2.0)
+
+
+def test_a_prometheus_scrape_sees_every_round_trip_queued(
+    rf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check only queues its round trip's time (one append, whatever the sinks); a scrape
+    of our collector records the queue first, so it misses none, however soon it comes."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    sink = telemetry.Prometheus(registry)
+    monkeypatch.setattr(checking.HOOKS, "trips", [telemetry.Telemetry([sink]).trip])
+    from ratelimit_app.backends import get_backend
+
+    telemetry.record_queued()
+    for _ in range(3):
+        core.get_usage(rf.get("/"), "g-scraped", key="ip", rate="5/m", increment=True)
+    labels = {"backend": telemetry.backend_kind(type(get_backend()))}
+    count = registry.get_sample_value(f"{telemetry.BACKEND_SECONDS}_count", labels)
+    assert count == 3.0
+
+
+def test_a_round_trip_hook_that_fails_is_removed_and_the_others_still_told(
+    rf: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    told: list[str] = []
+
+    def first(backend: Any, seconds: float, failed: bool) -> None:
+        told.append("first")
+
+    def broken(backend: Any, seconds: float, failed: bool) -> None:
+        raise RuntimeError("exporter bug")
+
+    def last(backend: Any, seconds: float, failed: bool) -> None:
+        told.append("last")
+
+    monkeypatch.setattr(checking.HOOKS, "trips", [first, broken, last])
+    for _ in range(2):
+        usage = core.get_usage(rf.get("/"), "g-hooks", key="ip", rate="5/m", increment=True)
+        assert usage is not None and usage["count"] >= 1
+    assert told == ["first", "last", "first", "last"]  # each told once a round trip
+    assert checking.HOOKS.trips == [first, last]
+    assert "round-trip observer" in caplog.text and "exporter bug" in caplog.text
+
+
+def test_an_observer_that_fails_is_removed_and_the_others_still_told(
+    rf: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    told: list[str] = []
+
+    def broken(verdict: Any) -> None:
+        raise RuntimeError("observer bug")
+
+    monkeypatch.setattr(
+        checking.HOOKS, "observers", [lambda v: told.append("first"), broken, told.append]
+    )
+    for _ in range(2):
+        assert core.get_usage(rf.get("/"), "g-observed", key="ip", rate="5/m", increment=True)
+    assert told[0] == "first" and told[2] == "first" and len(told) == 4
+    assert isinstance(told[1], enforce.Verdict) and isinstance(told[3], enforce.Verdict)
+    assert len(checking.HOOKS.observers) == 2
+    assert "observer bug" in caplog.text
