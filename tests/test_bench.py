@@ -511,3 +511,13 @@ def test_the_floor_sends_the_rules_commands_to_memcached(
     assert values == [int(v) + 1 for v in re.findall(rb"VA \d+\r\n(\d+)", first)]
     assert len(values) == load_floor.INCREMENTS
     assert second.count(b" O") == load_floor.INCREMENTS and second.endswith(b"MN\r\n")
+
+
+def test_the_metrics_bench_fills_the_buffer_as_a_crowd_would() -> None:
+    from bench.claims import metrics as bench
+
+    rows = bench.bench_buffer(1_000)
+    assert [row[0] for row in rows] == ["names the code chose", "client-chosen names"]
+    for _, keys, dropped, per_key, met in rows:
+        assert (keys, dropped, met) == ("3,000", 0, "yes")
+        assert 50 < per_key < 400

@@ -3,7 +3,9 @@
 1. ``record()`` against the floor of the same job (a locked dict increment keyed by
    ``(name, minute)`` with a clock read), interleaved in one run; target <= 3x.
 2. One flush of 100,000 series on PostgreSQL: statements, time and the process's CPU
-   (insert and update paths); target: at most 0.5 s of CPU.
+   (insert and update paths); target: at most 0.5 s of CPU. Before it, the buffer at the
+   default bounds with a flush interval of 100,000 series across a minute's end beside the
+   batch before it (300,000 keys): nothing may be dropped, whoever chose the names.
 3. Downsampling dense minute data of 100 series, loaded in SQL (``generate_series``):
    60 days by default (the whole bench then takes about 5 minutes on 2 cores);
    ``--full-year`` for the size docs/performance quotes, 100 series x 365 days (52.56M
@@ -105,6 +107,45 @@ def bench_record(calls: int, rounds: int) -> list[list[object]]:
 #: issue 37: a flush interval of a crowd's series, written in half a second). The
 #: database's own work is the server's, apart: the wall time shows it.
 FLUSH_SERIES, FLUSH_CPU_MS = 100_000, 500.0
+
+
+def bench_buffer(series: int) -> list[list[object]]:
+    """The default buffer holding a flush interval of ``series`` series that straddles a
+    minute's end (two keys each) beside the interval before, queued while it is written:
+    the keys held, the events dropped (must be 0) and the bytes a key costs."""
+    import gc
+    import tracemalloc
+
+    from metrics_app.buffer.aggregator import Aggregator
+
+    rows: list[list[object]] = []
+    minute = int(NOW // 60)
+    for chosen in (False, True):
+        held = Aggregator()
+        for i in range(series):  # the interval before, sealed: being written
+            held.add(f"shorturl:{i:x}", minute - 1, 1, chosen)
+        held.seal()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for at in (minute, minute + 1):
+                for i in range(series):
+                    held.add(f"shorturl:{i:x}", at, 1, chosen)
+            size = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        stats = held.stats()
+        rows.append(
+            [
+                "client-chosen names" if chosen else "names the code chose",
+                f"{stats['buffered_keys']:,}",
+                stats["dropped_events"],
+                round(size / (2 * series)),
+                "yes" if stats["dropped_events"] == 0 else "NO",
+            ]
+        )
+    return rows
 
 
 def bench_flush(series: int) -> list[list[object]]:
@@ -332,6 +373,16 @@ def run(days: int, n_series: int, batch_size: int | None, quick: bool) -> None:
                 f"metrics: record() vs floor ({calls:,} calls x {rounds} rounds, median)",
                 ["what", "ns/call", "x floor"],
                 bench_record(calls, rounds),
+            ),
+            end="\n\n",
+            flush=True,
+        )
+        print(
+            table(
+                f"metrics: the buffer at its default bounds, {FLUSH_SERIES:,} series across "
+                "a minute's end beside the interval before (target: none dropped)",
+                ["names", "keys held", "dropped", "bytes a key", "met"],
+                bench_buffer(FLUSH_SERIES),
             ),
             end="\n\n",
             flush=True,
