@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import etag, require_safe
 
-from demo_site.shortener.views import CREATE_RATE
+from demo_site.shortener.views import CREATE_QUOTA, CREATE_RATE
 from ratelimit_app.conf import conf
 from ratelimit_app.config import declared
 
@@ -85,6 +85,7 @@ def limits(request: HttpRequest) -> HttpResponse:
     context = {
         "rules": rules,
         "create_rate": CREATE_RATE,
+        "create_quota": CREATE_QUOTA,
         "counters_shared": not backend.endswith("LocMemCache"),
     }
     return render(request, "limits.html", context)

@@ -78,6 +78,8 @@ def get_usage(
     cost: limits.CostSpec = 1,
     shadow: bool = False,
     ban: dict[str, Any] | None = None,
+    quota: str | None = None,
+    timezone: str | None = None,
 ) -> dict[str, Any] | None:
     """Usage of a limit for this request, counting it when ``increment`` is true.
 
@@ -94,11 +96,17 @@ def get_usage(
 
     A dry run (``shadow=True``) has ``should_limit`` False and ``shadow_limited`` True where
     the limit would refuse.
+
+    ``quota`` (``"10000/month"``; units ``day``, ``week``, ``month``) counts in the calendar
+    periods of ``timezone`` (default: ``TIME_ZONE``), alone or beside ``rate``: both must
+    allow, and ``reset`` is the seconds until the period renews (docs/quotas).
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
-    if not conf.ENABLE or rate is None:
+    if not conf.ENABLE or (rate is None and quota is None):
         return None
+    if quota is not None:  # (made once per arguments)
+        rate = limits.with_quota(rate, quota, timezone, algorithm)
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
     if fail_open is None and not increment:  # a look that counts nothing never enforces
         fail_open = True

@@ -70,6 +70,8 @@ def ratelimit(
     concurrent: int | None = None,
     lease: str | int | None = None,
     ban: dict[str, Any] | None = None,
+    quota: str | None = None,
+    timezone: str | None = None,
 ) -> Callable[[F], F]:
     """Limit a view: django-ratelimit's arguments and meaning, sliding windows underneath.
 
@@ -111,8 +113,10 @@ def ratelimit(
         )
 
     # django-ratelimit's "no rate, no limit" (check W010): nothing to build.
-    unlimited = rate is None and concurrent is None
+    unlimited = rate is None and concurrent is None and quota is None
     options: dict[str, Any] = {"cost": cost, "concurrent": concurrent, "lease": lease, "ban": ban}
+    if quota is not None or timezone is not None:
+        options.update(quota=quota, timezone=timezone)
 
     def decorator(fn: F) -> F:
         if isinstance(fn, type):

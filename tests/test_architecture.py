@@ -33,6 +33,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "signals": 0,
         "request_state": 0,
         "algorithms.rates": 0,
+        "algorithms.calendar": 0,
         "engine.refusals": 0,
         "engine.refusals.memory": 0,
         "bans": 0,

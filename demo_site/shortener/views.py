@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: Links a client may create: per account when logged in, else per IP address.
 CREATE_RATE = "10/m;100/d"
+#: ... and at most 1,000 a calendar month (``TIME_ZONE``'s), renewed on the 1st.
+CREATE_QUOTA = "1000/month"
 #: The limit on creating links, one budget whichever door is used: the form here (its
 #: decorator) and the API's POST (``demo_site.api``, through ``get_usage``) count with
 #: these same arguments, so they count in the same counters.
@@ -44,6 +46,8 @@ CREATE_LIMIT: dict[str, Any] = {
     "group": "shortener:create",
     "key": "user_or_ip",
     "rate": CREATE_RATE,
+    # A plan's quota on the calendar beside the rates: renewed on the 1st (docs/quotas).
+    "quota": CREATE_QUOTA,
     "method": "POST",
 }
 #: Links listed on the home page.
@@ -103,7 +107,12 @@ def recent_rows(request: HttpRequest) -> list[LinkRow]:
 
 
 def _index(request: HttpRequest, form: LinkForm, status: int = 200) -> HttpResponse:
-    context = {"form": form, "rows": recent_rows(request), "create_rate": CREATE_RATE}
+    context = {
+        "form": form,
+        "rows": recent_rows(request),
+        "create_rate": CREATE_RATE,
+        "create_quota": CREATE_QUOTA,
+    }
     return render(request, "shortener/index.html", context, status=status)
 
 
@@ -123,7 +132,8 @@ def index(request: HttpRequest) -> HttpResponse:
     """``/``: the form (POST creates a link and shows its page) and the newest links.
 
     Creating is limited by a decorator, 10 a minute and 100 a day per user (or per IP when
-    anonymous), in one budget with the API's POST (:data:`CREATE_LIMIT`); reading is not.
+    anonymous), and 1,000 a calendar month renewed on the 1st, in one budget with the API's
+    POST (:data:`CREATE_LIMIT`); reading is not.
     An invalid URL is shown again with its error (400); so is a URL refused by the limit
     (429), saying that no link was created and when to try again.
     """

@@ -163,7 +163,11 @@ def normalize(value: object) -> tuple[Rate, ...]:
     if isinstance(value, tuple):
         if len(value) == 2 and all(type(v) is int for v in value):
             return (_validated(value[0], value[1], value),)
-        raise ImproperlyConfigured(f"Rate {value!r}: a tuple must be (count, seconds) integers.")
+        if value and all(isinstance(v, Rate) for v in value):  # rates made already
+            return value
+        raise ImproperlyConfigured(
+            f"Rate {value!r:.200}: a tuple must be (count, seconds) integers, or rates."
+        )
     if isinstance(value, str):
         return parse(value)
     raise ImproperlyConfigured(f"Rate {value!r} is neither a string nor a (count, seconds) tuple.")

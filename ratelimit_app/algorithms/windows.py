@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ratelimit_app.algorithms import calendar
+from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.algorithms.rates import Rate
 
 #: ``G``, the fine buckets a window is cut into in the uniform layout: more buckets, tighter
@@ -168,9 +170,14 @@ def plan(
 def indexes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> tuple[int, ...]:
     """The index of each rate's fine bucket at time ``t``: a uniform plan depends on ``t``
     through these alone."""
-    if len(rates) == 1:
+    if len(rates) == 1 and type(rates[0]) is not Quota:
         return (int(t * per_window // rates[0].seconds),)
-    return tuple([int(t * per_window // r.seconds) for r in rates])
+    return tuple(
+        [
+            calendar.index(r, t) if type(r) is Quota else int(t * per_window // r.seconds)
+            for r in rates
+        ]
+    )
 
 
 def lookahead(rates: tuple[Rate, ...], per_window: int = 60, hierarchical: bool = False) -> float:
@@ -186,10 +193,14 @@ def lookahead(rates: tuple[Rate, ...], per_window: int = 60, hierarchical: bool 
     """
     c = coarse_factor(per_window)
     return min(
-        float(_seconds_ahead(r.seconds))
-        if hierarchical and r.seconds <= HIERARCHICAL_MAX
-        else c * r.seconds / per_window
-        for r in rates
+        (
+            float(_seconds_ahead(r.seconds))
+            if hierarchical and r.seconds <= HIERARCHICAL_MAX
+            else c * r.seconds / per_window
+            for r in rates
+            if type(r) is not Quota  # (a period's one counter is read whole: nothing ahead)
+        ),
+        default=0.0,
     )
 
 
@@ -233,7 +244,21 @@ class _Builder:
             for start, end, terms in raw
         )
 
+    def quota(self, rate: Quota, k: int, fine_only: bool = False) -> None:
+        """A calendar quota (:mod:`~ratelimit_app.algorithms.calendar`): one counter for its
+        period ``k``, read whole; its hits all leave when the period ends."""
+        start, end = calendar.bounds(rate, k)
+        token = quota_suffix(rate, k)
+        read = self.reads.setdefault(token, len(self.reads))
+        self.rates.append(RatePlan(rate, (Segment(end, ((read, 1),)),)))
+        if not fine_only:
+            # Written at any instant of the period, it lives past the period's end.
+            self.writes[token] = math.ceil(end - start) + TTL_FUDGE
+
     def uniform(self, rate: Rate, k: int, g: int, fine_only: bool = False) -> None:
+        if type(rate) is Quota:
+            self.quota(rate, k, fine_only)
+            return
         w, c = rate.seconds, coarse_factor(g)
         width = w / g
 
@@ -254,6 +279,11 @@ class _Builder:
         rank = {r: i for i, r in enumerate(order)}
         rate_plans = sorted(self.rates, key=lambda rp: rank[rp.rate])
         return Plan(tuple(self.writes.items()), tuple(self.reads), tuple(rate_plans))
+
+
+def quota_suffix(q: Quota, k: int) -> str:
+    """The key suffix of the counter of period ``k`` of ``q`` (``":qmonth:24323"``)."""
+    return f":q{q.unit}:{k}"
 
 
 def uniform_plan(
@@ -331,6 +361,9 @@ def hierarchical_plan(rates: tuple[Rate, ...], now: int, per_window: int) -> Pla
         return f":h{size}:{index}"
 
     for rate in rates:
+        if type(rate) is Quota:  # (a period's counter: the same in either layout)
+            builder.quota(rate, calendar.index(rate, now))
+            continue
         if rate.seconds > HIERARCHICAL_MAX:
             builder.uniform(rate, int(now * per_window // rate.seconds), per_window)
             continue
@@ -356,6 +389,12 @@ def stored_suffixes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> 
     now = math.floor(t)
     found = set(plan(rates, t, per_window).reads)
     c = coarse_factor(per_window)
+    quotas = [r for r in rates if type(r) is Quota]
+    for q in quotas:  # the period now, and the one before (its counter may still live)
+        k = calendar.index(q, t)
+        before = calendar.index(q, calendar.bounds(q, k)[0] - 1.0)
+        found.update((quota_suffix(q, k), quota_suffix(q, before)))
+    rates = tuple(r for r in rates if type(r) is not Quota)
     for rate in rates:
         k = int(t * per_window // rate.seconds)
         found.update(f":{rate.seconds}/{per_window}:{i}" for i in range(k - per_window - c, k + 1))

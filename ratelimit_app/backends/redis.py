@@ -135,10 +135,11 @@ def _script_call(
 
 
 def _split(suffix: bytes) -> tuple[bytes, bytes] | None:
-    """A uniform bucket's hash and field, else None (a key of its own):
+    """A uniform bucket's hash and field, else None (a key of its own: a hierarchical
+    bucket, a quota's period, a leaky bucket's TAT):
     ``b":60/60:123"`` -> ``(b":60/60", b"123")``, ``b":60/60x10:12"`` -> ``(b":60/60", b"x12")``.
     """
-    if suffix.startswith(b":h") or suffix == gcra.SUFFIX.encode():
+    if suffix.startswith((b":h", b":q")) or suffix == gcra.SUFFIX.encode():
         return None
     level, _, index = suffix.rpartition(b":")
     window, x, _coarse = level.partition(b"x")

@@ -27,12 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.module_loading import import_string
 
 from ratelimit_app import ALL
-from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms import calendar, rates
 from ratelimit_app.config import bans, kinds
 from ratelimit_app.config.kinds import Kind
 from ratelimit_app.config.mistakes import LimitError, Mistake, collect, raise_all
@@ -294,9 +295,14 @@ def build(
     concurrent: object = None,
     lease: object = None,
     ban: object = None,
+    quota: object = None,
+    timezone: object = None,
 ) -> Limit:
     """Validate a limit; raise :class:`LimitError` naming the part that is wrong (its
     ``errors`` name every part that is wrong).
+
+    ``quota`` (``"10000/month"``, in ``timezone`` or the site's ``TIME_ZONE``) counts in
+    calendar periods beside ``rate`` (both must allow), or alone: :func:`with_quota`.
 
     ``trusted=False`` (a rule saved in the database) accepts only the built-in key kinds and
     literal rates: nothing is imported or called to validate it.
@@ -306,6 +312,8 @@ def build(
     in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.config.bans.parse_ban`)
     bans who it refuses too often.
     """
+    if quota is not None:
+        rate = with_quota(rate, quota, timezone, algorithm)
     spec = None
     if ban is not None:
         try:
@@ -347,6 +355,53 @@ def _build_parts(
         return RUNTIME.compile(("limit", *args, type(burst), type(cost)), _build, *args)
     except TypeError:  # an unhashable value (a list, a dict): not kept, then refused
         return _build(*args)
+
+
+def with_quota(
+    rate: object, quota: object, timezone: object = None, algorithm: object = None
+) -> Any:
+    """The rate spec of a limit with the calendar quota ``quota`` (text such as
+    ``"10000/month"``, or a :class:`~ratelimit_app.algorithms.calendar.Quota`) beside
+    ``rate`` (None: the quota alone), in ``timezone`` (default: the site's ``TIME_ZONE``):
+    the rates and the quota, which both must allow. Made once per arguments (kept in the
+    runtime); a mistake is a :class:`LimitError` naming ``quota`` (or ``rate``)."""
+    if quota is None:
+        return rate
+    zone = timezone if timezone is not None else (settings.TIME_ZONE or "UTC")
+    try:
+        return RUNTIME.compile(
+            ("with-quota", rate, quota, zone, algorithm), _with_quota, rate, quota, zone, algorithm
+        )
+    except TypeError:  # an unhashable rate: refused below
+        return _with_quota(rate, quota, zone, algorithm)
+
+
+def _with_quota(rate: object, quota: object, zone: object, algorithm: object) -> Any:
+    if algorithm not in (None, kinds.DEFAULT):
+        raise LimitError(
+            "quota",
+            f"Quota {quota!r:.80}: a quota counts in calendar periods, beside sliding windows "
+            f"(the default algorithm), not with algorithm {algorithm!r:.40}.",
+        )
+    if not isinstance(zone, str):
+        raise LimitError("quota", f"Quota time zone {zone!r:.80}: expected a zone's name.")
+    try:
+        found = calendar.quota(quota, zone)
+    except ImproperlyConfigured as exc:
+        raise LimitError("quota", str(exc)) from None
+    if rate is None:
+        return found
+    if callable(rate) or rates.is_dotted_path(rate):
+        raise LimitError(
+            "quota",
+            f"Quota {quota!r:.80}: beside a rate from code, give the quota in the rate the "
+            "code returns (a tuple of rates), or give the rate as text.",
+        )
+    try:
+        given = rates.normalize(rate)
+    except ImproperlyConfigured as exc:
+        raise LimitError("rate", str(exc)) from None
+    return (*given, found)
 
 
 def _build(

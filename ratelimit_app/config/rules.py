@@ -59,6 +59,9 @@ FIELDS: Mapping[str, str] = MappingProxyType(
         "1h (default '1m')",
         "ban": "a dict such as {'after': 10, 'within': '10m', 'for': '1h', 'max': '1d'}: ban a "
         "subject refused that often",
+        "quota": "a quota on the calendar such as '10000/month' (units day, week, month), alone "
+        "or beside the rate (both must allow)",
+        "timezone": "the zone of the quota's periods, such as 'Europe/Paris' (default: TIME_ZONE)",
     }
 )
 
@@ -287,6 +290,8 @@ def _limit(raw: Mapping[str, Any], rule: str, trusted: bool) -> Limit:
             concurrent=raw.get("concurrent"),
             lease=raw.get("lease"),
             ban=raw.get("ban"),
+            quota=raw.get("quota"),
+            timezone=raw.get("timezone"),
         )
     except LimitError as exc:
         errors = [_rule_error(raw, rule, error) for error in exc.errors]

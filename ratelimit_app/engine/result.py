@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
-from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app import clock
+from ratelimit_app.algorithms import calendar, gcra, windows
+from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.backends.base import MeterReply
 from ratelimit_app.config import kinds
 from ratelimit_app.config.limits import Check
@@ -99,8 +102,8 @@ def meter_result(state: gcra.State, ns: str) -> Result:
 
 
 def _rate_entry(u: windows.Usage, limit: int) -> dict[str, Any]:
-    """One rate's entry of the usage dict's ``rates``."""
-    return {
+    """One rate's entry of the usage dict's ``rates`` (a quota's with when it renews)."""
+    entry = {
         "rate": u.rate.text,
         "window": u.rate.seconds,
         "count": u.count,
@@ -109,6 +112,18 @@ def _rate_entry(u: windows.Usage, limit: int) -> dict[str, Any]:
         "reset": math.ceil(u.reset),
         "should_limit": u.limited,
     }
+    if type(u.rate) is Quota:
+        entry.update(renewal(u.rate))
+    return entry
+
+
+def renewal(quota: Quota) -> dict[str, Any]:
+    """When ``quota``'s period (now, on the limiter's clock) ends: ``renews``, the instant
+    in ISO 8601 in its zone, and ``renews_in``, the whole seconds until then."""
+    now = clock.now()
+    ends = calendar.renews(quota, now)
+    instant = datetime.fromtimestamp(ends, calendar.zone_info(quota.zone))
+    return {"renews": instant.isoformat(), "renews_in": math.ceil(ends - now)}
 
 
 def usage_dict(result: Result) -> dict[str, Any]:
@@ -147,6 +162,9 @@ def usage_dict(result: Result) -> dict[str, Any]:
     }
     if state is not None:
         kind.add_usage(usage, state)
+    quotas = [x.rate for x in result.usages if type(x.rate) is Quota]
+    if quotas:  # (a limit has one quota at most)
+        usage.update(renewal(quotas[0]))
     return usage
 
 

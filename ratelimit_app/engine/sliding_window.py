@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends.base import Op
 from ratelimit_app.config.limits import Check
@@ -75,7 +76,8 @@ class SlidingWindow(Step):
                 made = plan(rates, moment.t, moment.per_window)
                 if len(memo) >= PLAN_MEMO:
                     memo.clear()
-                memo[check.scope] = (index, moment.per_window, made)
+                if type(rates[0]) is not Quota:  # (a calendar period is no fine bucket)
+                    memo[check.scope] = (index, moment.per_window, made)
         else:
             made = plan(rates, moment.t, moment.per_window, moment.hierarchical)
         self.plan = made

@@ -120,7 +120,8 @@ class SimpleRateThrottle(BaseThrottle):
     (None: ``RATELIMIT_FAIL_OPEN``) decides when the counters cannot be reached.
 
     ``cost`` (or :meth:`get_cost`) is the hits a request counts; ``shadow = True`` makes
-    the throttle a dry run.
+    the throttle a dry run; ``quota = "10000/month"`` adds a quota on the calendar (its
+    ``wait()`` then the seconds until its period renews, when it is the one spent).
 
     A view's throttles of this module are checked together, at the time of the first one's
     :meth:`timer`. Two throttles count apart unless they have the same scope, rates,
@@ -140,6 +141,10 @@ class SimpleRateThrottle(BaseThrottle):
     shadow: bool = False
     #: Ban a client refused that often: ``{"after": 10, "within": "10m", "for": "1h"}``.
     ban: dict[str, Any] | None = None
+    #: A quota on the calendar beside the rate (both must allow), ``"10000/month"``, in the
+    #: periods of ``timezone`` (default: ``TIME_ZONE``): docs/quotas.
+    quota: str | None = None
+    timezone: str | None = None
 
     #: Set by :meth:`allow_request`: the cache key, the time, and the outcome.
     key: str | None = None
@@ -203,7 +208,15 @@ class SimpleRateThrottle(BaseThrottle):
             spec = (self.num_requests, self.duration)
         try:
             return limits.build(
-                self.name, SUBJECT_KIND, spec, ALL, self.algorithm, self.burst, ban=self.ban
+                self.name,
+                SUBJECT_KIND,
+                spec,
+                ALL,
+                self.algorithm,
+                self.burst,
+                ban=self.ban,
+                quota=self.quota,
+                timezone=self.timezone,
             )
         except ImproperlyConfigured as exc:
             raise self._misconfigured(exc) from None

@@ -348,7 +348,9 @@ def test_creating_links_is_limited_by_the_decorator(client: Client) -> None:
         f"logged out). Try again in {wait} seconds."
     ]
     assert 'value="https://example.com/more"' in text
-    assert page["RateLimit-Policy"] == '"10/m";q=10;w=60, "100/d";q=100;w=86400'
+    assert page["RateLimit-Policy"] == (
+        '"10/m";q=10;w=60, "100/d";q=100;w=86400, "1000/month (UTC)";q=1000;w=2682000'
+    )
     assert page["RateLimit"].startswith('"10/m";r=0;t=')
 
 

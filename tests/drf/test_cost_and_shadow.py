@@ -77,3 +77,25 @@ def test_a_shadow_throttle_admits_and_reports(
     with frozen_clock(T0):
         assert statuses(view, 5) == [200] * 5
     assert [(s["rule"], s.get("shadow")) for s in shadow_signals] == [(f"drf:{scope}", True)] * 3
+
+
+def test_a_throttles_quota_refuses_until_its_period_renews(scope: str) -> None:
+    """``quota`` beside the rate: both must allow, and a spent quota's wait is the seconds
+    until its period (here a day in Paris) renews."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    view = api_view(throttle(scope, rate="100/m", quota="2/day", timezone="Europe/Paris"))
+    midnight = datetime(2024, 10, 28, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
+    with frozen_clock(midnight - 45) as clock:
+        assert statuses(view, 2) == [200, 200]
+        refused = get(view)
+        assert refused.status_code == 429 and refused["Retry-After"] == "45"
+        clock.advance(45)
+        assert statuses(view, 3) == [200, 200, 429]
+
+
+def test_a_throttle_with_a_quota_that_is_none_names_the_throttle(scope: str) -> None:
+    bad = throttle(scope, rate="100/m", quota="2/fortnight")
+    with pytest.raises(ImproperlyConfigured, match=r"T_.*2/fortnight"):
+        get(api_view(bad))

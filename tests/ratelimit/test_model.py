@@ -94,7 +94,7 @@ from hypothesis.stateful import (
 )
 
 from ratelimit_app import ALL
-from ratelimit_app.algorithms import gcra, windows
+from ratelimit_app.algorithms import calendar, gcra, windows
 from ratelimit_app.algorithms.gcra import IN_FLIGHT, LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.algorithms.rates import MAX_LEASE, Rate, Slots, parse
 from ratelimit_app.backends import reset_backends
@@ -443,6 +443,15 @@ counts = st.integers(0, 3) | st.just(9) | st.integers(10, 12)
 #: Requests repeated a few times, or enough to fill a limit around 10 in one bucket.
 repeats = st.integers(1, 3) | st.integers(10, 13)
 rate = st.builds(Rate, counts, st.sampled_from(WINDOWS))
+#: Quotas on the calendar, in zones whose days are not all 24 hours (a 30-minute change in
+#: Lord Howe, midnight skipped in Santiago) beside UTC.
+QUOTA_ZONES = ("UTC", "Europe/Paris", "America/Santiago", "Australia/Lord_Howe")
+quota = st.builds(
+    lambda count, unit, zone: calendar.Quota(count, calendar.UNITS[unit], unit, zone),
+    counts,
+    st.sampled_from(sorted(calendar.UNITS)),
+    st.sampled_from(QUOTA_ZONES),
+)
 #: A ban's strikes: 1 to 3 refusals within a window (the ban's own length is not the
 #: engine's business: it is imposed above ``check_many``).
 ban_specs = st.builds(
@@ -452,7 +461,7 @@ ban_specs = st.builds(
 )
 #: (rates, algorithm, burst, ban).
 sliding = st.tuples(
-    st.lists(rate, min_size=1, max_size=3, unique=True),
+    st.lists(rate | quota, min_size=1, max_size=3, unique=True),
     st.just(SLIDING_WINDOW),
     st.none(),
     st.none() | ban_specs,
@@ -489,7 +498,16 @@ MOVES = (
     "retry_after",
     "reset",
     "past every TTL",
+    "period edge",
 )
+
+
+def _given(rates: list[Rate]) -> tuple[Rate, ...]:
+    """Rates as a decorator's text gives them (sorted: the scope spells them in order), the
+    quotas after them as a limit's quota is."""
+    plain = [r for r in rates if type(r) is not calendar.Quota]
+    quotas = tuple(r for r in rates if type(r) is calendar.Quota)
+    return (parse(";".join(r.text for r in plain)) if plain else ()) + quotas
 
 
 class LimiterMachine(RuleBasedStateMachine):
@@ -524,9 +542,7 @@ class LimiterMachine(RuleBasedStateMachine):
         self.limits = []
         for n, (rates, algorithm, burst, ban) in enumerate(specs):
             # Rates as a decorator's text gives them (sorted; the scope spells them in order).
-            given = (
-                tuple(rates) if algorithm == IN_FLIGHT else parse(";".join(r.text for r in rates))
-            )
+            given = tuple(rates) if algorithm == IN_FLIGHT else _given(rates)
             self.limits.append(Limit(f"model-{run}-{n}", given, algorithm, burst, ban))
         self.model = Model(per_window, hierarchical)
         self.stack.enter_context(mock.patch.object(windows, "HIERARCHICAL", hierarchical))
@@ -629,7 +645,9 @@ class LimiterMachine(RuleBasedStateMachine):
             limit.group,
             ip,
             key="ip",
-            rate=limit.text,
+            rate=limit.rates
+            if any(type(r) is calendar.Quota for r in limit.rates)
+            else limit.text,
             algorithm=limit.algorithm,
             burst=limit.burst,
         )
@@ -661,6 +679,10 @@ class LimiterMachine(RuleBasedStateMachine):
             target = (math.floor(t / size) + 1) * size + nudge
         elif move == "window":
             target = t + r.seconds + nudge
+        elif move == "period edge":  # where a quota's period ends (a rate's: its window)
+            quotas = [q for q in every if type(q) is calendar.Quota]
+            q = quotas[index % len(quotas)] if quotas else None
+            target = (t + r.seconds if q is None else calendar.renews(q, t)) + nudge
         elif move in ("retry_after", "reset"):
             waits = [
                 u.retry_after if move == "retry_after" else u.reset
