@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.choices import BaseChoiceIterator
 from django.utils.translation import gettext_lazy as _
 
+from ratelimit_app.algorithms import calendar
 from ratelimit_app.config import access, declared, kinds, names, rules, sources
 from ratelimit_app.identity import keys
 from ratelimit_app.overrides import table as overrides
@@ -85,6 +86,18 @@ class Rule(models.Model):
         max_length=200,
         blank=True,
         help_text=_("'5/m', or several: '5/m;10/d'; empty: only requests in flight are limited."),
+    )
+    quota = models.CharField(
+        _("quota"),
+        max_length=40,
+        blank=True,
+        help_text=_("On the calendar, renewed when its period ends: '10000/month', '500/day'."),
+    )
+    timezone = models.CharField(
+        _("time zone"),
+        max_length=64,
+        blank=True,
+        help_text=_("Whose calendar the quota follows, such as 'Europe/Paris'; empty: TIME_ZONE."),
     )
     concurrent = models.PositiveIntegerField(
         _("in flight"),
@@ -181,8 +194,13 @@ class Rule(models.Model):
     def as_dict(self) -> dict[str, Any]:
         """The rule as a ``RATELIMIT_RULES`` entry."""
         out: dict[str, Any] = {"name": self.name, "key": self.key.strip()}
-        if self.rate.strip() or self.concurrent is None:
+        quota = self.quota.strip()
+        if self.rate.strip() or (self.concurrent is None and not quota):
             out["rate"] = self.rate
+        if quota:
+            out["quota"] = quota
+        if self.timezone.strip():
+            out["timezone"] = self.timezone.strip()
         if self.concurrent is not None:
             out["concurrent"] = self.concurrent
         if self.lease.strip():
@@ -393,6 +411,8 @@ class _Known(NamedTuple):
     #: It limits requests in flight only (no rate): an override, which changes rates, has
     #: nothing to change.
     places_only: bool
+    #: The zone of its quota on the calendar (None: it has none).
+    quota_zone: str | None = None
 
 
 def _known(name: str) -> _Known | None:
@@ -401,7 +421,9 @@ def _known(name: str) -> _Known | None:
         if rule.name == name:
             lim = rule.limit
             places = lim.algorithm_kind.holds_places
-            return _Known(lim.algorithm, lim.burst, keys.kind(lim.key), places)
+            zones = [r.zone for r in lim.static_rates or () if isinstance(r, calendar.Quota)]
+            zone = zones[0] if zones else None
+            return _Known(lim.algorithm, lim.burst, keys.kind(lim.key), places, zone)
     if name.startswith(f"{sources.DRF}:"):
         scope = sources.limit(name)
         if scope is None:
@@ -476,7 +498,17 @@ def _unfit(known: _Known, found: overrides.Rates) -> dict[str, str] | None:
     kind = kinds.KINDS.get(known.algorithm)
     if kind is None or found == overrides.UNLIMITED:
         return None
-    why = kind.unfit(found, known.burst)
+    fitted = calendar.zoned(found, known.quota_zone)
+    if fitted is None:
+        return {
+            "rate": str(
+                _(
+                    "A quota by the week or the month overrides a limit's quota on the "
+                    "calendar; this limit has none."
+                )
+            )
+        }
+    why = kind.unfit(fitted, known.burst)
     return None if why is None else {"rate": why}
 
 

@@ -44,8 +44,49 @@ class Quota(Rate):
     zone: str = "UTC"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "text", f"{self.count}/{self.unit} ({self.zone})")
+        # (No zone: an override's quota, given the zone of the limit it overrides.)
+        zone = f" ({self.zone})" if self.zone else ""
+        object.__setattr__(self, "text", f"{self.count}/{self.unit}{zone}")
         object.__setattr__(self, "_hash", hash((self.count, self.unit, self.zone, "quota")))
+
+
+def split(text: str) -> tuple[str, tuple[Quota, ...]]:
+    """``text`` (``"100/m;1000000/month"``) as the text of its rates and the quotas among
+    them, each without a zone (the zone of the limit they are given to): a part
+    ``<count>/day``, ``/week`` or ``/month``. Raises ``ImproperlyConfigured`` for a quota
+    over the largest count."""
+    rest, quotas = [], []
+    for part in text.split(";"):
+        found = _QUOTA_RE.fullmatch(part.strip())
+        if found is None or found["unit"] not in UNITS:
+            rest.append(part)
+            continue
+        count, unit = int(found["count"]), found["unit"]
+        if count > MAX_COUNT:
+            raise ImproperlyConfigured(
+                f"Quota {part.strip()!r:.80}: the count is over {MAX_COUNT:,}."
+            )
+        quotas.append(Quota(count, UNITS[unit], unit, ""))
+    return ";".join(rest), tuple(quotas)
+
+
+def zoned(rates: tuple[Rate, ...], zone: str | None) -> tuple[Rate, ...] | None:
+    """``rates`` with each quota without a zone given ``zone`` (the overridden limit's
+    quota's); with no such zone (a limit without a quota), a day's becomes a rolling day
+    (``"10/day"`` as ever), and a week's or a month's cannot be: None."""
+    if not any(type(r) is Quota and not r.zone for r in rates):
+        return rates  # (the same tuple: what a limit's overrides share stays shared)
+    out: list[Rate] = []
+    for r in rates:
+        if type(r) is not Quota or r.zone:
+            out.append(r)
+        elif zone is not None:
+            out.append(Quota(r.count, r.seconds, r.unit, zone))
+        elif r.unit == "day":
+            out.append(Rate(r.count, 86400))
+        else:
+            return None
+    return tuple(out)
 
 
 def quota(spec: object, zone: str) -> Quota:

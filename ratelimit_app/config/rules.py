@@ -28,6 +28,7 @@ from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
 from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
 from ratelimit_app.config.policy import Policy, policy
@@ -156,6 +157,11 @@ class CompiledRule:
         out["methods"] = sorted(self.methods) if self.methods else "ALL"
         out["key"] = keys.kind(self.key)
         out["rate"] = self.rate if isinstance(self.rate, str) else repr(self.rate)
+        quotas = [r for r in self.limit.static_rates or () if isinstance(r, Quota)]
+        if quotas:  # (its rate is then its rates and the quota: each as the settings say it)
+            rest = [r.text for r in self.limit.static_rates or () if not isinstance(r, Quota)]
+            out["rate"] = ";".join(rest)
+            out["quota"], out["timezone"] = f"{quotas[0].count}/{quotas[0].unit}", quotas[0].zone
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
         out.update(self.limit.algorithm_kind.described(self.burst))
         cost = self.limit.cost

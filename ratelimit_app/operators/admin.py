@@ -116,6 +116,8 @@ def rate_text(rule: dict[str, Any]) -> str:
     ``CompiledRule.describe`` or ``Rule.as_dict`` makes it): ``5/m``, or ``3 in flight``
     for a rule that only limits requests in flight (as ``ratelimit_usage`` writes it)."""
     rate = rule.get("rate") or ""
+    if not rate and rule.get("quota"):  # a quota on the calendar alone
+        return str(rule["quota"])
     if not rate and rule.get("concurrent"):
         return f"{rule['concurrent']} in flight"
     return str(rate)
@@ -130,6 +132,8 @@ def options(rule: dict[str, Any]) -> str:
         marks.append(escape(_("cost %(cost)s") % {"cost": rule["cost"]}))
     if rule.get("concurrent") and rule.get("rate"):
         marks.append(escape(f"{rule['concurrent']} in flight"))
+    if rule.get("quota") and rule.get("rate"):
+        marks.append(escape(_("quota %(quota)s") % {"quota": rule["quota"]}))
     if rule.get("ban"):
         marks.append(_ban_mark(rule["ban"]))
     if rule.get("shadow"):
@@ -300,6 +304,7 @@ class RuleAdmin(EscapedHelp):
                 "fields": (
                     "key",
                     "rate",
+                    ("quota", "timezone"),
                     "algorithm",
                     "burst",
                     "cost",

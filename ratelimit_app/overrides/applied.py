@@ -34,6 +34,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from ratelimit_app.algorithms import calendar
+from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.overrides.table import UNLIMITED, USER_KINDS, Table, by_address
 from ratelimit_app.runtime import RUNTIME
@@ -60,7 +62,8 @@ class _Memo:
         #: The table and its version the answers are for.
         self.of: tuple[Table | None, int] = (None, 0)
         #: (limit name, check) -> (replaced check, the check, or _LIFTED; ask again after).
-        self.answers: dict[tuple[str, Check], Check] = {}
+        #: ``{(limit, check): (the override's rates, the check they make)}``.
+        self.answers: dict[tuple[str, Check], tuple[Any, Check]] = {}
         #: user primary key -> (group names, ask again after).
         self.groups: dict[Any, tuple[frozenset[str], float]] = {}
 
@@ -138,7 +141,7 @@ def _rates(request: Any, table: Table, name: str, kind: str, value: str) -> Any:
     return rates
 
 
-def _answers(table: Table) -> dict[tuple[str, Check], Check]:
+def _answers(table: Table) -> dict[tuple[str, Check], tuple[Any, Check]]:
     """The answers remembered for ``table`` as it is now: new ones when it is another
     table, or it changed in place. A new dict, not a cleared one: a thread still answering
     from the table as it was files its answer where no one looks any more."""
@@ -157,13 +160,13 @@ def _answer(table: Table, d: Decided, rates: tuple[Any, ...]) -> Any:
         return _LIFTED
     answers = _answers(table)
     key = (d.name or d.limit.group, d.check)
-    answer = answers.get(key)
-    if answer is None or answer.rates is not rates:
-        answer = _replaced(d, d.check, rates)
+    found = answers.get(key)
+    if found is None or found[0] is not rates:  # (new rates: the table changed in place)
+        found = (rates, _replaced(d, d.check, rates))
         if len(answers) >= MEMO:
             answers.clear()
-        answers[key] = answer
-    return answer
+        answers[key] = found
+    return found[1]
 
 
 def _nobody() -> None:
@@ -178,7 +181,14 @@ def _replaced(d: Decided, check: Check, rates: tuple[Any, ...]) -> Check:
     """``check`` with ``rates`` and their own scope; the check itself when its kind of limit
     cannot take them (a leaky bucket takes one rate; logged: the admin's form refuses that
     for a rule it knows)."""
-    why = d.limit.algorithm_kind.unfit(rates, check.burst)
+    own = [r.zone for r in check.rates if type(r) is Quota]
+    fitted = calendar.zoned(rates, own[0] if own else None)
+    why: str | None
+    if fitted is None:
+        why = "a quota by the week or the month overrides a limit's quota; this one has none"
+    else:
+        rates = fitted
+        why = d.limit.algorithm_kind.unfit(rates, check.burst)
     if why is not None:
         logger.error("ratelimit: override of %s left out: %s", d.name or d.limit.group, why)
         return check

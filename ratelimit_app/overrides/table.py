@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app.algorithms import rates
+from ratelimit_app.algorithms import calendar, rates
 from ratelimit_app.config.limits import Mistake, collect, raise_all
 from ratelimit_app.identity import addresses, keys
 from ratelimit_app.runtime import RUNTIME
@@ -144,9 +144,18 @@ def parse_rate(value: object) -> Rates:
     try:
         # One tuple per rate text, shared by the overrides that give it (ten thousand
         # overrides of "10/m" hold one): kept with what the runtime compiles.
-        return RUNTIME.compile(("rates", text), rates.parse, text)
+        return RUNTIME.compile(("rates", text), _rates_and_quotas, text)
     except ImproperlyConfigured as exc:
         raise OverrideError("rate", f"{exc} Or 'unlimited'.") from None
+
+
+def _rates_and_quotas(text: str) -> Rates:
+    """The rates of ``text``, and its quotas on the calendar (``"1000000/month"``: docs/
+    quotas), in the zone of the limit they are given to when applied; at most one."""
+    rest, quotas = calendar.split(text)
+    if len(quotas) > 1:
+        raise ImproperlyConfigured(f"Rate {text!r:.80}: at most one quota (day, week or month).")
+    return (rates.parse(rest) if rest.strip() else ()) + quotas
 
 
 def parse_subject(value: object) -> Subject:

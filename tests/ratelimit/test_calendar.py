@@ -326,3 +326,105 @@ def test_ratelimit_reset_gives_a_rules_quota_back() -> None:
         call_command("ratelimit_reset", "plan", "127.0.0.1", stdout=out)
         assert "Reset 127.0.0.1 for rule plan" in out.getvalue()
         assert client.get("/rules/named/").status_code == 200
+
+
+# -- overrides: a partner's own quota -----------------------------------------------------
+
+
+def test_an_overrides_quota_takes_the_zone_of_the_limit_it_overrides() -> None:
+    rest, quotas = calendar.split("100/m; 1000000/month")
+    assert rest == "100/m" and quotas == (Quota(1000000, calendar.UNITS["month"], "month", ""),)
+    assert quotas[0].text == "1000000/month"
+    paris = calendar.zoned(quotas, "Europe/Paris")
+    assert paris == (q("1000000/month", "Europe/Paris"),)
+    day = calendar.split("10/day")[1]
+    assert calendar.zoned(day, None) == (Rate(10, 86400),)  # "10/day" as ever, without one
+    assert calendar.zoned(quotas, None) is None  # a month's needs a limit with a quota
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("backend_kind", "site")
+def test_a_partners_override_gives_it_a_quota_of_its_own() -> None:
+    from django.core.exceptions import ValidationError
+    from django.test import Client
+
+    from ratelimit_app import store
+    from ratelimit_app.models import Override
+    from ratelimit_app.overrides import applied
+    from ratelimit_app.testing import forget_refusals
+    from tests.ratelimit.conftest import rules
+
+    plan = {
+        "name": "plan",
+        "path": "/rules/named/",
+        "key": "ip",
+        "rate": "100/m",
+        "quota": "2/month",
+        "timezone": "Europe/Paris",
+    }
+    flat = {"name": "flat", "path": "/rules/unnamed/", "key": "ip", "rate": "100/m"}
+    client = Client()
+    with rules(plan, flat), frozen_clock(at("Europe/Paris", 2024, 5, 31, 23, 59, 50)) as clock:
+        partner = Override(limit="plan", subject="127.0.0.1", rate="100/m;5/month")
+        partner.full_clean()
+        partner.save()
+        store.forget()
+        applied.forget()
+        forget_refusals()
+        seen = [client.get("/rules/named/") for _ in range(6)]
+        assert [r.status_code for r in seen] == [200] * 5 + [429]
+        assert seen[-1]["Retry-After"] == "10"
+        assert '"plan:5/month (Europe/Paris)";r=0;t=10' in seen[-1]["RateLimit"]
+        from ratelimit_app.runtime import RUNTIME
+
+        memo = RUNTIME.part(applied._Memo).answers
+        checks = {id(found) for _, found in memo.values()}
+        client.get("/rules/named/")
+        assert len(memo) == 1 and {id(found) for _, found in memo.values()} == checks
+        clock.advance(10)  # June: the partner's 5 again
+        assert [client.get("/rules/named/").status_code for _ in range(6)][-2:] == [200, 429]
+        # A quota by the month overrides a limit's quota: "flat" has none to override.
+        wrong = Override(limit="flat", subject="127.0.0.1", rate="5/month")
+        with pytest.raises(ValidationError, match="this limit has none"):
+            wrong.full_clean()
+    store.forget()
+    applied.forget()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("backend_kind", "site")
+def test_a_database_rules_quota_counts_and_its_mistakes_are_named() -> None:
+    from django.core.exceptions import ValidationError
+    from django.test import Client
+
+    from ratelimit_app import store
+    from ratelimit_app.models import Rule
+    from ratelimit_app.operators.admin import options, rate_text
+
+    rule = Rule(name="db-plan", path="/rules/named/", key="ip", quota="2/week", timezone="UTC")
+    rule.full_clean()
+    rule.save()
+    assert rule.as_dict()["quota"] == "2/week" and "rate" not in rule.as_dict()
+    assert rate_text(rule.as_dict()) == "2/week"
+    store.forget()
+    client = Client()
+    try:
+        with frozen_clock(at("UTC", 2024, 3, 3, 23, 59, 58)):  # a Sunday: the week ends soon
+            statuses = [client.get("/rules/named/").status_code for _ in range(3)]
+            assert statuses == [200, 200, 429]
+        in_force = store.current().rules.rules
+        described = next(r for r in in_force if r.name == "db-plan").describe()
+        assert (described["rate"], described["quota"], described["timezone"]) == (
+            "",
+            "2/week",
+            "UTC",
+        )
+        beside = Rule(name="db-both", path="/x/", key="ip", rate="5/m", quota="9/day")
+        assert "quota 9/day" in options(beside.as_dict())
+        wrong = Rule(name="db-wrong", path="/x/", key="ip", rate="5/m", quota="2/fortnight")
+        with pytest.raises(ValidationError) as raised:
+            wrong.full_clean()
+        assert "2/fortnight" in str(raised.value.message_dict["quota"])
+    finally:
+        Rule.objects.all().delete()
+        store.forget()
