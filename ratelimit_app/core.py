@@ -99,13 +99,13 @@ def get_usage(
 
     ``quota`` (``"10000/month"``; units ``day``, ``week``, ``month``) counts in the calendar
     periods of ``timezone`` (default: ``TIME_ZONE``), alone or beside ``rate``: both must
-    allow, and ``reset`` is the seconds until the period renews (docs/quotas).
+    allow, and ``renews`` and ``renews_in`` say when the period ends (docs/quotas).
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
     if not conf.ENABLE or (rate is None and quota is None):
         return None
-    if quota is not None:  # (made once per arguments)
+    if quota is not None or timezone is not None:  # (made once per arguments)
         rate = limits.with_quota(rate, quota, timezone, algorithm)
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
     if fail_open is None and not increment:  # a look that counts nothing never enforces

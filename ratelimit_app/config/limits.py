@@ -312,7 +312,7 @@ def build(
     in-flight limit alone. ``ban`` (a dict: :func:`ratelimit_app.config.bans.parse_ban`)
     bans who it refuses too often.
     """
-    if quota is not None:
+    if quota is not None or timezone is not None:
         rate = with_quota(rate, quota, timezone, algorithm)
     spec = None
     if ban is not None:
@@ -364,8 +364,13 @@ def with_quota(
     ``"10000/month"``, or a :class:`~ratelimit_app.algorithms.calendar.Quota`) beside
     ``rate`` (None: the quota alone), in ``timezone`` (default: the site's ``TIME_ZONE``):
     the rates and the quota, which both must allow. Made once per arguments (kept in the
-    runtime); a mistake is a :class:`LimitError` naming ``quota`` (or ``rate``)."""
+    runtime); a mistake is a :class:`LimitError` naming ``quota`` (or ``rate``, or
+    ``timezone`` given without a quota: a zone alone limits nothing)."""
     if quota is None:
+        if timezone is not None:
+            raise LimitError(
+                "timezone", f"Time zone {timezone!r:.80} without a quota: it only places a quota."
+            )
         return rate
     zone = timezone if timezone is not None else (settings.TIME_ZONE or "UTC")
     try:

@@ -162,9 +162,10 @@ def usage_dict(result: Result) -> dict[str, Any]:
     }
     if state is not None:
         kind.add_usage(usage, state)
-    quotas = [x.rate for x in result.usages if type(x.rate) is Quota]
-    if quotas:  # (a limit has one quota at most)
-        usage.update(renewal(quotas[0]))
+    for entry in each:  # a quota's entry says when it renews (a limit has one at most)
+        if "renews" in entry:
+            usage["renews"], usage["renews_in"] = entry["renews"], entry["renews_in"]
+            break
     return usage
 
 

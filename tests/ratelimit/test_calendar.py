@@ -296,6 +296,7 @@ def test_a_decorators_quota_and_get_usage_count_the_same_period(
         ({"quota": "10/month", "algorithm": "leaky_bucket"}, "calendar periods"),
         ({"quota": "10/month", "rate": "myapp.rates.for_user"}, "beside a rate from code"),
         ({"quota": "10/month", "timezone": 3}, "expected a zone's name"),
+        ({"timezone": "Europe/Paris"}, "field 'timezone'.*without a quota"),
     ],
 )
 def test_a_rule_with_a_quota_that_is_none_is_refused_naming_the_field(
@@ -428,3 +429,17 @@ def test_a_database_rules_quota_counts_and_its_mistakes_are_named() -> None:
     finally:
         Rule.objects.all().delete()
         store.forget()
+
+
+def test_a_time_zone_without_a_quota_is_a_mistake_at_every_door(rf: RequestFactory) -> None:
+    from ratelimit_app.decorators import ratelimit
+
+    with pytest.raises(ImproperlyConfigured, match="without a quota"):
+        get_usage(rf.get("/"), group="tz-alone", key="ip", rate="5/m", timezone="UTC")
+
+    @ratelimit(key="ip", rate="5/m", timezone="UTC")
+    def view(request: Any) -> Any:
+        return None
+
+    with pytest.raises(ImproperlyConfigured, match="without a quota"):
+        view(rf.get("/"))
