@@ -126,6 +126,10 @@ RATELIMIT_RULES = [
         "key": "demo_site.accounts.passwords.account_and_address",
         "rate": "5/m;20/d",
         "count": "failures",
+        # While the counter server is down, each process counts these guesses in its own
+        # memory (at most 5 a minute per process) instead of letting every guess through
+        # (docs/operators.rst, "Counting in memory during an outage").
+        "fallback": "memory",
     },
     # ...and per account from every address: 100 a day stops a botnet that spreads its
     # guesses over many addresses. Locking the owner out takes 100 wrong passwords from at

@@ -59,6 +59,7 @@ MESSAGES: Mapping[str, str] = MappingProxyType(
         "built as cls(alias, cache).",
         "E020": "REST_FRAMEWORK names throttles of ratelimit_app.throttling, but Django REST "
         "framework is not installed.",
+        "E022": 'RATELIMIT_FALLBACK must be "memory" or None.',
         "E021": "A Django REST framework throttle of ratelimit_app.throttling cannot count: a "
         "REST_FRAMEWORK setting or a view's throttle is invalid.",
         "W003": "RATELIMIT_RULES is set but RatelimitMiddleware is not in MIDDLEWARE: "
@@ -284,9 +285,16 @@ def _check_settings() -> Iterable[checks.CheckMessage]:
         _dotted_paths,
         _prefix,
         _ip_meta_key,
+        _fallback,
         _unknown,
     ):
         yield from check()
+
+
+def _fallback() -> Iterable[checks.CheckMessage]:
+    value = _setting("RATELIMIT_FALLBACK")
+    if not (value is None or value is False or (type(value) is str and value == "memory")):
+        yield _error("E022", f"RATELIMIT_FALLBACK is {value!r}.")
 
 
 MIDDLEWARE_PATH = "ratelimit_app.middleware.RatelimitMiddleware"

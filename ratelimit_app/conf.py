@@ -33,6 +33,7 @@ DEFAULTS: Mapping[str, Any] = MappingProxyType(
         "RATELIMIT_USE_CACHE": "default",
         "RATELIMIT_VIEW": None,
         "RATELIMIT_FAIL_OPEN": False,
+        "RATELIMIT_FALLBACK": None,
         "RATELIMIT_IP_META_KEY": None,
         "RATELIMIT_IPV4_MASK": 32,
         "RATELIMIT_IPV6_MASK": 64,
@@ -109,6 +110,21 @@ class Settings:
     @functools.cached_property
     def FAIL_OPEN(self) -> bool:
         return bool(read("RATELIMIT_FAIL_OPEN"))
+
+    @functools.cached_property
+    def FALLBACK(self) -> bool:
+        """True: the limits count in each process's memory while the counters are down
+        (``RATELIMIT_FALLBACK = "memory"``)."""
+        value = read("RATELIMIT_FALLBACK")
+        if value is None or value is False:
+            return False
+        if value == "memory" and type(value) is str:
+            return True
+        raise ImproperlyConfigured(
+            f'RATELIMIT_FALLBACK is {value!r}: set it to "memory" (count in each process\'s '
+            "memory while the counters are down) or None (fail open or closed, as "
+            "RATELIMIT_FAIL_OPEN says)."
+        )
 
     @functools.cached_property
     def IP_META_KEY(self) -> str | Callable[..., Any] | None:

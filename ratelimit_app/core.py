@@ -80,6 +80,7 @@ def get_usage(
     ban: dict[str, Any] | None = None,
     quota: str | None = None,
     timezone: str | None = None,
+    fallback: str | bool | None = None,
 ) -> dict[str, Any] | None:
     """Usage of a limit for this request, counting it when ``increment`` is true.
 
@@ -100,6 +101,9 @@ def get_usage(
     ``quota`` (``"10000/month"``; units ``day``, ``week``, ``month``) counts in the calendar
     periods of ``timezone`` (default: ``TIME_ZONE``), alone or beside ``rate``: both must
     allow, and ``renews`` and ``renews_in`` say when the period ends (docs/quotas).
+
+    ``fallback="memory"``: while the counters cannot be reached, count in this process's
+    memory (default: ``RATELIMIT_FALLBACK``; ``False``: never; docs/operators).
     """
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
@@ -110,7 +114,9 @@ def get_usage(
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
     if fail_open is None and not increment:  # a look that counts nothing never enforces
         fail_open = True
-    enforced = of_call(group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow)
+    enforced = of_call(
+        group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow, fallback
+    )
     return limit_usage(request, enforced, increment)
 
 

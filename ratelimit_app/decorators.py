@@ -72,6 +72,7 @@ def ratelimit(
     ban: dict[str, Any] | None = None,
     quota: str | None = None,
     timezone: str | None = None,
+    fallback: str | bool | None = None,
 ) -> Callable[[F], F]:
     """Limit a view: django-ratelimit's arguments and meaning, sliding windows underneath.
 
@@ -104,7 +105,7 @@ def ratelimit(
     with a rate), each holding its place until its response is done, or for ``lease`` at
     most (``"30s"``, ``"2m"``; default a minute) when its worker dies. ``ban``:
     ``{"after": 10, "within": "10m", "for": "1h", "max": "1d"}`` bans a subject refused
-    that often (``docs/operators``).
+    that often; ``fallback="memory"`` counts in memory during an outage (``docs/operators``).
     """
     if callable(group):  # a bare @ratelimit: the view came as the first argument
         raise TypeError(
@@ -129,7 +130,7 @@ def ratelimit(
             build = functools.partial(
                 limits.build, group or name, key, rate, method, algorithm, burst, **options
             )
-        guard = ViewLimit(name, block, build, shadow)
+        guard = ViewLimit(name, block, build, shadow, fallback)
         if isinstance(fn, type):
             fn.dispatch = _wrap(fn.dispatch, guard)  # type: ignore[attr-defined]
             return fn
@@ -149,9 +150,11 @@ class ViewLimit:
         block: bool,
         build: Callable[[], Limit] | None,
         shadow: bool = False,
+        fallback: Any = None,
     ) -> None:
         """The limit of ``view_name``, made by ``build`` (None: no limit, as django-ratelimit
-        has it without a rate), and its policy (``shadow``: a dry run)."""
+        has it without a rate), and its policy (``shadow``: a dry run; ``fallback``: while
+        the counters are down)."""
         self.view_name = view_name
         self.block = block
         self.holds = False
@@ -165,7 +168,7 @@ class ViewLimit:
         try:
             self.limit = build()
             self.holds = self.limit.inflight is not None or self.limit.algorithm_kind.holds_places
-            self.policy = policy(self.limit, shadow=bool(shadow))
+            self.policy = policy(self.limit, shadow=bool(shadow), fallback=fallback)
             over = self.limit.cost_problem()
             if over is not None:
                 registry[self.view_name] = Registered(over_cost=f"{self.view_name}: {over}")

@@ -11,7 +11,8 @@ A row is data, not code: its key is a built-in kind and its rate a literal
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from django.contrib.auth import get_user_model
@@ -41,6 +42,13 @@ class KindChoices(BaseChoiceIterator):
         yield from kinds.choices()
 
 
+#: A database rule's ``fallback`` as a settings rule writes it ("never": ``False``, whatever
+#: ``RATELIMIT_FALLBACK`` says; "": nothing, as the setting says).
+FALLBACK_IN_RULES: Mapping[str, dict[str, Any]] = MappingProxyType(
+    {"": {}, "memory": {"fallback": "memory"}, "never": {"fallback": False}}
+)
+
+
 class Rule(models.Model):
     """A ``RATELIMIT_RULES`` entry kept in the database."""
 
@@ -48,6 +56,13 @@ class Rule(models.Model):
     COUNT_CHOICES = [
         (rules.COUNT_ALL, _("every matching request")),
         (rules.COUNT_FAILURES, _("failed requests only")),
+    ]
+    #: What ``fallback`` holds: "" as ``RATELIMIT_FALLBACK`` says, ``"memory"``, ``"never"``
+    #: (:data:`FALLBACK_IN_RULES`: each as a settings rule writes it).
+    FALLBACK_CHOICES = [
+        ("", _("as RATELIMIT_FALLBACK says")),
+        ("memory", _("count in each process's memory")),
+        ("never", _("never: fail open or closed")),
     ]
 
     name = models.CharField(
@@ -127,6 +142,17 @@ class Rule(models.Model):
         _("fail open"),
         default=True,
         help_text=_("When the counter backend is down, let requests through."),
+    )
+    fallback = models.CharField(
+        _("during an outage"),
+        max_length=10,
+        choices=FALLBACK_CHOICES,
+        blank=True,
+        default="",
+        help_text=_(
+            "While the counter backend is down: count in each process's memory instead of "
+            "failing open or closed."
+        ),
     )
     algorithm = models.CharField(
         _("algorithm"),
@@ -212,6 +238,7 @@ class Rule(models.Model):
         if _lines(self.methods):
             out["methods"] = _lines(self.methods)
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
+        out.update(FALLBACK_IN_RULES.get(self.fallback, {}))
         if self.algorithm != kinds.DEFAULT or self.burst is not None:
             out["algorithm"] = self.algorithm
         if self.burst is not None:

@@ -19,6 +19,12 @@ banned again), ``site`` whether it applies on every path.
 ban, because the process holds the most bans it keeps
 (:data:`ratelimit_app.bans.applied.MOST`); the limit goes on refusing the subject at its rate.
 The exporters count it.
+
+``fallback_changed(sender=BackendError, alias, in_memory, error)``: a process started
+counting the limits with a ``fallback`` in its own memory, because the counters of
+``alias`` could not be reached (``in_memory=True``, ``error`` the failure), or stopped,
+because they answered again (``in_memory=False``, ``error`` None). Sent once per change and
+process, never per request (:mod:`ratelimit_app.engine.fallback`).
 """
 
 from __future__ import annotations
@@ -29,3 +35,4 @@ backend_failed = Signal()
 ratelimited = Signal()
 subject_banned = Signal()
 ban_skipped = Signal()
+fallback_changed = Signal()

@@ -61,6 +61,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "config.declared": 3,
         "models": 3,
         "backends": 3,
+        "backends.memory": 3,
         "config.versions": 3,
         "store": 4,
         "bans.applied": 4,

@@ -16,6 +16,7 @@ from bench.claims import (
     big_bodies,
     crowd_controls,
     drf_throttle,
+    fallback,
     figures,
     leaky_bucket,
     load,
@@ -90,6 +91,17 @@ def test_latency_bench_quiet_subjects_are_new(memcached_server: str, redis_serve
         ratelimit_latency.time_backend("redis", 2, 4, ratelimit_latency.requests(3), [probe])
     timed = counts[-4:] + counts[-9 - 4 : -9]  # each round: 5 warm-up checks, 4 timed
     assert len(probe.samples) == 8 and timed == [1] * 8
+
+
+def test_fallback_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    rows = fallback.run(rounds=2, calls=20, ips=3, servers=servers)
+    assert [r.backend for r in rows] == ["memcached", "redis"]
+    for row in rows:
+        assert row.samples == 40 and row.failed == 0
+        assert row.down_median > 0 and row.up_median > 0
+    text = fallback.render(rows, 2, 20)
+    assert "down / up" in text and "failed" not in text
 
 
 def test_leaky_bucket_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:

@@ -170,9 +170,10 @@ def test_the_celery_wiring_as_documented(redis_server: str) -> None:
     queue.delete("celery")
 
 
-def test_the_settings_page_documents_every_setting_and_at_most_20() -> None:
+def test_the_settings_page_documents_every_setting_and_at_most_21() -> None:
     """Issue 36: the settings a user needs, each documented; tuning values are constants.
-    What the apps read is exactly what docs/settings.rst documents."""
+    What the apps read is exactly what docs/settings.rst documents. (20 then; issue 39
+    names one more, ``RATELIMIT_FALLBACK``.)"""
     from metrics_app.conf import DEFAULTS as METRICS_DEFAULTS
     from ratelimit_app.conf import DEFAULTS as RATELIMIT_DEFAULTS
 
@@ -180,4 +181,4 @@ def test_the_settings_page_documents_every_setting_and_at_most_20() -> None:
     documented = set(re.findall(r"^\.\. _((?:RATELIMIT|METRICS)_[A-Z0-9_]+):$", page, re.M))
     read = set(RATELIMIT_DEFAULTS) | set(METRICS_DEFAULTS)
     assert documented == read
-    assert len(documented) <= 20
+    assert len(documented) <= 21

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ratelimit_app.config import limits
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.runtime import RUNTIME
 
-__all__ = ["Policy", "of_call", "policy"]
+__all__ = ["MEMORY", "Policy", "fallback_option", "of_call", "policy"]
 
 
 class Policy(NamedTuple):
@@ -45,6 +47,9 @@ class Policy(NamedTuple):
     counts_requester: bool | None
     #: The policy of the limit's places in flight (``concurrent``), enforced alongside.
     places: Policy | None
+    #: While the counters cannot be reached: count in this process's memory (True), never
+    #: (False), or as ``RATELIMIT_FALLBACK`` says at the time (None).
+    fallback: bool | None = None
 
 
 def policy(
@@ -57,17 +62,48 @@ def policy(
     failures_only: bool = False,
     sender: Any = None,
     counts_requester: bool | None = None,
+    fallback: Any = None,
 ) -> Policy:
     """The policy of ``limit``, and of its places in flight when it has some (their place
     is shown in the headers only when refused, and a failure-only rule's places are held by
     every request: the view runs either way)."""
+    memory = fallback_option(fallback)
     places = None
     if limit.inflight is not None:
-        places = Policy(limit.inflight, name, block, fail_open, shadow, False, sender, False, None)
+        places = Policy(
+            limit.inflight, name, block, fail_open, shadow, False, sender, False, None, memory
+        )
     if limit.algorithm_kind.holds_places:  # a limit of places alone: shown when refused
         counts_requester = False
     return Policy(
-        limit, name, block, fail_open, shadow, failures_only, sender, counts_requester, places
+        limit,
+        name,
+        block,
+        fail_open,
+        shadow,
+        failures_only,
+        sender,
+        counts_requester,
+        places,
+        memory,
+    )
+
+
+#: What ``fallback`` takes: count in this process's memory while the counters are down.
+MEMORY = "memory"
+
+
+def fallback_option(value: Any, where: str = "fallback") -> bool | None:
+    """``fallback`` as a policy holds it: ``"memory"`` is True, ``False`` (never, whatever
+    ``RATELIMIT_FALLBACK`` says) is False, None (as the setting says) is None. Anything else
+    is an ``ImproperlyConfigured`` that names ``where`` and the values it takes."""
+    if value is None or value is False:
+        return value
+    if value == MEMORY and type(value) is str:
+        return True
+    raise ImproperlyConfigured(
+        f'{where}: expected "memory" (count in this process\'s memory while the counters '
+        f"are down), False (never) or None (as RATELIMIT_FALLBACK says), got {value!r}."
     )
 
 
@@ -82,12 +118,13 @@ def of_call(
     ban: Any,
     fail_open: bool | None,
     shadow: bool,
+    fallback: Any = None,
 ) -> Policy:
     """The policy of a ``get_usage`` call's arguments (as :func:`limits.build
     <ratelimit_app.config.limits.build>` takes them), made once and kept in the runtime: a
     view calls it with the same arguments on every request. Arguments that cannot be kept
     (a ``ban``'s dict, a list) make it on each call."""
-    args = (group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow)
+    args = (group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow, fallback)
     # (The numbers' types are part of the key: a cost of True is no cost of 1.)
     kept = ("policy", args, type(burst), type(cost))
     try:
@@ -99,6 +136,6 @@ def of_call(
 
 def _of_call(args: tuple[Any, ...]) -> Policy:
     """The policy of :func:`of_call`'s arguments, made."""
-    group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow = args
+    group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow, fallback = args
     limit = limits.build(group, key, rate, method, algorithm, burst, cost=cost, ban=ban)
-    return policy(limit, fail_open=fail_open, shadow=shadow)
+    return policy(limit, fail_open=fail_open, shadow=shadow, fallback=fallback)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
@@ -31,7 +32,7 @@ from ratelimit_app.algorithms import rates
 from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, LimitError, Mistake, collect, raise_all
-from ratelimit_app.config.policy import Policy, policy
+from ratelimit_app.config.policy import Policy, fallback_option, policy
 from ratelimit_app.identity import keys
 from ratelimit_app.runtime import RUNTIME
 
@@ -63,6 +64,8 @@ FIELDS: Mapping[str, str] = MappingProxyType(
         "quota": "a quota on the calendar such as '10000/month' (units day, week, month), alone "
         "or beside the rate (both must allow)",
         "timezone": "the zone of the quota's periods, such as 'Europe/Paris' (default: TIME_ZONE)",
+        "fallback": "'memory' (count in each process's memory while the counters are down) or "
+        "False (never; default: RATELIMIT_FALLBACK)",
     }
 )
 
@@ -95,6 +98,9 @@ class CompiledRule:
     fail_open: bool = True
     #: A dry run: it refuses nothing, and reports what it would refuse.
     shadow: bool = False
+    #: While the counters are down: count in memory (True), never (False), or as
+    #: ``RATELIMIT_FALLBACK`` says (None).
+    fallback: bool | None = None
 
     #: Derived once, read on every request: whether only failed requests count,
     failures_only: bool = field(init=False, repr=False)
@@ -119,6 +125,7 @@ class CompiledRule:
             fail_open=self.fail_open,
             shadow=self.shadow,
             failures_only=self.failures_only,
+            fallback="memory" if self.fallback else self.fallback,
         )
         object.__setattr__(self, "policy", enforced)
 
@@ -163,6 +170,7 @@ class CompiledRule:
             out["rate"] = ";".join(rest)
             out["quota"], out["timezone"] = f"{quotas[0].count}/{quotas[0].unit}", quotas[0].zone
         out.update(count=self.count, block=self.block, fail_open=self.fail_open)
+        out.update(_fallback_described(self.fallback))
         out.update(self.limit.algorithm_kind.described(self.burst))
         cost = self.limit.cost
         if cost != 1:
@@ -229,6 +237,7 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Compiled
     block = collect(errors, RuleError, _flag, raw, label, "block", True)
     fail_open = collect(errors, RuleError, _flag, raw, label, "fail_open", True)
     shadow = collect(errors, RuleError, _flag, raw, label, "shadow", False)
+    fallback = collect(errors, RuleError, _fallback, raw, label)
     if errors or limit is None or block is None or fail_open is None or shadow is None:
         raise_all(errors)
     return CompiledRule(
@@ -241,7 +250,23 @@ def parse_rule(raw: object, index: int = 0, *, trusted: bool = True) -> Compiled
         block=block,
         fail_open=fail_open,
         shadow=shadow,
+        fallback=fallback,
     )
+
+
+def _fallback_described(fallback: bool | None) -> dict[str, Any]:
+    """A rule's ``fallback`` as the settings write it (nothing when it has none)."""
+    return {} if fallback is None else {"fallback": "memory" if fallback else False}
+
+
+def _fallback(raw: Mapping[str, Any], rule: str) -> bool | None:
+    """A rule's ``fallback`` as its policy holds it (:func:`~.policy.fallback_option`)."""
+    value = raw.get("fallback")
+    try:
+        return fallback_option(value)
+    except ImproperlyConfigured:
+        expected = f"expected {FIELDS['fallback']}, got {value!r}."
+        raise RuleError(rule, "fallback", expected) from None
 
 
 def _name_errors(raw: Mapping[str, Any], rule: str) -> list[RuleError]:

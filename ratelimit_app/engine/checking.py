@@ -10,10 +10,11 @@ from typing import Any
 from ratelimit_app import clock
 from ratelimit_app.algorithms import gcra, windows
 from ratelimit_app.backends import get_backend
-from ratelimit_app.backends.base import Backend, Op
+from ratelimit_app.backends.base import Backend, MeterOp, Op
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import in_flight, leaky_bucket, sliding_window  # noqa: F401  (they register)
+from ratelimit_app.engine.fallback import Fallback, fallback
 from ratelimit_app.engine.refusals.remembered import remember
 from ratelimit_app.engine.result import Result, banned
 from ratelimit_app.engine.step import STEPS, CheckTime, Step
@@ -62,12 +63,17 @@ def check_many(
 
 
 def check_unless_banned(
-    checks: Sequence[Check], take_back: TakeBack, at: float | None = None, request: Any = None
+    checks: Sequence[Check],
+    take_back: TakeBack,
+    at: float | None = None,
+    request: Any = None,
+    backend: Backend | None = None,
 ) -> tuple[Sequence[Result | None], bool]:
     """:func:`check_many` (``exact``), unless a subject is banned: then the banned results
     (None for the checks left unchecked) from the bans this process holds, with no round
     trip; and whether it was banned. The bans are looked up by the steps' namespaces, which
-    the checks need anyway."""
+    the checks need anyway. ``backend``: where to count (default: the configured one; a
+    fallback's memory, :mod:`.fallback`)."""
     moment = CheckTime(clock.now() if at is None else at)
     steps: list[Step] = []
     ops = []
@@ -93,7 +99,7 @@ def check_unless_banned(
             step = STEPS[c.algorithm](c, moment)
             steps.append(step)
             ops.append(step.op)
-    return _run(checks, steps, ops, moment, take_back, True, request), False
+    return _run(checks, steps, ops, moment, take_back, True, request, backend), False
 
 
 def _banned_among(
@@ -125,13 +131,36 @@ def _run(
     take_back: TakeBack,
     exact: bool,
     request: Any,
+    backend: Backend | None = None,
 ) -> list[Result]:
-    """The round trip of ``steps`` (and the second, when one is refused): their results."""
+    """The round trip of ``steps`` (and the second, when one is refused): their results.
+    ``backend``: this process's memory during an outage (not timed as a round trip)."""
+    if backend is not None:  # (the fallback's memory: no round trip to time)
+        replies = backend.execute(ops, moment.now_us)
+        return _decided(checks, steps, replies, moment, take_back, exact, request, backend)
     backend = get_backend()
     if HOOKS.trips:  # (none unless an exporter is installed)
         replies = _timed(backend, ops, moment.now_us)
     else:
         replies = backend.execute(ops, moment.now_us)
+    kept = RUNTIME.parts.get(Fallback)  # (fallback.recovered(), inline: every round trip)
+    if kept is not None and kept.active:  # the server answers again
+        kept.end()
+    return _decided(checks, steps, replies, moment, take_back, exact, request, backend)
+
+
+def _decided(
+    checks: Sequence[Check],
+    steps: list[Step],
+    replies: list[Any],
+    moment: CheckTime,
+    take_back: TakeBack,
+    exact: bool,
+    request: Any,
+    backend: Backend,
+) -> list[Result]:
+    """The results of ``steps`` from the first round trip's ``replies`` (and the second
+    round trip on ``backend``, when one is refused)."""
     results = []
     limited = False
     for s, reply in zip(steps, replies, strict=True):
@@ -145,7 +174,7 @@ def _run(
     # trip for admitted hits and never lenient under concurrency.
     for i in take_back(checks, results):
         steps[i].take_back()
-    return _second_trip(get_backend(), steps, exact, moment, request)
+    return _second_trip(backend, steps, exact, moment, request)
 
 
 class Hooks:
@@ -276,27 +305,32 @@ def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
     stays counted: the safe side). Raises ``BackendError``; either way the results hold
     nothing more to take back.
     """
-    ops = []
+    ops: list[Op | MeterOp] = []
+    kept: list[Op | MeterOp] = []  # (counted in memory during an outage: given back there)
     for c, r in zip(checks, results, strict=True):
         op = STEPS[c.algorithm].take_back_op(c, r, r.namespace)
         if op is not None:
-            ops.append(op)
+            (kept if getattr(r, "in_memory", False) else ops).append(op)
         r.plan = r.reply = None
+    now_us = gcra.micros(clock.now())
+    if kept:
+        fallback().memory.execute(kept, now_us)
     if ops:
-        get_backend().execute(ops, gcra.micros(clock.now()))
+        get_backend().execute(ops, now_us)
 
 
-def charge(checks: Sequence[Check], hits: int) -> None:
+def charge(checks: Sequence[Check], hits: int, backend: Backend | None = None) -> None:
     """Add ``hits`` to each check's subject in one round trip, refused or not (what a request
     used, learnt after its view: :func:`ratelimit_app.engine.enforce.charge`). Nothing is
     taken back: a charge over the limit refuses the subject's next requests, whose own
     checks then time their waits. A leaky bucket's level rises by ``hits`` even past its
-    capacity. Raises ``BackendError``."""
+    capacity. ``backend``: where the checks counted (default: the configured one). Raises
+    ``BackendError``."""
     moment = CheckTime(clock.now())
     ops = []
     for c in checks:
         ops.append(STEPS[c.algorithm].charge_op(c._replace(cost=hits), moment))
-    get_backend().execute(ops, moment.now_us)
+    (get_backend() if backend is None else backend).execute(ops, moment.now_us)
 
 
 def report_failure(exc: BackendError) -> None:

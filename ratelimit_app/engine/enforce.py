@@ -35,6 +35,7 @@ from ratelimit_app.engine import Result, report_failure, usage_dict
 from ratelimit_app.engine import charge as charge_checks
 from ratelimit_app.engine import take_back as take_back_hits
 from ratelimit_app.engine.checking import HOOKS, check_unless_banned
+from ratelimit_app.engine.fallback import fallback, falls_back
 from ratelimit_app.engine.refusals.recall import recall_many
 from ratelimit_app.engine.result import banned
 from ratelimit_app.exceptions import BackendError
@@ -113,6 +114,7 @@ class Decision:
             self.sender,
             self.counts_requester,
             _,
+            _,
         ) = policy
         self.fail_open = conf.FAIL_OPEN if fail_open is None else fail_open
         #: None until decided, and when not checked (the backend failed, or another limit
@@ -160,7 +162,7 @@ class Verdict:
     """What :func:`decide` found: each limit's decision, whether the backend failed, and
     whether the answer came from the refusal memory."""
 
-    __slots__ = ("decisions", "failed", "limited", "remembered", "shown")
+    __slots__ = ("decisions", "failed", "in_memory", "limited", "remembered", "shown")
 
     def __init__(
         self,
@@ -169,10 +171,14 @@ class Verdict:
         remembered: bool = False,
         shown: list[Decision] | None = None,
         limited: bool = False,
+        in_memory: bool = False,
     ) -> None:
         self.decisions = decisions
         self.failed = failed
         self.remembered = remembered
+        #: The counters failed and the limits with a fallback were counted in this
+        #: process's memory (:mod:`ratelimit_app.engine.fallback`).
+        self.in_memory = in_memory
         #: The decisions whose counters the response's ``RateLimit`` headers show.
         self.shown = [] if shown is None else shown
         #: True when any limit is over (blocking or not).
@@ -256,14 +262,14 @@ def decide(
     results: Sequence[Result | None] | None = None
     if RUNTIME.refusals.entries:  # (no call without refusals)
         results = _recall(decisions, checks, at)
-    remembered = results is not None
+    remembered: bool | None = results is not None
+    in_memory = False
     if results is None:  # checked, unless banned (then answered without a round trip)
-        try:
-            results, remembered = check_unless_banned(
-                checks, partial(_take_back, decisions), at, request
-            )
-        except BackendError as exc:
-            return _failed(decisions, exc)
+        found = _checked(request, decisions, checks, at)
+        if type(found) is Verdict:  # the counters failed
+            return found
+        results, remembered = found  # type: ignore[misc]  # (not a Verdict: tested above)
+        in_memory = remembered is None  # (counted in memory: see _checked)
     shown = []
     limited = False
     for d, result in zip(decisions, results, strict=True):
@@ -286,7 +292,9 @@ def decide(
             limited = True
         if result.limited and d.check.increment:
             _signal(request, d, sender)
-    verdict = Verdict(decisions, remembered=remembered, shown=shown, limited=limited)
+    verdict = Verdict(
+        decisions, None, remembered is True, shown, limited, in_memory
+    )  # (positional: every request)
     if HOOKS.observers:  # (none unless an exporter is installed)
         _observe(verdict)
     kept = request_state.state(request)  # the verdicts of the request, for charge()
@@ -316,6 +324,52 @@ def _overridden(
     return decisions, checks
 
 
+def _checked(
+    request: HttpRequest, decisions: Sequence[Decision], checks: list[Check], at: float | None
+) -> tuple[Sequence[Result | None], bool | None] | Verdict:
+    """The results of ``checks`` and whether they came from the bans held, or, when the
+    counters failed, the results of the limits that fall back, counted in memory (and None
+    in place of that flag), or the failed verdict."""
+    try:
+        return check_unless_banned(checks, partial(_take_back, decisions), at, request)
+    except BackendError as exc:
+        results = _in_memory(request, decisions, checks, exc, at)
+        return _failed(decisions, exc) if results is None else (results, None)
+
+
+def _in_memory(
+    request: HttpRequest,
+    decisions: Sequence[Decision],
+    checks: list[Check],
+    exc: BackendError,
+    at: float | None,
+) -> list[Result | None] | None:
+    """The results of a request whose counters failed (``exc``), for the limits that fall
+    back, counted in this process's memory (:mod:`ratelimit_app.engine.fallback`); None
+    (not checked) for those that fail open. None when none falls back, or one that does not
+    fails closed: the request is then failed as before."""
+    falling = []
+    for i, d in enumerate(decisions):
+        if falls_back(d.policy.fallback):
+            falling.append(i)
+        elif d.blocks and not d.fail_open:
+            return None
+    if not falling:
+        return None
+    kept = fallback()
+    kept.start(exc)
+    counted = [decisions[i] for i in falling]
+    results, _ = check_unless_banned(
+        [checks[i] for i in falling], partial(_take_back, counted), at, request, kept.memory
+    )
+    found: list[Result | None] = [None] * len(decisions)
+    for i, r in zip(falling, results, strict=True):
+        if r is not None:
+            r.in_memory = True
+        found[i] = r
+    return found
+
+
 def _failed(decisions: Sequence[Decision], exc: BackendError) -> Verdict:
     """The verdict of a request whose counters failed, reported."""
     report_failure(exc)
@@ -331,8 +385,20 @@ BANNED = "banned"
 SHADOW_REFUSED = "shadow_refused"
 FAILED_OPEN = "failed_open"
 FAILED_CLOSED = "failed_closed"
+#: Decided on this process's memory while the counters were down (``fallback``).
+FALLBACK_ADMITTED = "fallback_admitted"
+FALLBACK_REFUSED = "fallback_refused"
 #: Every outcome :func:`outcome` names.
-OUTCOMES = (ADMITTED, REFUSED, BANNED, SHADOW_REFUSED, FAILED_OPEN, FAILED_CLOSED)
+OUTCOMES = (
+    ADMITTED,
+    REFUSED,
+    BANNED,
+    SHADOW_REFUSED,
+    FAILED_OPEN,
+    FAILED_CLOSED,
+    FALLBACK_ADMITTED,
+    FALLBACK_REFUSED,
+)
 
 
 def outcome(d: Decision, verdict: Verdict) -> str | None:
@@ -343,10 +409,14 @@ def outcome(d: Decision, verdict: Verdict) -> str | None:
         return FAILED_OPEN if d.fail_open else FAILED_CLOSED
     result = d.result
     if result is None:
-        return None
+        return FAILED_OPEN if verdict.in_memory else None  # (a limit without a fallback)
     if d.refused:
-        return BANNED if result.banned else REFUSED
-    return SHADOW_REFUSED if d.shadowed else ADMITTED
+        if result.banned:
+            return BANNED
+        return FALLBACK_REFUSED if verdict.in_memory else REFUSED
+    if d.shadowed:
+        return SHADOW_REFUSED
+    return FALLBACK_ADMITTED if verdict.in_memory else ADMITTED
 
 
 def limit_name(d: Decision) -> str:
@@ -482,6 +552,7 @@ def charge(request: Any, hits: int) -> int:
             f"charge(request, {hits!r}): the hits to add are an integer from 0 to {MAX_COUNT}."
         )
     checks: dict[tuple[Any, ...], Check] = {}
+    kept: dict[tuple[Any, ...], Check] = {}  # (counted in memory during an outage)
     for verdict in _verdicts(request):
         for d in verdict.decisions:
             c = d.check
@@ -490,14 +561,18 @@ def charge(request: Any, hits: int) -> int:
             if d.limit.algorithm_kind.holds_places:  # a place is one request, whatever it used
                 continue
             if not d.failures_only:
-                checks.setdefault((c.scope, c.subject, c.algorithm, c.burst), c)
-    if not hits or not checks:
+                into = kept if getattr(d.result, "in_memory", False) else checks
+                into.setdefault((c.scope, c.subject, c.algorithm, c.burst), c)
+    if not hits or not (checks or kept):
         return 0
+    if kept:
+        charge_checks(list(kept.values()), hits, fallback().memory)
     try:
-        charge_checks(list(checks.values()), hits)
+        if checks:
+            charge_checks(list(checks.values()), hits)
     except BackendError as exc:
         report_failure(exc)
-    return len(checks)
+    return len(checks) + len(kept)
 
 
 def _verdicts(request: Any) -> list[Verdict]:

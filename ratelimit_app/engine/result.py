@@ -21,6 +21,7 @@ class Result:
 
     __slots__ = (
         "banned",
+        "in_memory",
         "limited",
         "meter",
         "namespace",
@@ -29,6 +30,10 @@ class Result:
         "reply",
         "usages",
     )
+
+    #: Counted in this process's memory while the counters were down (set on such results
+    #: only: read it with ``getattr(result, "in_memory", False)``; :mod:`..fallback`).
+    in_memory: bool
 
     def __init__(
         self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None

@@ -313,6 +313,7 @@ class RuleAdmin(EscapedHelp):
                     "block",
                     "shadow",
                     "fail_open",
+                    "fallback",
                 )
             },
         ),

@@ -12,7 +12,7 @@ Each known limit's ``admitted`` and ``refused`` series exist from 0 before its f
 decision (:meth:`Telemetry.welcome`): Prometheus's ``increase()`` reads a series' first sample
 as its start, so a series born at 1 loses its first decisions.
 
-Labels are bounded by what the project declares: the limit's name, six decisions, five kinds
+Labels are bounded by what the project declares: the limit's name, eight decisions, five kinds
 of backend. Never a subject, a path or a series name. docs/observability.rst shows the
 instruments, the scrape set-up and alerts.
 """
@@ -39,7 +39,7 @@ from ratelimit_app.conf import read
 from ratelimit_app.config import declared, sources
 from ratelimit_app.engine import checking, enforce
 from ratelimit_app.runtime import RUNTIME
-from ratelimit_app.signals import ban_skipped
+from ratelimit_app.signals import ban_skipped, fallback_changed
 
 __all__ = [
     "BACKEND_BUCKETS",
@@ -47,6 +47,7 @@ __all__ = [
     "BACKEND_SECONDS",
     "BANS_SKIPPED",
     "CHOICES",
+    "FALLBACK",
     "RECORDER",
     "REQUESTS",
     "Recorder",
@@ -65,6 +66,9 @@ BACKEND_ERRORS = "bucketry_ratelimit_backend_errors_total"
 #: Refusals that would have banned their subject, but the process held the most bans it
 #: keeps (:data:`ratelimit_app.bans.applied.MOST`): no ban was made.
 BANS_SKIPPED = "bucketry_ratelimit_bans_skipped_total"
+#: 1 while this process counts the limits with a ``fallback`` in its memory (its counter
+#: backend down), else 0: :mod:`ratelimit_app.engine.fallback`.
+FALLBACK = "bucketry_ratelimit_fallback"
 #: A check's round trip, in seconds: from a memcached reply on loopback (0.1 ms) to a
 #: backend at its timeout (the default socket timeout is 0.1 s).
 BACKEND_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -224,6 +228,8 @@ class Sink(Protocol):
 
     def skipped(self, limit: str) -> Count: ...
 
+    def fallback(self, backend: str, in_memory: bool) -> None: ...
+
 
 class Prometheus:
     """The instruments in prometheus-client's default registry, or ``registry`` (made once
@@ -236,7 +242,7 @@ class Prometheus:
     histogram."""
 
     def __init__(self, registry: Any = None) -> None:
-        from prometheus_client import REGISTRY, Counter, Histogram, values
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram, values
 
         at = REGISTRY if registry is None else registry
         #: Whether the counts live in prometheus-client's files (its multiprocess mode).
@@ -273,6 +279,16 @@ class Prometheus:
             ["limit"],
             registry=at,
         )
+        self.in_memory = Gauge(
+            FALLBACK,
+            "1 while the process counts the limits with a fallback in its memory.",
+            ["backend"],
+            registry=at,
+            multiprocess_mode="max",
+        )
+
+    def fallback(self, backend: str, in_memory: bool) -> None:
+        self.in_memory.labels(backend).set(1 if in_memory else 0)
 
     def decision(self, limit: str, decision: str) -> Count:
         if self.shared:
@@ -327,8 +343,23 @@ class OpenTelemetry:
             unit="1",
             description="Bans not made: the process held the most bans it keeps.",
         )
+        #: Whether this process counts in memory, by backend label (read by the reader).
+        self.in_memory: dict[str, int] = {}
+
+        def fallback(options: Any) -> list[Any]:
+            return [metrics.Observation(v, {"backend": b}) for b, v in self.in_memory.items()]
+
+        meter.create_observable_gauge(
+            FALLBACK,
+            [fallback],
+            "1",
+            "1 while the process counts the limits with a fallback in its memory.",
+        )
         # A sink whose round trips are queued starts the thread that records the queue.
         RECORDER.start()
+
+    def fallback(self, backend: str, in_memory: bool) -> None:
+        self.in_memory[backend] = 1 if in_memory else 0
 
     def decision(self, limit: str, decision: str) -> Count:
         return self.totals.cell(limit, decision)
@@ -474,7 +505,12 @@ class Telemetry:
         look (``increment=False``: ``get_usage`` reading a counter) decides nothing."""
         if RUNTIME.snapshot is not self._config:
             self.welcome_configured()
-        if verdict.limited or verdict.remembered or verdict.failed is not None:
+        if (
+            verdict.limited
+            or verdict.remembered
+            or verdict.failed is not None
+            or verdict.in_memory
+        ):
             for d in verdict.decisions:
                 self._count(d, verdict)
             return
@@ -527,6 +563,8 @@ class Telemetry:
         except Exception:  # a mistake of the settings: the system checks report it
             return
         self._trip_bound(cls)
+        for s in self.sinks:  # (the gauge from 0: not counting in memory)
+            s.fallback(backend_kind(cls), False)
 
     def _trip_bound(self, cls: type) -> tuple[Timing, Count]:
         bound = self._trips.get(cls)
@@ -543,6 +581,18 @@ class Telemetry:
         LATER((bound[0], seconds))  # recorded in every sink by the recorder's thread
         if failed:
             bound[1]()
+
+    def fallback_changed(self, sender: Any = None, in_memory: bool = False, **kwargs: Any) -> None:
+        """:data:`~ratelimit_app.signals.fallback_changed`: the gauge of the counters'
+        backend set (1: counting in memory)."""
+        from ratelimit_app.backends import backend_class
+
+        try:
+            kind = backend_kind(backend_class(read("RATELIMIT_USE_CACHE")))
+        except Exception:  # a mistake of the settings: the system checks report it
+            return
+        for s in self.sinks:
+            s.fallback(kind, in_memory)
 
     def ban_skipped(self, sender: Any = None, limit: str = "", **kwargs: Any) -> None:
         """:data:`~ratelimit_app.signals.ban_skipped`: a ban not made (rare: no binding)."""
@@ -676,6 +726,7 @@ def connect() -> Telemetry | None:
         hooks.trips.append(telemetry.trip)
         hooks.exporter = telemetry
         ban_skipped.connect(telemetry.ban_skipped, weak=False, dispatch_uid=BANS_SKIPPED)
+        fallback_changed.connect(telemetry.fallback_changed, weak=False, dispatch_uid=FALLBACK)
         return telemetry
 
 

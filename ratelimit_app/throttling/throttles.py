@@ -141,6 +141,9 @@ class SimpleRateThrottle(BaseThrottle):
     shadow: bool = False
     #: Ban a client refused that often: ``{"after": 10, "within": "10m", "for": "1h"}``.
     ban: dict[str, Any] | None = None
+    #: While the counters are down: ``"memory"`` counts in this process's memory, ``False``
+    #: never, None as ``RATELIMIT_FALLBACK`` says (docs/operators).
+    fallback: str | bool | None = None
     #: A quota on the calendar beside the rate (both must allow), ``"10000/month"``, in the
     #: periods of ``timezone`` (default: ``TIME_ZONE``): docs/quotas.
     quota: str | None = None
@@ -252,6 +255,7 @@ class SimpleRateThrottle(BaseThrottle):
             shadow=self.shadow,
             sender=type(self),
             counts_requester=_keyed_on_the_client(self),
+            fallback=self.fallback,
         )
         return Decision(enforced, check)
 

@@ -76,3 +76,23 @@ def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, group: bool =
 def env(**extra: str) -> dict[str, str]:
     """The environment of a Django subprocess of ours."""
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
+
+
+def counter_caches() -> dict[str, dict[str, Any]]:
+    """``CACHES`` of a one-module gunicorn site: the limiter's counters (alias
+    ``ratelimit``) on ``RELIABILITY_COUNTERS``, ``memcached`` (``MEMCACHED_SERVERS``) or
+    ``redis`` (``RELIABILITY_REDIS``), beside a local-memory default."""
+    if os.environ.get("RELIABILITY_COUNTERS") == "memcached":
+        counters: dict[str, Any] = {
+            "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+            "LOCATION": os.environ["MEMCACHED_SERVERS"].split(","),
+        }
+    else:
+        counters = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": os.environ.get("RELIABILITY_REDIS", ""),
+        }
+    return {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "ratelimit": counters,
+    }

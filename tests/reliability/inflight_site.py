@@ -25,6 +25,8 @@ import redis
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import path
 
+from tests.reliability.common import counter_caches
+
 #: The rule: at most this many requests of one subject at once, each place held at most
 #: ``LEASE`` seconds by a worker that never gives it back.
 CONCURRENT, LEASE = 5, 3
@@ -150,20 +152,7 @@ MIDDLEWARE = ["ratelimit_app.middleware.RatelimitMiddleware"]
 ROOT_URLCONF = __name__
 DATABASES: dict[str, dict[str, str]] = {}
 
-if os.environ.get("RELIABILITY_COUNTERS") == "memcached":
-    _counters = {
-        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
-        "LOCATION": os.environ["MEMCACHED_SERVERS"].split(","),
-    }
-else:
-    _counters = {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": os.environ.get("RELIABILITY_REDIS", ""),
-    }
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "ratelimit": _counters,
-}
+CACHES = counter_caches()
 RATELIMIT_USE_CACHE = "ratelimit"
 _KEY = f"header:{SUBJECT_HEADER.lower()}"
 RATELIMIT_RULES = [
