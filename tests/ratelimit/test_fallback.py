@@ -357,3 +357,63 @@ def saved_rule(admin_client: Client) -> None:
         },
     )
     assert saved.status_code == 302, saved.content[:2000]
+
+
+@pytest.mark.django_db
+def test_strikes_count_in_memory_and_the_ban_is_made_as_always(
+    server: procs.Restartable, client: Client
+) -> None:
+    from ratelimit_app import store
+    from ratelimit_app.models import Ban
+    from ratelimit_app.signals import subject_banned
+    from ratelimit_app.testing import forget_refusals
+
+    banned: list[dict[str, Any]] = []
+
+    def receive(sender: Any, **kwargs: Any) -> None:
+        banned.append(kwargs)
+
+    subject_banned.connect(receive)
+    store.forget()
+    forget_refusals()
+    try:
+        with rules(
+            {"name": "scan", "path": "/rules/named/", "key": "ip", "rate": "2/m",
+             "ban": {"after": 3, "within": "1h", "for": "10m"}, "fail_open": False,
+             "fallback": "memory"},
+        ):  # fmt: skip
+            server.kill()
+            statuses = [client.get("/rules/named/").status_code for _ in range(5)]
+            assert statuses == [200, 200, 429, 429, 429]
+            assert len(banned) == 1 and banned[0]["limit"] == "scan"  # the third refusal
+            assert Ban.objects.count() == 1
+    finally:
+        subject_banned.disconnect(receive)
+        store.forget()
+        forget_refusals()
+
+
+def test_several_memcached_nodes_fall_back_when_none_is_left(
+    rf: RequestFactory, changes: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = [start_or_skip(procs.memcached) for _ in range(2)]  # type: ignore[arg-type]
+    config = {"BACKEND": MEMCACHED, "LOCATION": [n.address for n in nodes]}
+    monkeypatch.setattr(base, "DEAD_RETRY", 60.0)
+    clients = [f"192.0.2.{i}" for i in range(1, 21)]
+    try:
+        with override_settings(CACHES={"default": LOCMEM, "rl": config}, RATELIMIT_USE_CACHE="rl"):
+            reset_backends()
+            for ip in clients:
+                assert (usage(rf, ip, fallback="memory") or {}).get("count") == 1
+            nodes[0].kill()  # its subjects move to the other node: no fallback
+            moved = [usage(rf, ip, fallback="memory") for ip in clients]
+            assert all(u is not None and u["count"] in (1, 2) for u in moved)
+            assert changes == []
+            nodes[1].kill()  # none left: every subject counts in memory
+            down = [usage(rf, ip, fallback="memory") for ip in clients]
+            assert all(u is not None and u["count"] == 1 for u in down)
+            assert [c["in_memory"] for c in changes] == [True]
+    finally:
+        reset_backends()
+        for node in nodes:
+            node.stop()

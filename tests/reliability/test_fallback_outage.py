@@ -140,3 +140,66 @@ def test_a_login_limit_counts_in_each_workers_memory_while_its_server_is_dead(
         by_worker=sorted(through.values()),
         seconds=round(took, 2),
     )
+
+
+def test_a_stopped_redis_cluster_node_sends_its_subjects_to_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis Cluster, three masters and no replica, one stopped: the cluster client reports
+    its slots' commands failed, and the subjects of those slots (and, while the backend is
+    marked down, every subject) count in memory: no failure, nobody admitted past the limit.
+    In process (the client is the same in a gunicorn worker)."""
+    from django.test import RequestFactory, override_settings
+
+    from ratelimit_app.backends import base, reset_backends
+    from ratelimit_app.core import get_usage
+    from ratelimit_app.engine import failure_dict
+    from ratelimit_app.signals import fallback_changed
+    from tests.servers import HOST
+    from tests.servers.redis_cluster import Cluster
+
+    cluster: Cluster = start_or_skip(Cluster)  # type: ignore[arg-type]
+    config = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{HOST}:{cluster.ports[0]}/0",
+    }
+    changes: list[bool] = []
+
+    def changed(in_memory: bool, **kwargs: object) -> None:
+        changes.append(in_memory)
+
+    fallback_changed.connect(changed, weak=False, dispatch_uid="cluster-fallback")
+    monkeypatch.setattr(base, "DEAD_RETRY", 0.3)
+    rf = RequestFactory()
+    subjects = [f"10.9.0.{i}" for i in range(1, 31)]
+
+    def check(ip: str) -> dict[str, object] | None:
+        request = rf.get("/", REMOTE_ADDR=ip)
+        return get_usage(
+            request, "cluster-fb", key="ip", rate=f"{LIMIT}/m", increment=True,
+            fail_open=False, fallback="memory",
+        )  # fmt: skip
+
+    try:
+        with override_settings(
+            CACHES={
+                "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+                "rl": config,
+            },
+            RATELIMIT_USE_CACHE="rl",
+            RATELIMIT_BACKEND="ratelimit_app.backends.redis.RedisClusterBackend",
+        ):
+            reset_backends()
+            assert all((u or {}).get("count") == 1 for u in map(check, subjects))
+            cluster.procs[2].kill()
+            cluster.procs[2].wait(10)
+            seen = {ip: [check(ip) for _ in range(2 * LIMIT)] for ip in subjects}
+            reset_backends()
+    finally:
+        fallback_changed.disconnect(dispatch_uid="cluster-fallback")
+        cluster.stop()
+    for ip, usages in seen.items():
+        assert failure_dict() not in usages and None not in usages, ip
+        admitted = [u for u in usages if u and not u["should_limit"]]
+        assert len(admitted) <= LIMIT and usages[-1]["should_limit"], ip  # type: ignore[index]
+    assert changes and changes[0] is True, "no subject was counted in memory"
