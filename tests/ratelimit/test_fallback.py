@@ -417,3 +417,19 @@ def test_several_memcached_nodes_fall_back_when_none_is_left(
         reset_backends()
         for node in nodes:
             node.stop()
+
+
+def test_on_local_memory_the_fallback_never_engages(
+    rf: RequestFactory, changes: list[dict[str, Any]]
+) -> None:
+    """The counters are the process's own: never unreachable, so a fallback changes nothing."""
+    local = {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "fb-local"}
+    with override_settings(CACHES={"default": LOCMEM, "rl": local}, RATELIMIT_USE_CACHE="rl"):
+        reset_backends()
+        try:
+            seen = [usage(rf, "192.0.2.99", fallback="memory") for _ in range(6)]
+        finally:
+            reset_backends()
+    assert [u["count"] for u in seen if u] == [1, 2, 3, 4, 5, 6]
+    assert [u["should_limit"] for u in seen if u] == [False] * 5 + [True]
+    assert changes == [] and fallback().memory.subjects() == 0
