@@ -433,3 +433,38 @@ def test_on_local_memory_the_fallback_never_engages(
     assert [u["count"] for u in seen if u] == [1, 2, 3, 4, 5, 6]
     assert [u["should_limit"] for u in seen if u] == [False] * 5 + [True]
     assert changes == [] and fallback().memory.subjects() == 0
+
+
+@pytest.mark.django_db
+def test_overrides_and_dry_runs_apply_in_memory_as_usual(
+    server: procs.Restartable, client: Client
+) -> None:
+    from ratelimit_app import store
+    from ratelimit_app.models import Override
+    from ratelimit_app.overrides import applied
+    from ratelimit_app.testing import forget_refusals
+
+    store.forget()
+    applied.forget()
+    forget_refusals()
+    row = Override(limit="fb", subject="192.0.2.50", rate="4/m")
+    row.full_clean()
+    row.save()
+    try:
+        with rules(
+            {"name": "fb", "path": "/rules/named/", "key": "ip", "rate": "2/m",
+             "fail_open": False, "fallback": "memory"},
+            {"name": "dry", "path": "/rules/unnamed/", "key": "ip", "rate": "1/m",
+             "fail_open": False, "fallback": "memory", "shadow": True},
+        ):  # fmt: skip
+            server.kill()
+            partner = [client.get("/rules/named/", REMOTE_ADDR="192.0.2.50") for _ in range(5)]
+            other = [client.get("/rules/named/", REMOTE_ADDR="192.0.2.51") for _ in range(3)]
+            dry = [client.get("/rules/unnamed/", REMOTE_ADDR="192.0.2.52") for _ in range(3)]
+    finally:
+        store.forget()
+        applied.forget()
+        forget_refusals()
+    assert [r.status_code for r in partner] == [200] * 4 + [429]  # its override's 4/m
+    assert [r.status_code for r in other] == [200, 200, 429]  # the rule's 2/m
+    assert [r.status_code for r in dry] == [200] * 3  # a dry run refuses nothing
