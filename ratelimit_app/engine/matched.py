@@ -34,7 +34,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
-from ratelimit_app import store
+from ratelimit_app import clock, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.config.limits import Limit, Subjects
 from ratelimit_app.config.rules import CompiledRule
@@ -42,6 +42,7 @@ from ratelimit_app.engine import enforce, responses, screen
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import NOTHING, Outcome, show
 from ratelimit_app.identity import keys
+from ratelimit_app.runtime import RUNTIME
 
 __all__ = ["UsageByRule", "before", "on_the_loop"]
 
@@ -130,9 +131,10 @@ def _refused(request: HttpRequest, verdict: enforce.Verdict, refusing: Decision)
     """The 429 of a refused request."""
     exc = responses.exception(refusing)
     response = responses.too_many_requests(request, exc, decision=refusing)
-    if verdict.remembered:
-        # A flood's repeats are counted (the signal, the rule's metrics series), not logged
-        # one by one: django.request logged the refusal that started it.
+    if verdict.remembered or RUNTIME.refusals.in_flood(clock.now()):
+        # A flood's refusals are counted (the signal, the rule's metrics series, *Refused
+        # lately*), not logged one by one: django.request logged those before it (a crowd
+        # of subjects, each refused once, would otherwise write a line a refusal).
         response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 

@@ -215,7 +215,8 @@ def add_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse
 
 def wants_json(request: HttpRequest) -> bool:
     """True when the client prefers JSON to HTML (a missing Accept means HTML)."""
-    accept = request.headers.get("Accept", "")
+    # META, not request.headers: that would build a dict of every header, on every 429.
+    accept = request.META.get("HTTP_ACCEPT", "")
     if "json" not in accept:
         return False
     return request.get_preferred_type(["text/html", *JSON_TYPES]) in JSON_TYPES

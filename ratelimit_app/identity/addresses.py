@@ -262,6 +262,9 @@ def shown_network(value: str) -> str | None:
     addr = parse_address(value)
     if addr is None:
         return None
+    if addr.version == 4 and SHOWN_IPV4_PREFIX == 24:  # (a crowd's every refusal: no network)
+        text = str(addr)
+        return text[: text.rindex(".")] + ".0/24"
     prefix = SHOWN_IPV4_PREFIX if addr.version == 4 else SHOWN_IPV6_PREFIX
     return str(ipaddress.ip_network((addr, prefix), strict=False))
 

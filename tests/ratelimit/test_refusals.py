@@ -486,3 +486,42 @@ def test_a_refusal_is_due_between_its_cap_and_the_end_of_its_wait() -> None:
     assert memory.due("a", 20) is None and len(memory) == 0  # the wait ended: forgotten
     memory.remember("b", 0, 5, "B")  # no end given: the wait ends with the cap
     assert memory.due("b", 6) is None and len(memory) == 0
+
+
+def test_a_crowds_refusals_are_not_logged_one_by_one_once_they_flood(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crowd of subjects, each refused once: django.request logs the refusals before the
+    process counts a flood (``Memory.flood`` a second), not the thousands after; each is
+    still signalled."""
+    sent: list[dict[str, Any]] = []
+
+    def receive(**kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    signals.ratelimited.connect(receive)
+    forget_refusals()
+    crowd = [f"198.51.{n // 256}.{n % 256}" for n in range(300)]
+    roomy = {  # (a local-memory cache culls at 300 keys by default: counts would be lost)
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "crowd",
+        "OPTIONS": {"MAX_ENTRIES": 100_000},
+    }
+    caches = {"default": roomy, "crowd": roomy}
+    try:
+        with (
+            override_settings(CACHES=caches, RATELIMIT_USE_CACHE="crowd"),
+            rules(rule(rate="1/m")),
+            frozen_clock(T0 + 0.5),
+        ):
+            for ip in crowd:
+                assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 200
+            with caplog.at_level("WARNING", logger="django.request"):
+                refused = [client.get("/rules/named/", REMOTE_ADDR=ip) for ip in crowd]
+    finally:
+        signals.ratelimited.disconnect(receive)
+        forget_refusals()
+    assert {r.status_code for r in refused} == {429} and len(sent) == len(crowd)
+    logged = [r for r in caplog.records if "Too Many Requests" in r.getMessage()]
+    flood = RUNTIME.refusals.flood
+    assert flood - 2 <= len(logged) <= flood, len(logged)

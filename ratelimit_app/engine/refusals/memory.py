@@ -72,6 +72,14 @@ class Memory(Generic[T]):
         self._counted += 1
         return self.always or self._counted + self._before >= self.flood
 
+    def in_flood(self, at: float) -> bool:
+        """True while the process refuses a flood at ``at`` (as :meth:`flooding` counts it,
+        without counting one more; :attr:`always` aside)."""
+        second = int(at)
+        if second == self._second:
+            return self._counted + self._before >= self.flood
+        return second == self._second + 1 and self._counted >= self.flood
+
     def remember(
         self, key: Hashable, at: float, until: float, what: T, ends: float | None = None
     ) -> None:
