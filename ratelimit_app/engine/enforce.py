@@ -27,6 +27,7 @@ from django.http import HttpRequest
 
 from ratelimit_app import request_state, store
 from ratelimit_app.algorithms.rates import MAX_COUNT
+from ratelimit_app.backends import get_backend
 from ratelimit_app.bans import applied as bans
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check, Subjects
@@ -357,7 +358,8 @@ def _in_memory(
     if not falling:
         return None
     kept = fallback()
-    kept.start(exc)
+    if _outage():  # (a corrupt counter is one subject's data: counted, not announced)
+        kept.start(exc)
     counted = [decisions[i] for i in falling]
     results, _ = check_unless_banned(
         [checks[i] for i in falling], partial(_take_back, counted), at, request, kept.memory
@@ -368,6 +370,18 @@ def _in_memory(
             r.in_memory = True
         found[i] = r
     return found
+
+
+def _outage() -> bool:
+    """True when the counters' backend has a server marked down, or none to mark (a Django
+    cache): an outage, which the fallback announces. A reply that is one subject's corrupt
+    data marks nothing: the next request reaches the server, and announcing it would make
+    two log lines per such request."""
+    try:
+        servers = get_backend().servers
+    except Exception:  # cannot be built: an outage of its own kind
+        return True
+    return not servers or any(s.dead_until for s in servers)
 
 
 def _failed(decisions: Sequence[Decision], exc: BackendError) -> Verdict:

@@ -468,3 +468,45 @@ def test_overrides_and_dry_runs_apply_in_memory_as_usual(
     assert [r.status_code for r in partner] == [200] * 4 + [429]  # its override's 4/m
     assert [r.status_code for r in other] == [200, 200, 429]  # the rule's 2/m
     assert [r.status_code for r in dry] == [200] * 3  # a dry run refuses nothing
+
+
+def test_a_corrupt_counter_counts_in_memory_without_announcing_an_outage(
+    rf: RequestFactory, changes: list[dict[str, Any]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """One subject's bucket holds no count (written around the limiter): the server is not
+    down, so nothing switches (no line, no signal per such request); the request is counted
+    in memory, and another subject still counts on the server."""
+    from pymemcache.client.base import Client as Memcache
+
+    from ratelimit_app.algorithms.rates import normalize
+    from ratelimit_app.backends import get_backend
+    from ratelimit_app.config.limits import scope
+    from ratelimit_app.engine.sliding_window import plan
+    from ratelimit_app.identity.namespaces import namespace
+    from ratelimit_app.testing import frozen_clock
+
+    own: procs.Restartable = start_or_skip(procs.memcached)  # type: ignore[arg-type]
+    config = {"BACKEND": MEMCACHED, "LOCATION": own.address}
+    try:
+        with (
+            override_settings(CACHES={"default": LOCMEM, "rl": config}, RATELIMIT_USE_CACHE="rl"),
+            frozen_clock(1_800_000_030.0) as clock,
+        ):
+            reset_backends()
+            ns = namespace(scope("fb", "", normalize("5/m")), "ip", "203.0.113.7")
+            host, port = own.address.rsplit(":", 1)
+            raw = Memcache((host, int(port)))
+            prefix = get_backend().key_prefix + ns
+            for suffix in plan(normalize("5/m"), clock(), 60).reads:
+                raw.set(prefix + suffix, b"x")
+            raw.close()
+            caplog.set_level(logging.WARNING, logger="ratelimit_app")
+            seen = [usage(rf, fallback="memory") for _ in range(3)]
+            other = usage(rf, "203.0.113.8", fallback="memory")
+            reset_backends()
+    finally:
+        own.stop()
+    assert [u["count"] for u in seen if u] == [1, 2, 3]  # in memory, never a failure
+    assert other is not None and other["count"] == 1
+    assert changes == []
+    assert not [r for r in caplog.records if "each process's memory" in r.getMessage()]
