@@ -36,6 +36,11 @@ class RequestState:
     throttles: Any = None
     #: The body as a JSON object once parsed for a key (a sentinel when it is none).
     json: Any = None
+    #: ``(kind, value)`` of the refusal whose ``ratelimited`` signal is being sent, for our
+    #: own receiver that shows it (*Refused lately*): the signal itself carries the hashed
+    #: subject only, and deriving the value again from the request costs a crowd's 429 a
+    #: second reading of its key.
+    signalled: tuple[str, str] | None = None
 
 
 def of(request: Any) -> RequestState | None:

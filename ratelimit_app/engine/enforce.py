@@ -528,14 +528,22 @@ def _signal(request: Any, d: Decision, sender: Any) -> None:
     extra: dict[str, Any] = {} if d.name is None else {"rule": d.name}
     if d.shadowed:
         extra["shadow"] = True
-    ratelimited.send(
-        sender=sender if d.sender is None else d.sender,
-        group=d.limit.group,
-        subject=d.result.namespace if d.result is not None else "",
-        usage=d.usage(),
-        request=getattr(request, "_request", request),  # a DRF Request wraps Django's
-        **extra,
-    )
+    request = getattr(request, "_request", request)  # a DRF Request wraps Django's
+    kept = request_state.state(request)
+    if kept is not None:  # (the subject's value, for *Refused lately*, while it is sent)
+        kept.signalled = d.check.subject
+    try:
+        ratelimited.send(
+            sender=sender if d.sender is None else d.sender,
+            group=d.limit.group,
+            subject=d.result.namespace if d.result is not None else "",
+            usage=d.usage(),
+            request=request,
+            **extra,
+        )
+    finally:
+        if kept is not None:
+            kept.signalled = None
 
 
 def take_back(decisions: Sequence[Decision]) -> None:

@@ -259,6 +259,10 @@ SHOWN_IPV4_PREFIX, SHOWN_IPV6_PREFIX = 24, 64
 
 def shown_network(value: str) -> str | None:
     """The /24 (IPv4) or /64 (IPv6) network of an address as the key stores it, or None."""
+    if SHOWN_IPV4_PREFIX == 24 and ipv4_number(value) is not None:
+        # (a crowd's every refusal: an IPv4 address as printed, masked without ipaddress,
+        # whose parse no memo keeps for a crowd's new addresses)
+        return value[: value.rindex(".")] + ".0/24"
     addr = parse_address(value)
     if addr is None:
         return None

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ratelimit_app import store
+from ratelimit_app import request_state, store
 from ratelimit_app.conf import read
 from ratelimit_app.config import sources, views
 from ratelimit_app.identity import addresses, keys
@@ -128,12 +128,24 @@ def _remember(
     label = ref = ""
     how = mode()
     try:
-        spec = limit_key(rule, group, request) if how != HASHED else None
-        if spec is not None and request is not None:
-            label, ref = shown(*keys.subject(spec, group, request), request, how)
+        if how != HASHED and request is not None:
+            found = _signalled(request, rule, group)
+            if found is not None:
+                label, ref = shown(*found, request, how)
         record_top(series_name(rule or group), subject, label, ref, keep=RETENTION_DAYS * 86400)
     except Exception:  # never the request's failure: the page misses one refusal
         logger.exception("ratelimit: a refusal of %.80r was not kept for the admin", rule or group)
+
+
+def _signalled(request: HttpRequest, rule: str | None, group: str) -> tuple[str, str] | None:
+    """``(kind, value)`` of the refused subject: as the engine left it on the request while
+    it signals (:attr:`~ratelimit_app.request_state.RequestState.signalled`), else read
+    again with the refusing limit's key (None: that limit cannot be found)."""
+    kept = request_state.of(request)
+    if kept is not None and kept.signalled is not None:
+        return kept.signalled
+    spec = limit_key(rule, group, request)
+    return None if spec is None else keys.subject(spec, group, request)
 
 
 def connect() -> None:

@@ -510,6 +510,28 @@ def test_the_ipv4_fast_path_agrees_on_any_text(ip: str) -> None:
     assert addresses._masked(ip, 32, 128) == _masked_slowly(ip)
 
 
+def _shown_slowly(value: str) -> str | None:
+    """The /24 or /64 of an address by ipaddress alone (the reference of ``shown_network``)."""
+    addr = addresses._parsed(value)
+    if addr is None:
+        return None
+    prefix = 24 if addr.version == 4 else 64
+    return str(ipaddress.ip_network((addr, prefix), strict=False))
+
+
+@given(
+    st.ip_addresses(v=4).map(str)
+    | st.ip_addresses(v=6).map(str)
+    | st.sampled_from(["::ffff:203.0.113.9", " 203.0.113.9", "203.0.113.009", "1.2.3"])
+    | st.text(alphabet="0123456789.x: ", max_size=18)
+)
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_shown_network_of_an_address_agrees_with_ipaddress(value: str) -> None:
+    """*Refused lately*'s masked address (its IPv4 fast path by text) is ipaddress's /24,
+    and /64 for IPv6, on any text."""
+    assert addresses.shown_network(value) == _shown_slowly(value)
+
+
 def _trusted_slowly(ip: str, networks: list[str]) -> bool:
     """Whether ``ip`` is in one of ``networks``, by ipaddress alone (the reference)."""
     addr = addresses._parsed(ip.strip())

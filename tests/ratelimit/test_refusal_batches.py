@@ -34,11 +34,29 @@ def short_cap(monkeypatch: pytest.MonkeyPatch) -> None:
 RULE = {"name": "botnet", "path": "/rules/named/", "key": "ip", "rate": "1/h"}
 
 
-def refuse(client: Client, addresses: list[str]) -> None:
-    """Each address: admitted once, then refused (a counted check: remembered)."""
+def refuse(client: Client, addresses: list[str], again: bool = True) -> None:
+    """Each address: admitted once, then refused (a counted check: remembered), and with
+    ``again`` refused once more from memory (a botnet's subjects come back within the cap:
+    their refusals are hot, and a look confirms them together)."""
     for ip in addresses:
         assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 200
         assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 429
+    for ip in addresses if again else ():
+        assert client.get("/rules/named/", REMOTE_ADDR=ip).status_code == 429
+
+
+def look_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of checks of each round trip of the backend in force, from now on."""
+    sizes: list[int] = []
+    backend = get_backend()
+    execute = backend.execute
+
+    def sizing(ops: Any, now_us: int) -> Any:
+        sizes.append(len(ops))
+        return execute(ops, now_us)
+
+    monkeypatch.setattr(backend, "execute", sizing)
+    return sizes
 
 
 def statuses(client: Client, addresses: list[str]) -> list[int]:
@@ -111,6 +129,9 @@ def test_soon_lists_the_refusals_due_before_the_horizon_soonest_first() -> None:
     memory.remember("later", 6, 11, "L", ends=100)
     memory.remember("ending", 0, 5, "E", ends=6)  # its wait ends before the look
     memory.remember("mine", 0, 5, "M", ends=100)
+    memory.remember("cold", 0, 5, "C", ends=100)  # never answered from memory: not hot
+    for key, at in (("due", 4), ("soon", 4), ("later", 6), ("ending", 4), ("mine", 4)):
+        assert memory.recall(key, at) is not None
     found = memory.soon(6, 3, 10, besides=["mine"])
     assert found == [("due", 6, 94, "D"), ("soon", 3, 94, "S")]
     assert memory.soon(6, 3, 1) == [("due", 6, 94, "D")]
@@ -119,21 +140,62 @@ def test_soon_lists_the_refusals_due_before_the_horizon_soonest_first() -> None:
 
 def test_a_look_is_bounded(backend_kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """At most LOOK_BATCH checks a look (a memcached multi-get, a Redis transaction)."""
-    sizes: list[int] = []
     with rules(RULE), frozen_clock(T0) as clock:
         monkeypatch.setattr("ratelimit_app.engine.refusals.recall.LOOK_BATCH", 7)
         client = Client()
         addresses = [f"198.51.100.{i}" for i in range(1, 21)]
         refuse(client, addresses)
         clock.advance(CAP + 1)
-        backend = get_backend()
-        execute = backend.execute
-
-        def sizing(ops: Any, now_us: int) -> Any:
-            sizes.append(len(ops))
-            return execute(ops, now_us)
-
-        monkeypatch.setattr(backend, "execute", sizing)
+        sizes = look_sizes(monkeypatch)
         assert statuses(client, addresses) == [429] * len(addresses)
     assert sizes == [7, 7, 6]
     assert LOOK_BATCH == 256
+
+
+def test_a_refusal_remembered_again_is_listed_once_at_its_new_time() -> None:
+    """The due index drops what is stale: a refusal remembered again (cold until answered
+    from memory again), forgotten, or whose subject's entry was pushed out."""
+    memory: refusals.Memory[str] = refusals.Memory(size=3)
+    memory.remember("a", 0, 5, "A", ends=100)
+    memory.remember("b", 0, 5, "B", ends=100)
+    assert memory.recall("a", 1) and memory.recall("b", 1)
+    memory.remember("a", 2, 7, "A2", ends=100)  # confirmed again: cold
+    assert memory.soon(6, 3, 10) == [("b", 6, 94, "B")]
+    assert memory.recall("a", 3)  # hot again, at its new time
+    memory.forget(["b"])
+    assert memory.soon(6, 3, 10) == [("a", 4, 94, "A2")]
+    for key in ("c", "d", "e"):  # "a" is the least recently used: pushed out
+        memory.remember(key, 6, 11, key.upper(), ends=100)
+    assert "a" not in memory.entries
+    assert memory.soon(6, 3, 10) == []
+
+
+def test_the_due_index_stays_bounded_by_the_memory() -> None:
+    """Refusals remembered again and again leave stale items in the due index; it is made
+    again from the memory before it holds more than twice the memory (and 1,024)."""
+    memory: refusals.Memory[int] = refusals.Memory(size=100)
+    for n in range(20_000):
+        key = n % 100
+        memory.remember(key, n, n + 5, n, ends=n + 1_000)
+        assert memory.recall(key, n + 1) is not None
+        assert len(memory._due) <= 2 * len(memory.entries) + 1024 + 1
+    assert len(memory.soon(20_010, 0, 1_000)) == 100  # every one due, listed once
+
+
+def test_a_crowd_that_comes_back_after_the_cap_is_looked_at_one_by_one(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Subjects refused once and back only after the cap (a crowd of one-off addresses)
+    are cold: each due refusal is confirmed by a look at its own subject (one round trip
+    that writes nothing, where a counted check of a refused subject makes two), never with
+    a batch of other cold subjects that may not come back."""
+    client = Client()
+    addresses = [f"198.51.100.{i}" for i in range(1, 21)]
+    with rules(RULE), frozen_clock(T0) as clock:
+        refuse(client, addresses, again=False)
+        clock.advance(CAP + 1)
+        sizes = look_sizes(monkeypatch)
+        trips = RoundTrips(monkeypatch)
+        assert statuses(client, addresses) == [429] * len(addresses)
+        assert (trips.count, trips.writing) == (len(addresses), 0)
+    assert sizes == [1] * len(addresses)

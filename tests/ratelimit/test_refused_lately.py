@@ -99,6 +99,23 @@ def test_an_address_is_kept_as_the_setting_allows(
     assert row.key.startswith("{") and address not in row.key  # the hashed namespace
 
 
+def test_the_refused_subject_is_not_read_again_from_the_request(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine hands the receiver the subject it checked, while it signals: the key is
+    not read a second time (a crowd's every 429 paid for it), and what is kept is the same."""
+
+    def no_second_reading(*args: object) -> None:
+        raise AssertionError("the refused subject's key was read again")
+
+    monkeypatch.setattr(metrics, "limit_key", no_second_reading)
+    with override_settings(RATELIMIT_REFUSED_SUBJECTS="masked"):
+        assert hit(client, "/rules/unnamed/", 3, REMOTE_ADDR="203.0.113.9") == [200, 200, 429]
+        assert client.post("/rules/named/", {"email": "Foo@Example.com"}).status_code == 429
+    assert refused("by-ip")["203.0.113.0/24"].count == 1
+    assert list(refused("by-email")) == ["…@example.com"]
+
+
 @pytest.mark.parametrize(
     ("mode", "email", "label", "ref"),
     [

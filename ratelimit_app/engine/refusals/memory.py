@@ -13,8 +13,11 @@ When the cap has run out but the wait has not, the refusal is **due**: the calle
 it with a look that counts nothing (:func:`ratelimit_app.engine.refusals.recall.recall_many`: one
 round trip with no writes, where a counted check that is refused makes two) and remembers it
 again, or forgets it when the window has room after all. The same look confirms the refusals that
-will be due **soon** (:meth:`Memory.soon`), so a botnet of many refused subjects costs a few
-looks per cap, not one per subject.
+will be due **soon** (:meth:`Memory.soon`) among those that were answered from memory since they
+were remembered (**hot**: their subjects come back within the cap), so a botnet of many refused
+subjects costs a few looks per cap, not one per subject; a crowd whose subjects come back less
+often than the cap costs one look of its own per due refusal, never a batch of looks at subjects
+that will not come back in time.
 
 The memory keeps refusals only while the process is refusing a **flood**
 (:attr:`Memory.flood` refusals within a second or so; :meth:`Memory.flooding`): below that
@@ -28,6 +31,8 @@ stay true in the child). Times are the limiter's clock (:mod:`ratelimit_app.cloc
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -53,10 +58,16 @@ class Memory(Generic[T]):
         self._second = 0
         self._counted = self._before = 0
         self._lock = threading.Lock()
-        #: key -> (refused at, refused from memory until, the wait ends at, what it was).
+        #: key -> (refused at, refused from memory until, the wait ends at, what it was,
+        #: answered from memory since it was remembered: hot).
         #: Read it only to know whether any refusal is held: ``if memory.entries`` is the
         #: request path's test, without the call ``len()`` makes.
-        self.entries: OrderedDict[Hashable, tuple[float, float, float, T]] = OrderedDict()
+        self.entries: OrderedDict[Hashable, tuple[float, float, float, T, bool]] = OrderedDict()
+        #: ``(refused from memory until, n, key)`` of each hot refusal, soonest due first:
+        #: what :meth:`soon` reads without a pass over :attr:`entries`. An item whose entry
+        #: is gone or was remembered again is stale, dropped when it comes up.
+        self._due: list[tuple[float, int, Hashable]] = []
+        self._n = itertools.count()
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -91,12 +102,22 @@ class Memory(Generic[T]):
         ends = until if ends is None else max(ends, until)
         with self._lock:
             entries = self.entries
-            entries[key] = (at, until, ends, what)
+            entries[key] = (at, until, ends, what, False)
             entries.move_to_end(key)
             if len(entries) > self.size:
                 entries.popitem(last=False)
 
-    def _entry(self, key: Hashable, now: float) -> tuple[float, float, float, T] | None:
+    def _heat(self, key: Hashable, entry: tuple[float, float, float, T, bool]) -> None:
+        """Mark ``key``'s refusal hot: answered from memory, so its subject comes back within
+        the cap, and :meth:`soon` may confirm it in a look (call with the lock held)."""
+        self.entries[key] = (entry[0], entry[1], entry[2], entry[3], True)
+        due = self._due
+        heapq.heappush(due, (entry[1], next(self._n), key))
+        if len(due) > 2 * len(self.entries) + 1024:  # mostly stale: made again
+            self._due = [(e[1], next(self._n), k) for k, e in self.entries.items() if e[4]]
+            heapq.heapify(self._due)
+
+    def _entry(self, key: Hashable, now: float) -> tuple[float, float, float, T, bool] | None:
         """``key``'s refusal if its wait has not ended at ``now`` (call with the lock held;
         an ended refusal, or one from a clock that went back, is forgotten)."""
         entry = self.entries.get(key)
@@ -129,8 +150,10 @@ class Memory(Generic[T]):
             return None
         with self._lock:
             entry = self._entry(key, now)
-        if entry is None or now >= entry[1]:
-            return None
+            if entry is None or now >= entry[1]:
+                return None
+            if not entry[4]:  # (answered from memory for the first time since remembered)
+                self._heat(key, entry)
         return now - entry[0], entry[3]
 
     def due(self, key: Hashable, now: float) -> tuple[float, float, T] | None:
@@ -148,22 +171,33 @@ class Memory(Generic[T]):
         self, now: float, within: float, limit: int, besides: Iterable[Hashable] = ()
     ) -> list[tuple[Hashable, float, float, T]]:
         """Up to ``limit`` refusals (but those of ``besides``) whose cap runs out before
-        ``now + within`` while their wait goes on: ``(key, seconds since the refusal,
-        seconds until its wait ends, what it was)``, the soonest due first. One pass over
-        the memory: for a caller that confirms a due refusal and may as well confirm these
+        ``now + within`` while their wait goes on, among the hot ones (answered from memory
+        since they were remembered): ``(key, seconds since the refusal, seconds until its
+        wait ends, what it was)``, the soonest due first. Read from the due index of the hot
+        refusals, never by a pass over the memory (a crowd's memory holds tens of
+        thousands): for a caller that confirms a due refusal and may as well confirm these
         in the same round trip."""
         if limit <= 0:
             return []
         skip = set(besides)
         horizon = now + within
+        found: list[tuple[Hashable, float, float, T]] = []
         with self._lock:
-            found = [
-                (key, entry)
-                for key, entry in self.entries.items()
-                if entry[1] < horizon and entry[0] <= now < entry[2] and key not in skip
-            ]
-        found.sort(key=lambda item: item[1][1])
-        return [(key, now - e[0], e[2] - now, e[3]) for key, e in found[:limit]]
+            due, entries = self._due, self.entries
+            put_back = []
+            while due and due[0][0] < horizon and len(found) < limit:
+                item = heapq.heappop(due)
+                key = item[2]
+                e = entries.get(key)
+                if e is None or not e[4] or e[1] != item[0] or not e[0] <= now < e[2]:
+                    continue  # stale: forgotten, remembered again, ended or from a clock back
+                put_back.append(item)  # (still its entry's until it is remembered again)
+                if key not in skip:
+                    skip.add(key)  # (twice in the index: remembered again at the same time)
+                    found.append((key, now - e[0], e[2] - now, e[3]))
+            for item in put_back:
+                heapq.heappush(due, item)
+        return found
 
     def forget(self, keys: Iterable[Hashable]) -> None:
         """Forget the refusals of ``keys`` (their counters were reset)."""
@@ -175,6 +209,7 @@ class Memory(Generic[T]):
         """Forget every refusal (settings changed), and the flood's count."""
         with self._lock:
             self.entries.clear()
+            self._due.clear()
             self._counted = self._before = 0
 
     def _after_fork(self) -> None:
