@@ -14,11 +14,15 @@ development); memcached and Redis override it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, cast
 
 from django.conf import settings
@@ -312,3 +316,71 @@ class Backend(ABC):
         """``server`` answered: no longer marked down."""
         if server.dead_until:
             server.dead_until = 0.0
+
+
+class IdlePool:
+    """A server's idle connections, shared by the threads of a process (memcached's
+    clients, Redis's connections): as pymemcache's pool (``get``, ``release``,
+    ``destroy``, ``get_and_release``, ``clear``) but without its lock and bookkeeping:
+    ``list.pop`` and ``list.append`` are atomic, so taking a connection and giving it back
+    costs two list operations on every check. At most ``max_idle`` are kept; a thread that
+    finds none opens one (pymemcache's pool raises instead when that many are in use).
+
+    A forked child forgets the idle connections it inherited (gunicorn ``--preload`` after
+    a check in the parent): sharing a socket with its parent, it could read the parent's
+    replies as its own.
+    """
+
+    __slots__ = ("__weakref__", "create", "idle", "max_idle")
+
+    def __init__(self, create: Callable[[], Any], max_idle: int) -> None:
+        self.create, self.max_idle = create, max_idle
+        self.idle: list[Any] = []
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(
+                after_in_child=functools.partial(_forget_inherited, weakref.ref(self))
+            )
+
+    def get(self) -> Any:
+        try:
+            return self.idle.pop()
+        except IndexError:
+            return self.create()
+
+    def release(self, client: Any) -> None:
+        if len(self.idle) < self.max_idle:
+            self.idle.append(client)
+        else:
+            client.close()
+
+    @staticmethod
+    def destroy(client: Any) -> None:
+        client.close()
+
+    @contextlib.contextmanager
+    def get_and_release(self, destroy_on_fail: bool = False) -> Iterator[Any]:
+        client = self.get()
+        try:
+            yield client
+        except Exception:
+            if destroy_on_fail:
+                self.destroy(client)
+            else:
+                self.release(client)
+            raise
+        self.release(client)
+
+    def clear(self) -> None:
+        while True:
+            try:
+                client = self.idle.pop()
+            except IndexError:
+                return
+            client.close()
+
+
+def _forget_inherited(ref: weakref.ref[IdlePool]) -> None:
+    # In the child: drop (without closing: the parent still talks on them) what it inherited.
+    pool = ref()
+    if pool is not None:
+        pool.idle = []

@@ -3,7 +3,7 @@
 What the round trips say is :mod:`.memcached_protocol`'s: a check is one write of every
 subject's increments and a quiet read of each other bucket, a leaky bucket is compare-and-set
 with the meta commands. This module holds the servers: the nodes and their idle connections
-(:class:`_Idle`), which node a subject lives on, and what happens when one fails.
+(:class:`~.base.IdlePool`), which node a subject lives on, and what happens when one fails.
 
 All buckets of one subject live on one node (rendezvous hashing on the subject), so a check
 stays one round trip with several servers. A node that fails is marked down for
@@ -21,14 +21,10 @@ the race reads and decides again, up to :data:`CAS_ATTEMPTS` times; after that i
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import operator
-import os
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from pymemcache.client.base import PooledClient
@@ -37,6 +33,7 @@ from ratelimit_app.algorithms import gcra
 from ratelimit_app.backends import base
 from ratelimit_app.backends.base import (
     Backend,
+    IdlePool,
     MeterOp,
     MeterReply,
     Op,
@@ -125,73 +122,6 @@ def _meta_exchange(client: Any, command: bytes, count: int) -> list[tuple[bytes,
             return replies
 
 
-class _Idle:
-    """A server's idle connections, as pymemcache's pool (``get``, ``release``,
-    ``destroy``, ``get_and_release``, ``clear``) but without its lock and bookkeeping:
-    ``list.pop`` and ``list.append`` are atomic, so taking a connection and giving it back
-    costs two list operations on every check. At most ``max_idle`` are kept; a thread that
-    finds none opens one (pymemcache's pool raises instead when that many are in use).
-
-    A forked child forgets the idle connections it inherited (gunicorn ``--preload`` after
-    a check in the parent): sharing a socket with its parent, it could read the parent's
-    replies as its own.
-    """
-
-    __slots__ = ("__weakref__", "create", "idle", "max_idle")
-
-    def __init__(self, create: Callable[[], Any], max_idle: int) -> None:
-        self.create, self.max_idle = create, max_idle
-        self.idle: list[Any] = []
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(
-                after_in_child=functools.partial(_forget_inherited, weakref.ref(self))
-            )
-
-    def get(self) -> Any:
-        try:
-            return self.idle.pop()
-        except IndexError:
-            return self.create()
-
-    def release(self, client: Any) -> None:
-        if len(self.idle) < self.max_idle:
-            self.idle.append(client)
-        else:
-            client.close()
-
-    @staticmethod
-    def destroy(client: Any) -> None:
-        client.close()
-
-    @contextlib.contextmanager
-    def get_and_release(self, destroy_on_fail: bool = False) -> Iterator[Any]:
-        client = self.get()
-        try:
-            yield client
-        except Exception:
-            if destroy_on_fail:
-                self.destroy(client)
-            else:
-                self.release(client)
-            raise
-        self.release(client)
-
-    def clear(self) -> None:
-        while True:
-            try:
-                client = self.idle.pop()
-            except IndexError:
-                return
-            client.close()
-
-
-def _forget_inherited(ref: weakref.ref[_Idle]) -> None:
-    # In the child: drop (without closing: the parent still talks on them) what it inherited.
-    pool = ref()
-    if pool is not None:
-        pool.idle = []
-
-
 class _Node(Server):
     """One memcached server: a pymemcache client on its idle connections, and whether it is
     marked down."""
@@ -201,7 +131,7 @@ class _Node(Server):
     def __init__(self, server: str, options: dict[str, Any]) -> None:
         super().__init__(server)
         self.client = PooledClient(_address(server), **options)
-        self.client.client_pool = _Idle(self.client._create_client, options["max_pool_size"])
+        self.client.client_pool = IdlePool(self.client._create_client, options["max_pool_size"])
 
 
 class MemcachedBackend(Backend):
@@ -288,7 +218,7 @@ class MemcachedBackend(Backend):
         the node down (and the pool drops the connection)."""
         # get_and_release(destroy_on_fail=True), without a generator-based context manager
         # on every request.
-        pool: _Idle = node.client.client_pool
+        pool: IdlePool = node.client.client_pool
         idle = pool.idle
         try:
             try:  # pool.get(), without its call

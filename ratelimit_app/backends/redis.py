@@ -17,7 +17,6 @@ transaction per slot. Bucket indexes come from the client's clock, never the ser
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from ratelimit_app.backends import base as backend_base
 from ratelimit_app.backends.base import (
     Backend,
     Encoded,
+    IdlePool,
     MeterOp,
     MeterReply,
     Op,
@@ -380,24 +380,31 @@ def _address(url: str) -> str:
         return host
 
 
-class _Closer:
-    """Kept in a thread's storage beside its connection: when the thread ends, its storage
-    goes and this closes the connection. A server that starts a thread per request (Django's
-    runserver) would otherwise leave a socket per request to the garbage collector."""
+#: Idle connections a process keeps per Redis server, shared by its threads (memcached's
+#: ``max_pool_size`` default): a server that runs each request's sync code on a thread of
+#: its own (Django's runserver, its ASGI handler) reuses them instead of opening one a
+#: request; a thread that finds none idle opens one, closed on return past this many.
+IDLE_CONNECTIONS = 64
 
-    __slots__ = ("conn",)
+
+class _Link:
+    """One connection of the pool and its hiredis reader (None until a transaction is read
+    through it, or after a failure)."""
+
+    __slots__ = ("conn", "reader")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
+        self.reader: Any = None
 
-    def __del__(self) -> None:
+    def close(self) -> None:
         with contextlib.suppress(Exception):  # at interpreter exit, anything may be gone
             self.conn.disconnect()
 
 
 class RedisBackend(Backend):
     """Redis through django-redis's connection factory: the checks of a request in one
-    round trip on this thread's own connection."""
+    round trip on a connection of the process's idle pool (:class:`~.base.IdlePool`)."""
 
     inline_ok = True
     encoding = RedisEncoded
@@ -422,8 +429,9 @@ class RedisBackend(Backend):
         #: address alone in errors: the URL may hold a password.
         self.server = Server(_address(self.url))
         self._prefix = self.key_prefix.encode()
-        #: Each thread's connection for :meth:`_call`, and all of them, for :meth:`close`.
-        self._local = threading.local()
+        #: The idle connections :meth:`_call` takes one from and gives it back to, and all
+        #: of them, idle or in use, for :meth:`close`.
+        self._idle = IdlePool(self._link, IDLE_CONNECTIONS)
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self._open_client()
 
@@ -590,73 +598,79 @@ class RedisBackend(Backend):
         except NoScriptError:
             return self._call(_script_call(script, keys, args, by_sha=False))
 
-    def _connection(self) -> Any:
-        """This thread's own connection (see :meth:`_call`)."""
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
-            pool = self.client.connection_pool
-            conn = pool.connection_class(**pool.connection_kwargs)
-            local.conn, local.pid, local.reader = conn, os.getpid(), None
-            local.closer = _Closer(conn)
-            self._connections.add(conn)
-        return conn
+    def _link(self) -> _Link:
+        """A new connection for the pool (it connects on first use), built by the client's
+        pool's connection class with its options."""
+        pool = self.client.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        self._connections.add(conn)
+        return _Link(conn)
 
     def _call(self, command: list[bytes]) -> Any:
-        """One command on this thread's own connection, and its reply.
+        """One command on a connection of the pool, and its reply.
 
         redis-py's client and pool take a lock, poll the socket for stray data and record
-        metrics on every command, about a third of a check on loopback. Each thread (and
-        process: a forked child opens its own) keeps one connection, built by the pool's
-        connection class with the pool's options; it connects on first use and again after
-        a failure. No retries: a check is not idempotent; a failure fails open or closed.
+        metrics on every command, about a third of a check on loopback. The process keeps
+        its idle connections (:data:`IDLE_CONNECTIONS`; a forked child opens its own), built
+        by the pool's connection class with the pool's options; a connection connects on
+        first use, and one that failed is closed, never given back. No retries: a check is
+        not idempotent; a failure fails open or closed.
         """
-        conn = self._connection()
+        idle = self._idle
+        link = idle.get()
         try:
-            conn.send_packed_command([_pack(command)])
-            return conn.read_response()
+            link.conn.send_packed_command([_pack(command)])
+            reply = link.conn.read_response()
         except ResponseError:
-            raise  # the server answered: the connection is in step
+            idle.release(link)  # the server answered: the connection is in step
+            raise
         except BaseException:
             # A reply may still be on its way: never read it as the next command's.
-            conn.disconnect()
+            link.close()
             raise
+        idle.release(link)
+        return reply
 
     def _call_many(self, packed: bytes, count: int) -> list[Any]:
-        """Send ``packed`` on this thread's connection (:meth:`_call`) and read ``count``
+        """Send ``packed`` on a connection of the pool (:meth:`_call`) and read ``count``
         replies, parsed by hiredis straight off the socket (redis-py's reading costs a few
         microseconds a reply, and a transaction has one a command); an error reply is an
         exception among them, not raised."""
-        conn = self._connection()
-        local = self._local
+        idle = self._idle
+        link = idle.get()
         try:
-            sock = conn._sock
-            if sock is None:
-                conn.connect()
-                sock = conn._sock
-            reader = local.reader
-            if reader is None:
-                reader = local.reader = hiredis.Reader() if hiredis else None
-            if reader is None:  # no hiredis: redis-py parses, one reply at a time
-                conn.send_packed_command([packed])
-                return [self._read_one(conn) for _ in range(count)]
-            sock.sendall(packed)
-            replies: list[Any] = []
-            while len(replies) < count:
-                reply = reader.gets()
-                if reply is False:
-                    data = sock.recv(65536)
-                    if not data:
-                        raise ConnectionError("Redis closed the connection")
-                    reader.feed(data)
-                else:
-                    replies.append(reply)
-            return replies
+            replies = self._read_many(link, packed, count)
         except BaseException:
             # A reply may still be on its way: never read it as the next command's.
-            conn.disconnect()
-            local.reader = None
+            link.close()
             raise
+        idle.release(link)
+        return replies
+
+    def _read_many(self, link: _Link, packed: bytes, count: int) -> list[Any]:
+        conn = link.conn
+        sock = conn._sock
+        if sock is None:
+            conn.connect()
+            sock = conn._sock
+        reader = link.reader
+        if reader is None:
+            reader = link.reader = hiredis.Reader() if hiredis else None
+        if reader is None:  # no hiredis: redis-py parses, one reply at a time
+            conn.send_packed_command([packed])
+            return [self._read_one(conn) for _ in range(count)]
+        sock.sendall(packed)
+        replies: list[Any] = []
+        while len(replies) < count:
+            reply = reader.gets()
+            if reply is False:
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("Redis closed the connection")
+                reader.feed(data)
+            else:
+                replies.append(reply)
+        return replies
 
     @staticmethod
     def _read_one(conn: Any) -> Any:
@@ -699,6 +713,7 @@ class RedisBackend(Backend):
         ]
 
     def close(self) -> None:
+        self._idle.idle = []  # (each one's connection is among those disconnected here)
         for conn in list(self._connections):
             conn.disconnect()
         self._close_client()

@@ -790,6 +790,7 @@ BACKEND_KINDS = (
 )
 
 
+@pytest.mark.django_db  # the configuration in force is read (run alone, no test loaded it)
 @pytest.mark.parametrize("kind", BACKEND_KINDS)
 def test_backend_agrees_with_the_model(kind: str, request: pytest.FixtureRequest) -> None:
     with override_settings(**backend_settings(kind, request)):

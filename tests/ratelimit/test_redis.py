@@ -1,7 +1,8 @@
 """The Redis backend on a real server: what the shared contract (test_backends) cannot see.
 
 How it is built (``cls(alias, cache)``), what a check asks of the server (only the fields it
-reads; hashes that stay small), and the connections it keeps (one per thread and process).
+reads; hashes that stay small), and the connections it keeps (a bounded pool per process,
+shared by its threads).
 """
 
 from __future__ import annotations
@@ -176,38 +177,60 @@ def _client_id(backend: Any) -> int:
     return int(backend._call([b"CLIENT", b"ID"]))
 
 
-def test_each_thread_keeps_its_own_connection(redis_cache: str) -> None:
+def test_threads_in_turn_share_one_connection(redis_cache: str) -> None:
+    """A server that runs each request's sync code on a thread of its own (Django's
+    runserver, its ASGI handler) reuses the process's idle connection: one connection set-up
+    per process and server, not one per request."""
     backend = get_backend()
     mine = _client_id(backend)
     assert _client_id(backend) == mine  # the same connection, command after command
-    others: list[int] = []
-    thread = threading.Thread(target=lambda: others.append(_client_id(backend)))
-    thread.start()
-    thread.join()
-    assert others and others[0] != mine
-    backend.close()  # every thread's connection: the next command connects again
+    ids: list[int] = []
+    for _ in range(20):  # a thread per request, one after the other
+        thread = threading.Thread(target=lambda: ids.append(_client_id(backend)))
+        thread.start()
+        thread.join()
+    assert set(ids) == {mine}
+    backend.close()  # every connection: the next command connects again
     assert _client_id(backend) != mine
 
 
-def test_a_thread_s_connection_closes_when_the_thread_ends(redis_cache: str) -> None:
-    """Django's runserver starts a thread per request: each thread's connection is closed
-    when the thread ends, never left open (or to the garbage collector, unclosed)."""
+def test_threads_at_once_open_no_more_than_they_use_and_keep_a_bounded_few(
+    redis_cache: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Threads checking at once each take a connection (none waits for another), never
+    more than there are threads; given back, at most ``IDLE_CONNECTIONS`` stay open and the
+    rest are closed, never left to the garbage collector."""
+    from ratelimit_app.backends import redis as redis_backend
+
+    assert redis_backend.IDLE_CONNECTIONS == 64
     backend = get_backend()
-    ids: list[int] = []
-    threads = [threading.Thread(target=lambda: ids.append(_client_id(backend))) for _ in range(8)]
+    pool = backend._idle
+    monkeypatch.setattr(pool, "max_idle", 3)
+    made: list[Any] = []
+    create = pool.create
+
+    def counted() -> Any:
+        link = create()
+        made.append(link)
+        return link
+
+    monkeypatch.setattr(pool, "create", counted)
+    go = threading.Barrier(8)
+
+    def checks() -> None:
+        go.wait()
+        for _ in range(100):
+            _client_id(backend)
+
+    threads = [threading.Thread(target=checks) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(set(ids)) == 8
-    deadline = time.monotonic() + 5
-    while True:
-        listed = server(backend).client_list()
-        still = {int(c["id"]) for c in listed} & set(ids)
-        if not still or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert not still, f"connections of ended threads still open: {sorted(still)}"
+    assert 1 <= len(made) <= 8
+    assert len(pool.idle) <= 3
+    still_open = [link for link in made if link.conn._sock is not None]
+    assert len(still_open) == len(pool.idle)  # the others were closed when given back
 
 
 def test_a_killed_connection_fails_one_check_then_reconnects(redis_cache: str, group: str) -> None:
@@ -268,17 +291,17 @@ def test_without_hiredis_redis_py_reads_the_transaction(
 
     monkeypatch.setattr(redis_backend, "hiredis", None)
     backend = get_backend()
-    backend._local.reader = None
+    backend.close()  # no connection with a hiredis reader is left in the pool
     ns = namespace(group, "ip", "192.0.2.41")
     plan = windows.plan(parse("5/m"), T0)
     assert [sum(backend.run(ns, plan, True)) for _ in range(3)] == [1, 2, 3]
-    assert backend._local.reader is None  # the fallback was the one used
+    assert [link.reader for link in backend._idle.idle] == [None]  # the fallback was used
 
 
 def test_the_cluster_backend_keeps_its_parents_constructor(redis_cache: str) -> None:
     """RedisClusterBackend is built by RedisBackend's constructor and replaces one step, how
     the client is opened (on first use: the cluster client reads the slot map when it is
-    built). The settings read, the server's marked-down state and the per-thread
+    built). The settings read, the server's marked-down state and the pool of
     connections are its parent's, so closing it before first use closes nothing and
     fails nowhere."""
     plain = build(RedisBackend, "rl")
