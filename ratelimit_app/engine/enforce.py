@@ -530,8 +530,9 @@ def _signal(request: Any, d: Decision, sender: Any) -> None:
         extra["shadow"] = True
     request = getattr(request, "_request", request)  # a DRF Request wraps Django's
     kept = request_state.state(request)
+    before = None
     if kept is not None:  # (the subject's value, for *Refused lately*, while it is sent)
-        kept.signalled = d.check.subject
+        before, kept.signalled = kept.signalled, d.check.subject
     try:
         ratelimited.send(
             sender=sender if d.sender is None else d.sender,
@@ -542,8 +543,8 @@ def _signal(request: Any, d: Decision, sender: Any) -> None:
             **extra,
         )
     finally:
-        if kept is not None:
-            kept.signalled = None
+        if kept is not None:  # (a receiver's own check of this request signals inside)
+            kept.signalled = before
 
 
 def take_back(decisions: Sequence[Decision]) -> None:
