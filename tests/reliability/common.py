@@ -10,8 +10,11 @@ import signal
 import statistics
 import subprocess
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from tests.servers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACT = ROOT / "tests" / "artifacts" / "reliability.json"
@@ -71,6 +74,22 @@ def end(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, group: bool =
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+@contextlib.contextmanager
+def serving(
+    argv: list[str], environ: dict[str, str], log_path: Path, ready: Callable[[], bool]
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server of ours (``argv``, a gunicorn's) started with ``environ``, its output in
+    ``log_path``, once ``ready()`` says it answers; ended (:func:`end`) whatever happens."""
+    with open(log_path, "wb") as log:  # (the child keeps its own descriptor)
+        proc = subprocess.Popen(argv, cwd=ROOT, env=environ, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        up = wait_for(lambda: ready() or proc.poll() is not None)
+        assert up and proc.poll() is None, f"the server did not start: {log_path}"
+        yield proc
+    finally:
+        end(proc, timeout=30)
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import subprocess
 import time
 import urllib.parse
 from collections import Counter
@@ -26,9 +25,9 @@ import pytest
 from ratelimit_app.backends.base import DEAD_RETRY
 from tests.conftest import start_or_skip
 from tests.reliability import procs
-from tests.reliability.common import ROOT, end, env, report
+from tests.reliability.common import env, report, serving
 from tests.reliability.fallback_site import LIMIT, PASSWORD
-from tests.servers import free_port, gunicorn_argv, wait_for
+from tests.servers import free_port, gunicorn_argv
 
 pytestmark = pytest.mark.slow
 
@@ -78,21 +77,9 @@ def gunicorn(tmp: Path, **settings: str) -> Iterator[int]:
     """:data:`WORKERS` sync workers on a free port, serving :mod:`fallback_site`."""
     port = free_port()
     argv = gunicorn_argv("django.core.wsgi:get_wsgi_application()", port, WORKERS)
-    log = open(tmp / "gunicorn.log", "wb")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=env(DJANGO_SETTINGS_MODULE="tests.reliability.fallback_site", **settings),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        ready = wait_for(lambda: ping(port) == 200 or proc.poll() is not None)
-        assert ready and proc.poll() is None, f"gunicorn did not start: {log.name}"
+    site = env(DJANGO_SETTINGS_MODULE="tests.reliability.fallback_site", **settings)
+    with serving(argv, site, tmp / "gunicorn.log", lambda: ping(port) == 200):
         yield port
-    finally:
-        end(proc, timeout=30)
-        log.close()
 
 
 @pytest.mark.parametrize("kind", ["memcached", "redis"])

@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -30,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from ratelimit_app.engine.in_flight import RETRY_AFTER
-from tests.reliability.common import ROOT, end, env, report
+from tests.reliability.common import env, report, serving
 from tests.reliability.conftest import PROCESSES, THREADS
 from tests.reliability.inflight_site import CONCURRENT, LEASE, SUBJECT_HEADER, Recorder
 from tests.servers import free_port, gunicorn_argv, wait_for
@@ -103,21 +102,9 @@ def gunicorn(tmp: Path, **settings: str) -> Iterator[int]:
     argv = gunicorn_argv("django.core.wsgi:get_wsgi_application()", port)
     argv[argv.index("--worker-class") + 1] = "gthread"
     argv[-1:-1] = ["--threads", str(THREADS)]
-    log = open(tmp / "gunicorn.log", "wb")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=env(DJANGO_SETTINGS_MODULE="tests.reliability.inflight_site", **settings),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        ready = wait_for(lambda: get(port, "", "/ping/")[0] == 200 or proc.poll() is not None)
-        assert ready and proc.poll() is None, f"gunicorn did not start: {log.name}"
+    site = env(DJANGO_SETTINGS_MODULE="tests.reliability.inflight_site", **settings)
+    with serving(argv, site, tmp / "gunicorn.log", lambda: get(port, "", "/ping/")[0] == 200):
         yield port
-    finally:
-        end(proc, timeout=30)
-        log.close()
 
 
 def sleep_until(moment: float) -> None:

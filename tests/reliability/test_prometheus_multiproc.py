@@ -20,9 +20,10 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.reliability.common import ROOT, end, env, report
+from tests.reliability import common
+from tests.reliability.common import ROOT, env, report
 from tests.reliability.prometheus_site import LIMIT, RULE
-from tests.servers import free_port, gunicorn_argv, wait_for
+from tests.servers import free_port, gunicorn_argv
 
 pytestmark = pytest.mark.slow
 
@@ -59,15 +60,8 @@ def serving(tmp: Path, workers: int, settings: dict[str, str]) -> Iterator[int]:
     subprocess.run(migrate, cwd=ROOT, env=alone, check=True, timeout=120)
     port = free_port()
     argv = gunicorn_argv("django.core.wsgi:get_wsgi_application()", port, workers=workers)
-    log = open(tmp / "gunicorn.log", "wb")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen(argv, cwd=ROOT, env=site, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        ready = wait_for(lambda: get(port, "/metrics")[0] == 200 or proc.poll() is not None)
-        assert ready and proc.poll() is None, f"gunicorn did not start: {log.name}"
+    with common.serving(argv, site, tmp / "gunicorn.log", lambda: get(port, "/metrics")[0] == 200):
         yield port
-    finally:
-        end(proc, timeout=30)
-        log.close()
 
 
 def deciders(directory: Path) -> set[str]:
