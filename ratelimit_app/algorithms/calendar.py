@@ -120,7 +120,10 @@ def zone_info(name: str) -> ZoneInfo:
 
 def index(q: Quota, t: float) -> int:
     """The index of the period of ``q`` that holds the instant ``t`` (Unix seconds)."""
-    day = datetime.fromtimestamp(t, zone_info(q.zone)).date()
+    moment = datetime.fromtimestamp(t, zone_info(q.zone))
+    if moment.timestamp() > t:  # rounded up to the microsecond: maybe past a period's end
+        moment -= timedelta(microseconds=1)
+    day = moment.date()
     if q.unit == "day":
         return day.toordinal()
     if q.unit == "week":
