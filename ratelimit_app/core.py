@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
@@ -25,9 +26,11 @@ from ratelimit_app.config.limits import Method, method_set
 from ratelimit_app.config.policy import Policy, of_call
 from ratelimit_app.engine import enforce, failure_dict
 from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.engine.matched import on_the_loop
 from ratelimit_app.engine.outcome import add_shown as add_shown
 from ratelimit_app.engine.outcome import release as release
 from ratelimit_app.engine.outcome import show as show
+from ratelimit_app.engine.trips import Checking, arun, run
 from ratelimit_app.identity import keys
 from ratelimit_app.identity.keys import get_header, user_or_ip
 from ratelimit_app.operators.operations import lookup, reset
@@ -35,6 +38,8 @@ from ratelimit_app.operators.operations import lookup, reset
 __all__ = [
     "ALL",
     "UNSAFE",
+    "aget_usage",
+    "ais_ratelimited",
     "charge",
     "get_header",
     "get_usage",
@@ -105,6 +110,64 @@ def get_usage(
     ``fallback="memory"``: while the counters cannot be reached, count in this process's
     memory (default: ``RATELIMIT_FALLBACK``; ``False``: never; docs/operators).
     """
+    enforced = _called(
+        group, fn, key, rate, method, increment, fail_open, algorithm, burst, cost, shadow,
+        ban, quota, timezone, fallback,
+    )  # fmt: skip
+    return None if enforced is None else limit_usage(request, enforced, increment)
+
+
+async def aget_usage(
+    request: HttpRequest,
+    group: str | None = None,
+    fn: Callable[..., Any] | None = None,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+    increment: bool = False,
+    fail_open: bool | None = None,
+    algorithm: str = kinds.DEFAULT,
+    burst: int | None = None,
+    cost: limits.CostSpec = 1,
+    shadow: bool = False,
+    ban: dict[str, Any] | None = None,
+    quota: str | None = None,
+    timezone: str | None = None,
+    fallback: str | bool | None = None,
+) -> dict[str, Any] | None:
+    """:func:`get_usage` for async code: the same arguments and answer, and the event loop
+    serves other requests while the counters answer (the round trip is awaited on the
+    loop; a limit that reads the database or calls user code, a key needing
+    ``request.user``, a callable rate, a ban, is checked in a thread instead)."""
+    enforced = _called(
+        group, fn, key, rate, method, increment, fail_open, algorithm, burst, cost, shadow,
+        ban, quota, timezone, fallback,
+    )  # fmt: skip
+    if enforced is None:
+        return None
+    if on_the_loop([enforced.limit]):
+        return await arun(_limit_usage(request, enforced, increment))
+    return await sync_to_async(limit_usage)(request, enforced, increment)
+
+
+def _called(
+    group: str | None,
+    fn: Callable[..., Any] | None,
+    key: keys.KeySpec | None,
+    rate: rates.RateSpec,
+    method: Method,
+    increment: bool,
+    fail_open: bool | None,
+    algorithm: str,
+    burst: int | None,
+    cost: limits.CostSpec,
+    shadow: bool,
+    ban: dict[str, Any] | None,
+    quota: str | None,
+    timezone: str | None,
+    fallback: str | bool | None,
+) -> Policy | None:
+    """The policy :func:`get_usage`'s arguments make, or None: no limit (disabled, no rate)."""
     if group is None and fn is None:
         raise ImproperlyConfigured("get_usage must be called with either `group` or `fn`.")
     if not conf.ENABLE or (rate is None and quota is None):
@@ -114,15 +177,21 @@ def get_usage(
     group = group if group is not None else group_name(fn)  # type: ignore[arg-type]
     if fail_open is None and not increment:  # a look that counts nothing never enforces
         fail_open = True
-    enforced = of_call(
+    return of_call(
         group, key, rate, method, algorithm, burst, cost, ban, fail_open, shadow, fallback
     )
-    return limit_usage(request, enforced, increment)
 
 
 def limit_usage(request: HttpRequest, enforced: Policy, increment: bool) -> dict[str, Any] | None:
     """:func:`get_usage` for a :class:`~ratelimit_app.config.policy.Policy`."""
-    decision = limit_decision(request, enforced, increment)
+    return run(_limit_usage(request, enforced, increment))
+
+
+def _limit_usage(
+    request: HttpRequest, enforced: Policy, increment: bool
+) -> Checking[dict[str, Any] | None]:
+    verdict = yield from limit_verdicting(request, enforced, increment)
+    decision = _first(verdict, enforced)
     if decision is None:
         return None
     if decision.result is None:  # the counters failed, and the limit fails closed
@@ -141,7 +210,10 @@ def limit_decision(
     counters failed and the limit fails open (as its policy says: by default as
     ``RATELIMIT_FAIL_OPEN`` does; :func:`get_usage`'s look that counts nothing never
     enforces, as in django-ratelimit, unless ``fail_open=False`` is passed)."""
-    verdict = limit_verdict(request, enforced, increment)
+    return _first(limit_verdict(request, enforced, increment), enforced)
+
+
+def _first(verdict: enforce.Verdict | None, enforced: Policy) -> Decision | None:
     if verdict is None:
         return None
     first = verdict.decisions[0]
@@ -154,6 +226,14 @@ def limit_verdict(
     """:func:`limit_decision`'s verdict: the limit's decision first, then its places' in
     flight (``concurrent``) when the request counts; None when no limit applies, or the
     counters failed and the limit fails open."""
+    return run(limit_verdicting(request, enforced, increment))
+
+
+def limit_verdicting(
+    request: HttpRequest, enforced: Policy, increment: bool = True
+) -> Checking[enforce.Verdict | None]:
+    """:func:`limit_verdict`, as a generator of :mod:`~ratelimit_app.engine.trips` (its round
+    trips yielded: run by an async caller's driver too)."""
     limit = enforced.limit
     if not limit.applies_to(request):
         return None
@@ -161,7 +241,7 @@ def limit_verdict(
     if check is None:
         return None
     decisions = enforce.decisions(enforced, check, request, increment)
-    verdict = enforce.decide(request, decisions)
+    verdict = yield from enforce.deciding(request, decisions)
     if not verdict.decisions:
         return None  # (an override lifts the limit for this subject)
     if verdict.failed is not None and verdict.decisions[0].fail_open:
@@ -198,6 +278,28 @@ def is_ratelimited(
         shadow=shadow,
         ban=ban,
     )
+    return bool(usage and usage["should_limit"])
+
+
+async def ais_ratelimited(
+    request: HttpRequest,
+    group: str | None = None,
+    fn: Callable[..., Any] | None = None,
+    key: keys.KeySpec | None = None,
+    rate: rates.RateSpec = None,
+    method: Method = ALL,
+    increment: bool = False,
+    algorithm: str = kinds.DEFAULT,
+    burst: int | None = None,
+    cost: limits.CostSpec = 1,
+    shadow: bool = False,
+    ban: dict[str, Any] | None = None,
+) -> bool:
+    """:func:`is_ratelimited` for async code (as :func:`aget_usage` checks)."""
+    usage = await aget_usage(
+        request, group, fn, key, rate, method, increment,
+        algorithm=algorithm, burst=burst, cost=cost, shadow=shadow, ban=ban,
+    )  # fmt: skip
     return bool(usage and usage["should_limit"])
 
 

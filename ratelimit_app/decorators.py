@@ -21,9 +21,10 @@ from ratelimit_app.conf import conf
 from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.policy import Policy, policy
-from ratelimit_app.core import group_name, limit_verdict
+from ratelimit_app.core import group_name, limit_verdict, limit_verdicting
 from ratelimit_app.engine.matched import on_the_loop
 from ratelimit_app.engine.outcome import Outcome, view_outcome
+from ratelimit_app.engine.trips import arun
 from ratelimit_app.identity import keys
 
 __all__ = ["ratelimit"]
@@ -178,8 +179,8 @@ class ViewLimit:
             registry[self.view_name] = Registered(problems=tuple(self.problems))
 
     def inline(self) -> bool:
-        """True when an async view's check may run on the event loop: one bounded round
-        trip, cheaper than a thread."""
+        """True when an async view's check may run on the event loop, its round trip
+        awaited (:meth:`aenter`): it reads no database and calls no user code."""
         # (A limit of places always runs in a thread, as its give-back does.)
         return self.limit is not None and not self.holds and on_the_loop([self.limit])
 
@@ -197,6 +198,15 @@ class ViewLimit:
             verdict = limit_verdict(request, self.policy)
         return view_outcome(request, verdict, self.block, self.holds)
 
+    async def aenter(self, request: HttpRequest) -> HttpResponseBase | Outcome:
+        """:meth:`enter` on the event loop, its round trip awaited (when :meth:`inline`)."""
+        if self.problems:
+            return self.enter(request)  # (raises)
+        verdict = None
+        if self.policy is not None and conf.ENABLE:
+            verdict = await arun(limit_verdicting(request, self.policy))
+        return view_outcome(request, verdict, self.block, self.holds)
+
 
 def _wrap(fn: F, guard: ViewLimit) -> F:
     """``fn`` (sync or async) with ``guard`` before it, and the outcome finished after it
@@ -207,7 +217,7 @@ def _wrap(fn: F, guard: ViewLimit) -> F:
         async def async_wrapped(*args: Any, **kwargs: Any) -> Any:
             request = _find_request(args)
             if guard.inline():
-                entered = guard.enter(request)
+                entered = await guard.aenter(request)
             else:
                 entered = await sync_to_async(guard.enter)(request)
             if isinstance(entered, HttpResponseBase):

@@ -6,8 +6,9 @@ and nothing else) and hands them to the engine (:func:`ratelimit_app.engine.matc
 lists, bans, one round trip for every rule, the 429 or 503), then runs the view and lets the
 engine's :class:`~ratelimit_app.engine.outcome.Outcome` finish (failure-only hits, places in
 flight, the ``RateLimit`` headers). The sync and async paths share every step; the async
-path checks on the event loop when :func:`~ratelimit_app.engine.matched.on_the_loop` says
-so, in a thread otherwise.
+path checks on the event loop, its round trips awaited
+(:func:`~ratelimit_app.engine.matched.abefore`), when
+:func:`~ratelimit_app.engine.matched.on_the_loop` says so, in a thread otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ratelimit_app import store
 from ratelimit_app.conf import conf, require_installed
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import responses
-from ratelimit_app.engine.matched import UsageByRule, before, on_the_loop
+from ratelimit_app.engine.matched import UsageByRule, abefore, before, on_the_loop
 from ratelimit_app.exceptions import Ratelimited
 
 __all__ = ["RatelimitMiddleware", "UsageByRule"]
@@ -80,7 +81,7 @@ class RatelimitMiddleware:
             return await self.get_response(request)
         inline = on_the_loop((r.limit for r in matched[0]), screened=True)
         if inline:
-            outcome = before(request, *matched, RatelimitMiddleware)
+            outcome = await abefore(request, *matched, RatelimitMiddleware)
         else:
             outcome = await sync_to_async(before)(request, *matched, RatelimitMiddleware)
         if outcome is None:
@@ -89,8 +90,11 @@ class RatelimitMiddleware:
             return outcome
         with outcome.tracking():
             response = await self.get_response(request)
-        if not inline and (outcome.provisional or outcome.places):  # the round trip, off the loop
-            await sync_to_async(outcome.settle)(response)
+        if outcome.provisional or outcome.places:  # the round trip after the view
+            if inline:
+                await outcome.asettle(response)
+            else:
+                await sync_to_async(outcome.settle)(response)
         return outcome.finish(response)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> Any:

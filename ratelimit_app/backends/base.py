@@ -22,9 +22,10 @@ import threading
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, cast
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import caches
 
@@ -177,7 +178,8 @@ class Backend(ABC):
     :meth:`_succeeded` serve a backend that talks to servers itself.
     """
 
-    #: True when a check is bounded loopback-class I/O an event loop may run inline.
+    #: True when :meth:`execute` does no I/O at all (it counts in this process): the async
+    #: path then calls it on the event loop (:meth:`aexecute`).
     inline_ok = False
     #: How this backend encodes a plan (see :meth:`encoded`).
     encoding: type[Encoded] = Encoded
@@ -278,6 +280,15 @@ class Backend(ABC):
         w, m = iter(values), iter(replies)
         return [next(w) if isinstance(op, Op) else next(m) for op in ops]
 
+    async def aexecute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
+        """:meth:`execute` for the async path (:func:`ratelimit_app.engine.trips.arun`),
+        never blocking the event loop: called on the loop when it does no I/O
+        (:attr:`inline_ok`), else in a thread of the loop's executor. memcached and Redis
+        override it with native asyncio connections."""
+        if self.inline_ok:
+            return self.execute(ops, now_us)
+        return await sync_to_async(self.execute, thread_sensitive=False)(ops, now_us)
+
     def exchange(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:
@@ -316,6 +327,54 @@ class Backend(ABC):
         """``server`` answered: no longer marked down."""
         if server.dead_until:
             server.dead_until = 0.0
+
+
+#: What gives the sans-IO logic its replies: each thing it asks for (a Trip, an exchange)
+#: turned into the reply it is sent, synchronously or awaited.
+Ask = TypeVar("Ask")
+Answer = TypeVar("Answer")
+
+
+def drive(
+    asking: Generator[Ask, Any, Answer],
+    call: Callable[[Ask], Any],
+    catch: type[BaseException] | tuple[type[BaseException], ...] = BackendError,
+) -> Answer:
+    """Run ``asking``, a generator of what it needs done (the engine's round trips, a
+    backend's exchanges), on this thread: each thing it yields is ``call``-ed and the reply
+    sent back, or the exception of ``catch`` raised, thrown into it; its return value."""
+    send = asking.send
+    try:
+        ask = send(None)
+        while True:
+            try:
+                reply = call(ask)
+            except catch as exc:
+                ask = asking.throw(exc)
+            else:
+                ask = send(reply)
+    except StopIteration as stop:
+        return stop.value
+
+
+async def adrive(
+    asking: Generator[Ask, Any, Answer],
+    call: Callable[[Ask], Awaitable[Any]],
+    catch: type[BaseException] | tuple[type[BaseException], ...] = BackendError,
+) -> Answer:
+    """:func:`drive` on the event loop: each reply awaited (``call`` is async)."""
+    send = asking.send
+    try:
+        ask = send(None)
+        while True:
+            try:
+                reply = await call(ask)
+            except catch as exc:
+                ask = asking.throw(exc)
+            else:
+                ask = send(reply)
+    except StopIteration as stop:
+        return stop.value
 
 
 class IdlePool:

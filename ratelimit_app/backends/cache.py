@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 
 from ratelimit_app.algorithms.windows import Plan
 from ratelimit_app.backends.base import Backend, Op
@@ -14,6 +16,11 @@ from ratelimit_app.exceptions import BackendError
 
 class CacheBackend(Backend):
     """The generic path: correct on any cache with an atomic ``incr``, three calls a check."""
+
+    def __init__(self, alias: str, cache: Any) -> None:
+        super().__init__(alias, cache)
+        #: Local memory does no I/O: the async path calls it on the event loop.
+        self.inline_ok = isinstance(cache, LocMemCache)
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         return [self._run(*op) for op in ops]

@@ -24,13 +24,14 @@ from __future__ import annotations
 import hashlib
 import operator
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, NamedTuple
 
+from asgiref.sync import sync_to_async
 from pymemcache.client.base import PooledClient
 
 from ratelimit_app.algorithms import gcra
-from ratelimit_app.backends import base
+from ratelimit_app.backends import aio, base
 from ratelimit_app.backends.base import (
     Backend,
     IdlePool,
@@ -38,7 +39,9 @@ from ratelimit_app.backends.base import (
     MeterReply,
     Op,
     Server,
+    adrive,
     cache_settings,
+    drive,
 )
 from ratelimit_app.backends.memcached_protocol import (
     MN,
@@ -122,6 +125,53 @@ def _meta_exchange(client: Any, command: bytes, count: int) -> list[tuple[bytes,
             return replies
 
 
+async def _aexchange(sock: Any, command: bytes, end: bytes, count: int = 1) -> bytes:
+    """:func:`_exchange` through the running event loop (:func:`.aio.exchange`)."""
+    reply = b""
+
+    def read(chunk: bytes) -> bytes | None:
+        nonlocal reply
+        if not chunk:
+            raise BackendError("memcached closed the connection mid-reply")
+        reply += chunk
+        if reply.endswith(end) and (count == 1 or reply.count(end) >= count):
+            return reply
+        return None
+
+    found: bytes = await aio.exchange(sock, command + b"\r\n", read)
+    return found
+
+
+async def _ameta_exchange(sock: Any, command: bytes, count: int) -> list[tuple[bytes, bytes]]:
+    """:func:`_meta_exchange` through the running event loop (:func:`.aio.exchange`)."""
+    buf = b""
+
+    def read(chunk: bytes) -> list[tuple[bytes, bytes]] | None:
+        nonlocal buf
+        if not chunk:
+            raise BackendError("memcached closed the connection mid-reply")
+        buf += chunk
+        return parse_meta(buf, count)
+
+    found: list[tuple[bytes, bytes]] = await aio.exchange(sock, command + b"mn\r\n", read)
+    return found
+
+
+class _Ask(NamedTuple):
+    """One exchange with a node that the backend's logic asks for (:meth:`MemcachedBackend.
+    _executing`): ``command`` and, for a check, the ``end`` of its reply; for meta commands
+    (``end`` None), ``count`` replies parsed."""
+
+    node: _Node
+    command: bytes
+    end: bytes | None
+    replies: int = 1
+
+
+#: What the backend's logic is written as: a generator of exchanges, sent each reply.
+Asking = Generator[_Ask, Any, Any]
+
+
 class _Node(Server):
     """One memcached server: a pymemcache client on its idle connections, and whether it is
     marked down."""
@@ -135,7 +185,7 @@ class _Node(Server):
 
 
 class MemcachedBackend(Backend):
-    inline_ok = True
+    inline_ok = False  # (I/O: aexecute awaits it on asyncio streams)
     encoding = MemcachedEncoded
 
     def __init__(self, alias: str, cache: Any) -> None:
@@ -176,8 +226,11 @@ class MemcachedBackend(Backend):
             raise BackendError(f"{self.alias}: every memcached server is marked down")
         return max(alive, key=lambda n: hashlib.blake2b(f"{n.name}|{namespace}".encode()).digest())
 
-    def _by_node(self, namespaces: Sequence[str], run: Callable[[_Node, list[int]], None]) -> None:
-        """``run(node, indexes)`` for the subjects (``namespaces[i]``) of each node.
+    def _by_node(
+        self, namespaces: Sequence[str], run: Callable[[_Node, list[int]], Asking]
+    ) -> Asking:
+        """``run(node, indexes)`` (exchanges it asks for) for the subjects
+        (``namespaces[i]``) of each node.
 
         A node that fails is marked down; the next choice is another node, which takes over
         its subjects at once (their earlier counts stay behind on the dead node). A failure
@@ -185,7 +238,7 @@ class MemcachedBackend(Backend):
         """
         if len(self.nodes) == 1:  # the common case: no placement, nothing to fail over to
             if namespaces:
-                run(self._node(""), list(range(len(namespaces))))
+                yield from run(self._node(""), list(range(len(namespaces))))
             return
         pending = list(range(len(namespaces)))
         for attempt in range(len(self.nodes)):
@@ -195,7 +248,7 @@ class MemcachedBackend(Backend):
             failed: list[int] = []
             for node, indexes in by_node.items():
                 try:
-                    run(node, indexes)
+                    yield from run(node, indexes)
                 except BackendError:
                     if attempt == len(self.nodes) - 1 or node.alive(time.monotonic()):
                         raise
@@ -204,6 +257,17 @@ class MemcachedBackend(Backend):
                 return
             pending = failed
 
+    # -- the exchanges: the logic asks (_Ask), a driver sends on a sync or asyncio connection
+
+    def _drive(self, asking: Asking) -> Any:
+        """Run ``asking`` on this thread: each exchange on a pooled connection."""
+        return drive(asking, self._ask)
+
+    def _ask(self, ask: _Ask) -> Any:
+        if ask.end is None:
+            return self._meta(ask.node, ask.command, ask.replies)
+        return self._on(ask.node, _exchange, ask.command, ask.end, ask.replies)
+
     def _call(self, node: _Node, command: bytes, end: bytes, count: int = 1) -> bytes:
         """Send ``command`` on a pooled connection and read the reply up to ``end``."""
         reply: bytes = self._on(node, _exchange, command, end, count)  # no cast(): a call
@@ -211,7 +275,8 @@ class MemcachedBackend(Backend):
 
     def _meta(self, node: _Node, command: bytes, count: int) -> list[tuple[bytes, bytes]]:
         """Send ``count`` meta commands on a pooled connection; their (head, value) replies."""
-        return cast(list[tuple[bytes, bytes]], self._on(node, _meta_exchange, command, count))
+        reply: list[tuple[bytes, bytes]] = self._on(node, _meta_exchange, command, count)
+        return reply
 
     def _on(self, node: _Node, exchange: Callable[..., Any], *args: Any) -> Any:
         """``exchange(client, *args)`` on a pooled connection of ``node``; a failure marks
@@ -238,6 +303,29 @@ class MemcachedBackend(Backend):
         except Exception as exc:
             raise self._failed(exc, node) from exc
 
+    async def _aon(self, ask: _Ask) -> Any:
+        """``ask`` on a pooled connection of its node, through the running event loop
+        (:mod:`.aio`: the sync path's connections); a failure marks the node down, and the
+        connection is dropped then and on a cancellation."""
+        pool: IdlePool = ask.node.client.client_pool
+        try:
+            client = pool.get()
+            try:
+                if client.sock is None:  # connects, in a thread (a name may be resolved)
+                    await sync_to_async(client.version, thread_sensitive=False)()
+                reply: Any
+                if ask.end is None:
+                    reply = await _ameta_exchange(client.sock, ask.command, ask.replies)
+                else:
+                    reply = await _aexchange(client.sock, ask.command, ask.end, ask.replies)
+            except BaseException:
+                client.close()
+                raise
+            pool.release(client)
+        except Exception as exc:  # (TimeoutError and OSError among them)
+            raise self._failed(exc, ask.node) from exc
+        return reply
+
     # -- sliding windows ----------------------------------------------------------------------
 
     def execute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
@@ -247,26 +335,59 @@ class MemcachedBackend(Backend):
         for op in ops:
             if type(op) is not Op:
                 return super().execute(ops, now_us)
-        return self._run_node(self._node(""), ops)  # type: ignore[arg-type]
+        node = self._node("")
+        sent, command = self._command(ops)  # type: ignore[arg-type]
+        return self._parsed(command, self._on(node, _exchange, sent, MN))
+
+    async def aexecute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
+        """:meth:`execute` on the running event loop's asyncio streams: the same commands,
+        replies and failover (the logic is one generator, :meth:`_executing`)."""
+        if len(self.nodes) == 1 and ops and all(type(op) is Op for op in ops):
+            node = self._node("")  # (the common case, as execute's: straight to the node)
+            sent, command = self._command(ops)  # type: ignore[arg-type]
+            return self._parsed(command, await self._aon(_Ask(node, sent, MN)))
+        result: list[Any] = await adrive(self._executing(ops, now_us), self._aon)
+        return result
+
+    def _executing(self, ops: Sequence[Op | MeterOp], now_us: int) -> Asking:
+        """The exchanges of :meth:`execute` (a window op's values, a meter op's reply)."""
+        windowed = [op for op in ops if type(op) is Op]
+        metered = [op for op in ops if type(op) is MeterOp]
+        if len(windowed) + len(metered) != len(ops):
+            raise TypeError(f"not an operation of this backend: {ops!r}")
+        values = (yield from self._running(windowed)) if windowed else []
+        replies = (yield from self._metering(metered, now_us)) if metered else []
+        if not metered:
+            return values
+        w, m = iter(values), iter(replies)
+        return [next(w) if type(op) is Op else next(m) for op in ops]
 
     def run_many(self, ops: Sequence[Op]) -> list[list[int]]:
         if len(self.nodes) == 1:  # the common case: one node, no placement
-            return self._run_node(self._node(""), ops) if ops else []
+            if not ops:
+                return []
+            sent, command = self._command(ops)
+            return self._parsed(command, self._on(self._node(""), _exchange, sent, MN))
+        result: list[list[int]] = self._drive(self._running(ops))
+        return result
+
+    def _running(self, ops: Sequence[Op]) -> Asking:
+        """:meth:`run_many`'s exchanges: each node's ops in one."""
         results: list[list[int] | None] = [None] * len(ops)
 
-        def run(node: _Node, indexes: list[int]) -> None:
-            for i, values in zip(
-                indexes, self._run_node(node, [ops[i] for i in indexes]), strict=True
-            ):
-                results[i] = values
+        def run(node: _Node, indexes: list[int]) -> Asking:
+            sent, command = self._command([ops[i] for i in indexes])
+            values = self._parsed(command, (yield _Ask(node, sent, MN)))
+            for i, v in zip(indexes, values, strict=True):
+                results[i] = v
 
-        self._by_node([op.namespace for op in ops], run)
-        return results  # type: ignore[return-value]
+        yield from self._by_node([op.namespace for op in ops], run)
+        return results
 
-    def _run_node(self, node: _Node, ops: Sequence[Op]) -> list[list[int]]:
-        """Every op of one node in one write and one reply
+    def _command(self, ops: Sequence[Op]) -> tuple[bytes, CheckCommand]:
+        """Every op of one node in one write
         (:func:`~.memcached_protocol.shape`: the command of the ops' shape, kept, with
-        their namespaces filled in; nothing is kept per subject)."""
+        their namespaces filled in; nothing is kept per subject), and what parses its reply."""
         key = tuple(map(_SHAPE, ops))
         command = self._shapes.get(key, _NO_SHAPE)
         if command is _NO_SHAPE:
@@ -276,10 +397,11 @@ class MemcachedBackend(Backend):
             self._shapes[key] = command
         if command is None:  # an expiry read as a time: made for this check
             command = check_command(self.key_prefix, ops, self.encoded)
-            sent = command.command
-        else:
-            sent = command.sending(list(map(_NAMESPACE, ops)))
-        reply: bytes = self._on(node, _exchange, sent, MN)
+            return command.command, command
+        return command.sending(list(map(_NAMESPACE, ops))), command
+
+    def _parsed(self, command: CheckCommand, reply: bytes) -> list[list[int]]:
+        """Each op's values from the reply to ``command``."""
         try:
             return command.parse(reply)
         except ReplyError as exc:  # the data of these subjects, not the node: not marked down
@@ -288,8 +410,13 @@ class MemcachedBackend(Backend):
     # -- leaky buckets ------------------------------------------------------------------------
 
     def meter_many(self, ops: Sequence[MeterOp], now_us: int) -> list[MeterReply]:
+        result: list[MeterReply] = self._drive(self._metering(ops, now_us))
+        return result
+
+    def _metering(self, ops: Sequence[MeterOp], now_us: int) -> Asking:
+        """:meth:`meter_many`'s exchanges."""
         replies: list[MeterReply] = [MeterReply(None)] * len(ops)
-        self._by_node(
+        yield from self._by_node(
             [op.namespace for op in ops],
             lambda node, indexes: self._meter_node(node, ops, indexes, now_us, replies),
         )
@@ -302,13 +429,13 @@ class MemcachedBackend(Backend):
         indexes: list[int],
         now_us: int,
         replies: list[MeterReply],
-    ) -> None:
+    ) -> Asking:
         taking = [i for i in indexes if ops[i].take_back is not None]
         if taking:
-            self._take_back(node, [ops[i] for i in taking], now_us)
+            yield from self._take_back(node, [ops[i] for i in taking], now_us)
         metering = [i for i in indexes if ops[i].take_back is None]
         if metering:
-            self._meter(node, ops, metering, now_us, replies)
+            yield from self._meter(node, ops, metering, now_us, replies)
 
     def _key(self, op: MeterOp) -> bytes:
         return (self.key_prefix + op.namespace + gcra.SUFFIX).encode()
@@ -325,30 +452,33 @@ class MemcachedBackend(Backend):
         pending: list[int],
         now_us: int,
         replies: list[MeterReply],
-    ) -> None:
+    ) -> Asking:
         """Read, decide and compare-and-set the ops ``pending`` of one node, in rounds: an
         op whose store lost the race (another request stored first) reads and decides again.
         """
         for _ in range(CAS_ATTEMPTS):
-            stores, command = self._decide(node, ops, pending, now_us, replies)
+            reads = yield _Ask(
+                node, meta_gets(self._key(ops[i]) for i in pending), None, len(pending)
+            )
+            stores, command = self._decide(ops, pending, reads, now_us, replies)
             if not stores:
                 return
-            pending = self._store_all(node, stores, command, replies)
+            answered = yield _Ask(node, b"".join(command), None, len(stores))
+            pending = self._store_all(stores, answered, replies)
             if not pending:
                 return
         # Still losing the race: refused (replies[i] stored nothing), never admitted on a guess.
 
     def _decide(
         self,
-        node: _Node,
         ops: Sequence[MeterOp],
         pending: list[int],
+        reads: list[tuple[bytes, bytes]],
         now_us: int,
         replies: list[MeterReply],
     ) -> tuple[list[tuple[int, int]], list[bytes]]:
-        """Read the TATs of the ops ``pending`` with their CAS ids, and note what each read
-        in ``replies``; return (op, new TAT) of each op admitted, and its ``ms``."""
-        reads = self._meta(node, meta_gets(self._key(ops[i]) for i in pending), len(pending))
+        """From the TATs ``reads`` of the ops ``pending`` with their CAS ids, note what each
+        read in ``replies``; return (op, new TAT) of each op admitted, and its ``ms``."""
         stores: list[tuple[int, int]] = []
         command = []
         for i, (head, value) in zip(pending, reads, strict=True):
@@ -367,15 +497,13 @@ class MemcachedBackend(Backend):
 
     def _store_all(
         self,
-        node: _Node,
         stores: list[tuple[int, int]],
-        command: list[bytes],
+        answered: list[tuple[bytes, bytes]],
         replies: list[MeterReply],
     ) -> list[int]:
-        """Send the ``ms`` of ``stores``; note in ``replies`` the TATs that landed, and
-        return the ops whose store lost the race."""
+        """From the answers to the ``ms`` of ``stores``, note in ``replies`` the TATs that
+        landed, and return the ops whose store lost the race."""
         lost = []
-        answered = self._meta(node, b"".join(command), len(stores))
         for (i, written), (head, _) in zip(stores, answered, strict=True):
             try:
                 landed = stored(head)
@@ -387,7 +515,7 @@ class MemcachedBackend(Backend):
                 lost.append(i)
         return lost
 
-    def _take_back(self, node: _Node, ops: Sequence[MeterOp], now_us: int) -> None:
+    def _take_back(self, node: _Node, ops: Sequence[MeterOp], now_us: int) -> Asking:
         """Take back admitted requests whose TAT nobody has changed since (by CAS id)."""
         command = []
         for op in ops:
@@ -401,7 +529,7 @@ class MemcachedBackend(Backend):
             else:  # the bucket would be empty: forget it
                 command.append(meta_delete(self._key(op), taken.token))
         # EX or NF: another request moved the TAT meanwhile; it stays counted (safe side).
-        self._meta(node, b"".join(command), len(command))
+        yield _Ask(node, b"".join(command), None, len(command))
 
     # -- the rest of the contract -------------------------------------------------------------
 

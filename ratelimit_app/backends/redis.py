@@ -19,16 +19,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from importlib import resources
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
+from asgiref.sync import sync_to_async
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
 from ratelimit_app.algorithms import gcra, rates, windows
 from ratelimit_app.algorithms.windows import Plan
+from ratelimit_app.backends import aio
 from ratelimit_app.backends import base as backend_base
 from ratelimit_app.backends.base import (
     Backend,
@@ -38,7 +40,9 @@ from ratelimit_app.backends.base import (
     MeterReply,
     Op,
     Server,
+    adrive,
     cache_settings,
+    drive,
 )
 from ratelimit_app.exceptions import BackendError
 
@@ -87,6 +91,10 @@ TAKE_BACK = 2
 Job = tuple["RedisEncoded", "RedisEncoded | None", bytes, bool, int]
 #: A subject's hashes to trim after a transaction: its key base and lua/trim.lua's ARGV[1].
 Trim = tuple[bytes, bytes]
+#: The backend's logic is written as a generator of exchanges: each yields one pipeline
+#: (the packed commands and how many replies they make) and is sent its replies (an error
+#: reply among them as an exception, not raised), by a sync or an asyncio driver.
+Asking = Generator[tuple[bytes, int], Any, Any]
 Item = TypeVar("Item", Op, MeterOp)
 Answer = TypeVar("Answer")
 
@@ -387,6 +395,19 @@ def _address(url: str) -> str:
 IDLE_CONNECTIONS = 64
 
 
+def _no_script(reply: Any) -> bool:
+    """True for the error reply of a script the server lacks (``NOSCRIPT``: it ran nothing)."""
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, Exception) and str(reply).startswith("NOSCRIPT")
+    )
+
+
+def _answered(value: Any) -> Asking:
+    """The exchanges of a client that does its own I/O (a cluster's): none, and ``value``."""
+    return value
+    yield  # (a generator that asks nothing)
+
+
 class _Link:
     """One connection of the pool and its hiredis reader (None until a transaction is read
     through it, or after a failure)."""
@@ -402,11 +423,29 @@ class _Link:
             self.conn.disconnect()
 
 
+async def _aread_many(sock: Any, reader: Any, packed: bytes, count: int) -> list[Any]:
+    """Send ``packed`` and read ``count`` replies with the hiredis ``reader``, through the
+    running event loop (:func:`.aio.exchange`); an error reply is an exception among them,
+    not raised."""
+    replies: list[Any] = []
+
+    def read(chunk: bytes) -> list[Any] | None:
+        if not chunk:
+            raise ConnectionError("Redis closed the connection")
+        reader.feed(chunk)
+        while (reply := reader.gets()) is not False:
+            replies.append(reply)
+        return replies if len(replies) >= count else None
+
+    found: list[Any] = await aio.exchange(sock, packed, read)
+    return found
+
+
 class RedisBackend(Backend):
     """Redis through django-redis's connection factory: the checks of a request in one
     round trip on a connection of the process's idle pool (:class:`~.base.IdlePool`)."""
 
-    inline_ok = True
+    inline_ok = False  # (I/O: aexecute awaits it on asyncio streams)
     encoding = RedisEncoded
 
     def __init__(self, alias: str, cache: Any) -> None:
@@ -485,38 +524,75 @@ class RedisBackend(Backend):
     def _round_trip(
         self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
     ) -> tuple[list[list[int]], list[MeterReply]]:
-        """:meth:`_exchange`, then the trims it calls for; a failure marks the server down."""
+        """:meth:`_trip`, on a connection of the pool (:meth:`_call_many`)."""
+        result: tuple[list[list[int]], list[MeterReply]] = drive(
+            self._trip(ops, meters, now_us), self._ask, Exception
+        )
+        return result
+
+    def _ask(self, ask: tuple[bytes, int]) -> list[Any]:
+        return self._call_many(*ask)
+
+    def _aask(self, ask: tuple[bytes, int]) -> Awaitable[list[Any]]:
+        return self._acall_many(*ask)
+
+    async def aexecute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
+        """:meth:`execute` through the running event loop, on the pool's connections
+        (replies parsed by hiredis, as on the sync path): the same pipeline, scripts and
+        failure handling, from the same generator (:meth:`_trip`). Without hiredis, in a
+        thread."""
+        if hiredis is None:  # pragma: no cover  (in the redis extra)
+            return await super().aexecute(ops, now_us)
+        windowed: Sequence[Op] = ops  # type: ignore[assignment]
+        metered: list[MeterOp] = []
+        if not all(type(op) is Op for op in ops):
+            windowed = [op for op in ops if isinstance(op, Op)]
+            metered = [op for op in ops if isinstance(op, MeterOp)]
+            if len(windowed) + len(metered) != len(ops):
+                raise TypeError(f"not an operation of this backend: {ops!r}")
+        asking = self._trip(windowed, metered, now_us)
+        values, answered = await adrive(asking, self._aask, Exception)
+        if not metered:
+            return values
+        w, m = iter(values), iter(answered)
+        return [next(w) if isinstance(op, Op) else next(m) for op in ops]
+
+    def _trip(self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int) -> Asking:
+        """:meth:`_exchanging`, then the trims it calls for; a failure marks the server
+        down."""
         server = self.server
         if server.dead_until:  # (every check comes here: no call while it is up)
             self._check_alive(server)
         try:
-            values, metered, trims = self._exchange(ops, meters, now_us)
+            values, metered, trims = yield from self._exchanging(ops, meters, now_us)
             for base, stale in trims:
-                self._trim(base, stale)
+                yield from self._scripting(self.trim_script, [base], [stale])
         except Exception as exc:  # includes a counter that is not a number
             raise self._failed(exc, server) from exc
         if server.dead_until:
             self._succeeded(server)
         return values, metered
 
-    def _exchange(
-        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
-    ) -> tuple[list[list[int]], list[MeterReply], list[Trim]]:
+    def _exchanging(self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int) -> Asking:
         """One write of the transaction of ``ops`` and the script of ``meters``, one read
-        of every reply (:meth:`_call_many`)."""
+        of every reply; each op's values, each meter's reply and the hashes to trim."""
         chunks, jobs, count = self._packed(ops)
         meter_call = None
         if meters:
             meter_call = self._meter_args(meters, now_us)
             chunks.append(_pack(_script_call(self.meter_script, *meter_call)))
-        replies = self._call_many(b"".join(chunks), (count + 2 if jobs else 0) + bool(meters))
+        replies = yield b"".join(chunks), (count + 2 if jobs else 0) + bool(meters)
         values: list[list[int]] = []
         trims: list[Trim] = []
         if jobs:
             values, trims = self._window_values(jobs, _executed(replies[count + 1], count))
         metered: list[MeterReply] = []
         if meter_call is not None:
-            reply = self._script_reply(replies[-1], self.meter_script, *meter_call)
+            reply = replies[-1]
+            if _no_script(reply):  # (a restart, SCRIPT FLUSH): it ran nothing; again, alone
+                reply = yield from self._scripting(self.meter_script, *meter_call, by_sha=False)
+            elif isinstance(reply, Exception):
+                raise reply
             metered = self._meter_replies(meters, reply)
         return values, metered, trims
 
@@ -577,26 +653,37 @@ class RedisBackend(Backend):
             results.append(values)
         return results, trims
 
-    def _trim(self, base: bytes, stale: bytes) -> None:
-        """Run lua/trim.lua for one subject (its own round trip, once per coarse bucket)."""
-        self._run_script(self.trim_script, [base], [stale])
-
-    def _script_reply(self, reply: Any, script: Any, keys: list[bytes], args: list[bytes]) -> Any:
-        """A pipelined script's reply. A script the server lacks (``NOSCRIPT``: a restart,
-        ``SCRIPT FLUSH``) ran nothing, so it runs again alone, and is loaded."""
-        if not isinstance(reply, Exception):
-            return reply
-        if isinstance(reply, NoScriptError) or str(reply).startswith("NOSCRIPT"):
-            return self._run_script(script, keys, args)
-        raise reply
-
-    def _run_script(self, script: Any, keys: list[bytes], args: list[bytes]) -> Any:
+    def _scripting(
+        self, script: Any, keys: list[bytes], args: list[bytes], by_sha: bool = True
+    ) -> Asking:
         """EVALSHA, or EVAL (which also loads the script) when the server lacks it (a
-        restart, SCRIPT FLUSH): NOSCRIPT means nothing ran, so running it is safe."""
+        restart, SCRIPT FLUSH; ``by_sha`` False: known to lack it): NOSCRIPT means nothing
+        ran, so running it is safe. Its reply; an error reply is raised."""
+        (reply,) = yield _pack(_script_call(script, keys, args, by_sha=by_sha)), 1
+        if by_sha and _no_script(reply):
+            (reply,) = yield _pack(_script_call(script, keys, args, by_sha=False)), 1
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def _acall_many(self, packed: bytes, count: int) -> list[Any]:
+        """:meth:`_call_many` through the running event loop, on a connection of the same
+        pool (:mod:`.aio`); one that failed or was cancelled mid-reply is closed."""
+        idle = self._idle
+        link = idle.get()
         try:
-            return self._call(_script_call(script, keys, args))
-        except NoScriptError:
-            return self._call(_script_call(script, keys, args, by_sha=False))
+            conn = link.conn
+            if conn._sock is None:  # connects (and logs in), in a thread
+                await sync_to_async(conn.connect, thread_sensitive=False)()
+            reader = link.reader
+            if reader is None:
+                reader = link.reader = hiredis.Reader()
+            replies = await _aread_many(conn._sock, reader, packed, count)
+        except BaseException:
+            link.close()
+            raise
+        idle.release(link)
+        return replies
 
     def _link(self) -> _Link:
         """A new connection for the pool (it connects on first use), built by the client's
@@ -826,8 +913,17 @@ class RedisClusterBackend(RedisBackend):
 
         return _by_slot(ops, transaction), _by_slot(meters, meter), trims
 
-    def _trim(self, base: bytes, stale: bytes) -> None:
-        self.trim_script(keys=[base], args=[stale])
+    def _exchanging(self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int) -> Asking:
+        return _answered(self._exchange(ops, meters, now_us))
+
+    def _scripting(
+        self, script: Any, keys: list[bytes], args: list[bytes], by_sha: bool = True
+    ) -> Asking:
+        return _answered(script(keys=keys, args=args))
+
+    #: redis-py's cluster client routes and retries itself: the async path runs it in a
+    #: thread of the loop's executor (:meth:`.base.Backend.aexecute`).
+    aexecute = Backend.aexecute
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         self._connect()

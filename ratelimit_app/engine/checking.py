@@ -18,6 +18,7 @@ from ratelimit_app.engine.fallback import Fallback, fallback
 from ratelimit_app.engine.refusals.remembered import remember
 from ratelimit_app.engine.result import Result, banned
 from ratelimit_app.engine.step import STEPS, CheckTime, Step
+from ratelimit_app.engine.trips import Checking, Trip, run
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.identity.provenance import page_sent
@@ -40,7 +41,18 @@ def check_many(
     at: float | None = None,
     request: Any = None,
 ) -> list[Result]:
-    """Check several subjects in one backend round trip.
+    """:func:`checking_many`, run on this thread (:func:`~.trips.run`)."""
+    return run(checking_many(checks, take_back, exact, at, request))
+
+
+def checking_many(
+    checks: Sequence[Check],
+    take_back: TakeBack = _limited_counted,
+    exact: bool = True,
+    at: float | None = None,
+    request: Any = None,
+) -> Checking[list[Result]]:
+    """Check several subjects in one backend round trip (a :class:`~.trips.Trip` it yields).
 
     When a check is over its limit, a second round trip takes back the hits that
     ``take_back`` names (default: the refused ones; a request refused by one limit may take
@@ -59,7 +71,7 @@ def check_many(
         step = STEPS[c.algorithm](c, moment)
         steps.append(step)
         ops.append(step.op)
-    return _run(checks, steps, ops, moment, take_back, exact, request)
+    return (yield from _run(checks, steps, ops, moment, take_back, exact, request))
 
 
 def check_unless_banned(
@@ -68,8 +80,8 @@ def check_unless_banned(
     at: float | None = None,
     request: Any = None,
     backend: Backend | None = None,
-) -> tuple[Sequence[Result | None], bool]:
-    """:func:`check_many` (``exact``), unless a subject is banned: then the banned results
+) -> Checking[tuple[Sequence[Result | None], bool]]:
+    """:func:`checking_many` (``exact``), unless a subject is banned: then the banned results
     (None for the checks left unchecked) from the bans this process holds, with no round
     trip; and whether it was banned. The bans are looked up by the steps' namespaces, which
     the checks need anyway. ``backend``: where to count (default: the configured one; a
@@ -99,7 +111,8 @@ def check_unless_banned(
             step = STEPS[c.algorithm](c, moment)
             steps.append(step)
             ops.append(step.op)
-    return _run(checks, steps, ops, moment, take_back, True, request, backend), False
+    results = yield from _run(checks, steps, ops, moment, take_back, True, request, backend)
+    return results, False
 
 
 def _banned_among(
@@ -132,35 +145,20 @@ def _run(
     exact: bool,
     request: Any,
     backend: Backend | None = None,
-) -> list[Result]:
+) -> Checking[list[Result]]:
     """The round trip of ``steps`` (and the second, when one is refused): their results.
     ``backend``: this process's memory during an outage (not timed as a round trip)."""
     if backend is not None:  # (the fallback's memory: no round trip to time)
-        replies = backend.execute(ops, moment.now_us)
-        return _decided(checks, steps, replies, moment, take_back, exact, request, backend)
-    backend = get_backend()
-    if HOOKS.trips:  # (none unless an exporter is installed)
-        replies = _timed(backend, ops, moment.now_us)
+        replies = yield Trip(backend, ops, moment.now_us)
     else:
-        replies = backend.execute(ops, moment.now_us)
-    kept = RUNTIME.parts.get(Fallback)  # (fallback.recovered(), inline: every round trip)
-    if kept is not None and kept.active:  # the server answers again
-        kept.end()
-    return _decided(checks, steps, replies, moment, take_back, exact, request, backend)
-
-
-def _decided(
-    checks: Sequence[Check],
-    steps: list[Step],
-    replies: list[Any],
-    moment: CheckTime,
-    take_back: TakeBack,
-    exact: bool,
-    request: Any,
-    backend: Backend,
-) -> list[Result]:
-    """The results of ``steps`` from the first round trip's ``replies`` (and the second
-    round trip on ``backend``, when one is refused)."""
+        backend = get_backend()
+        if HOOKS.trips:  # (none unless an exporter is installed)
+            replies = yield from _timed(backend, ops, moment.now_us)
+        else:
+            replies = yield Trip(backend, ops, moment.now_us)
+        kept = RUNTIME.parts.get(Fallback)  # (fallback.recovered(), inline: every round trip)
+        if kept is not None and kept.active:  # the server answers again
+            kept.end()
     results = []
     limited = False
     for s, reply in zip(steps, replies, strict=True):
@@ -174,7 +172,7 @@ def _decided(
     # trip for admitted hits and never lenient under concurrency.
     for i in take_back(checks, results):
         steps[i].take_back()
-    return _second_trip(backend, steps, exact, moment, request)
+    return (yield from _second_trip(backend, steps, exact, moment, request))
 
 
 class Hooks:
@@ -200,11 +198,11 @@ class Hooks:
 HOOKS = Hooks()
 
 
-def _timed(backend: Backend, ops: list[Any], now_us: int) -> list[Any]:
-    """``backend.execute(ops)``, its time (and failure) told to the hooks' ``trips``."""
+def _timed(backend: Backend, ops: list[Any], now_us: int) -> Checking[list[Any]]:
+    """The trip of ``ops``, its time (and failure) told to the hooks' ``trips``."""
     start = time.perf_counter()
     try:
-        replies = backend.execute(ops, now_us)
+        replies = yield Trip(backend, ops, now_us)
     except BackendError:
         _tell(backend, time.perf_counter() - start, True)
         raise
@@ -237,7 +235,7 @@ def _tell(backend: Backend, seconds: float, failed: bool, after: Any = None) -> 
 
 def _second_trip(
     backend: Backend, steps: list[Step], exact: bool, moment: CheckTime, request: Any = None
-) -> list[Result]:
+) -> Checking[list[Result]]:
     """The take-backs and exact reads of a call where someone was refused, and the count
     of each refusal of a limit that bans (its strike), in one round trip."""
     sent = [(s, op) for s in steps if (op := s.follow_up(exact)) is not None]
@@ -248,7 +246,7 @@ def _second_trip(
     if sent or strikes:
         try:
             ops = [op for _, op in sent] + [op for op, _ in strikes]
-            replies = backend.execute(ops, moment.now_us)
+            replies = yield Trip(backend, ops, moment.now_us)
         except BackendError as exc:
             # Whether the hits were taken back is unknown: leaving them counted is the safe
             # side (trying again could take them back twice, which would be lenient).
@@ -298,6 +296,11 @@ def _strike(check: Check, moment: CheckTime) -> tuple[Op, int]:
 
 
 def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
+    """:func:`taking_back`, run on this thread (:func:`~.trips.run`)."""
+    run(taking_back(checks, results))
+
+
+def taking_back(checks: Sequence[Check], results: Sequence[Result]) -> Checking[None]:
     """Take back the hits ``results`` counted and still hold, in one round trip: a
     failure-only limit's provisional hit when the request turned out not to be a failure.
 
@@ -316,7 +319,7 @@ def take_back(checks: Sequence[Check], results: Sequence[Result]) -> None:
     if kept:
         fallback().memory.execute(kept, now_us)
     if ops:
-        get_backend().execute(ops, now_us)
+        yield Trip(get_backend(), ops, now_us)
 
 
 def charge(checks: Sequence[Check], hits: int, backend: Backend | None = None) -> None:

@@ -34,11 +34,11 @@ from ratelimit_app.config.limits import Check, Subjects
 from ratelimit_app.config.policy import Policy
 from ratelimit_app.engine import Result, report_failure, usage_dict
 from ratelimit_app.engine import charge as charge_checks
-from ratelimit_app.engine import take_back as take_back_hits
-from ratelimit_app.engine.checking import HOOKS, check_unless_banned
+from ratelimit_app.engine.checking import HOOKS, check_unless_banned, taking_back
 from ratelimit_app.engine.fallback import fallback, falls_back
 from ratelimit_app.engine.refusals.recall import recall_many
 from ratelimit_app.engine.result import banned
+from ratelimit_app.engine.trips import Checking, arun, run
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.overrides import applied as overrides
 from ratelimit_app.runtime import RUNTIME
@@ -47,8 +47,11 @@ from ratelimit_app.signals import ratelimited
 __all__ = [
     "Decision",
     "Verdict",
+    "adecide",
+    "ataking_back",
     "charge",
     "decide",
+    "deciding",
     "decisions",
     "holding",
     "places",
@@ -244,6 +247,28 @@ def decide(
     sender: Any = None,
     at: float | None = None,
 ) -> Verdict:
+    """:func:`deciding`, run on this thread (:func:`~ratelimit_app.engine.trips.run`)."""
+    return run(deciding(request, decisions, sender, at))
+
+
+async def adecide(
+    request: HttpRequest,
+    decisions: Sequence[Decision],
+    sender: Any = None,
+    at: float | None = None,
+) -> Verdict:
+    """:func:`deciding`, run on the event loop: its round trips are awaited
+    (:func:`~ratelimit_app.engine.trips.arun`). For limits that read no database and call
+    no user code (:attr:`~ratelimit_app.config.limits.Limit.async_safe`)."""
+    return await arun(deciding(request, decisions, sender, at))
+
+
+def deciding(
+    request: HttpRequest,
+    decisions: Sequence[Decision],
+    sender: Any = None,
+    at: float | None = None,
+) -> Checking[Verdict]:
     """Decide ``decisions`` (each limit of ``request`` that applies) in one round trip, or
     from the refusal memory; send ``ratelimited`` for each counted refusal (``sender``: the
     adapter, as :mod:`ratelimit_app.signals` documents). ``at``: the time of the check, for
@@ -262,11 +287,11 @@ def decide(
             checks.append(d.check)
     results: Sequence[Result | None] | None = None
     if RUNTIME.refusals.entries:  # (no call without refusals)
-        results = _recall(decisions, checks, at)
+        results = yield from _recall(decisions, checks, at)
     remembered: bool | None = results is not None
     in_memory = False
     if results is None:  # checked, unless banned (then answered without a round trip)
-        found = _checked(request, decisions, checks, at)
+        found = yield from _checked(request, decisions, checks, at)
         if type(found) is Verdict:  # the counters failed
             return found
         results, remembered = found  # type: ignore[misc]  # (not a Verdict: tested above)
@@ -327,14 +352,16 @@ def _overridden(
 
 def _checked(
     request: HttpRequest, decisions: Sequence[Decision], checks: list[Check], at: float | None
-) -> tuple[Sequence[Result | None], bool | None] | Verdict:
+) -> Checking[tuple[Sequence[Result | None], bool | None] | Verdict]:
     """The results of ``checks`` and whether they came from the bans held, or, when the
     counters failed, the results of the limits that fall back, counted in memory (and None
     in place of that flag), or the failed verdict."""
     try:
-        return check_unless_banned(checks, partial(_take_back, decisions), at, request)
+        return (
+            yield from check_unless_banned(checks, partial(_take_back, decisions), at, request)
+        )
     except BackendError as exc:
-        results = _in_memory(request, decisions, checks, exc, at)
+        results = yield from _in_memory(request, decisions, checks, exc, at)
         return _failed(decisions, exc) if results is None else (results, None)
 
 
@@ -344,7 +371,7 @@ def _in_memory(
     checks: list[Check],
     exc: BackendError,
     at: float | None,
-) -> list[Result | None] | None:
+) -> Checking[list[Result | None] | None]:
     """The results of a request whose counters failed (``exc``), for the limits that fall
     back, counted in this process's memory (:mod:`ratelimit_app.engine.fallback`); None
     (not checked) for those that fail open. None when none falls back, or one that does not
@@ -361,7 +388,7 @@ def _in_memory(
     if _outage():  # (a corrupt counter is one subject's data: counted, not announced)
         kept.start(exc)
     counted = [decisions[i] for i in falling]
-    results, _ = check_unless_banned(
+    results, _ = yield from check_unless_banned(
         [checks[i] for i in falling], partial(_take_back, counted), at, request, kept.memory
     )
     found: list[Result | None] = [None] * len(decisions)
@@ -482,7 +509,7 @@ def _refusal(request: Any, d: Decision) -> bool:
 
 def _recall(
     decisions: Sequence[Decision], checks: list[Check], at: float | None
-) -> Sequence[Result | None] | None:
+) -> Checking[Sequence[Result | None] | None]:
     """The results of a request refused from memory (None: not refused from memory).
 
     Only a counted limit whose refusal answers the whole request is recalled: a blocking
@@ -493,7 +520,7 @@ def _recall(
         c if c.increment and (alone or d.enforces()) else None
         for c, d in zip(checks, decisions, strict=True)
     ]
-    found = recall_many(wanted, at)
+    found = yield from recall_many(wanted, at)
     return found if any(found) else None
 
 
@@ -548,14 +575,24 @@ def _signal(request: Any, d: Decision, sender: Any) -> None:
 
 
 def take_back(decisions: Sequence[Decision]) -> None:
-    """Take back the provisional hits of ``decisions`` (failure-only limits of a request
-    that did not fail) in one round trip; a backend failure is reported (the hits then stay
+    """:func:`ataking_back`'s work, on this thread: take back the provisional hits of
+    ``decisions`` (failure-only limits of a request that did not fail; places in flight
+    given back) in one round trip; a backend failure is reported (the hits then stay
     counted: the safe side)."""
+    run(_taking_back(decisions))
+
+
+async def ataking_back(decisions: Sequence[Decision]) -> None:
+    """:func:`take_back`, its round trip awaited on the event loop."""
+    await arun(_taking_back(decisions))
+
+
+def _taking_back(decisions: Sequence[Decision]) -> Checking[None]:
     provisional = [d for d in decisions if d.provisional()]
     if not provisional:
         return
     try:
-        take_back_hits([d.check for d in provisional], [d.result for d in provisional])  # type: ignore[misc]
+        yield from taking_back([d.check for d in provisional], [d.result for d in provisional])  # type: ignore[misc]
     except BackendError as exc:
         report_failure(exc)
 

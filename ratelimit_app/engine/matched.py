@@ -41,10 +41,11 @@ from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce, responses, screen
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import NOTHING, Outcome, show
+from ratelimit_app.engine.trips import Checking, arun, run
 from ratelimit_app.identity import keys
 from ratelimit_app.runtime import RUNTIME
 
-__all__ = ["UsageByRule", "before", "on_the_loop"]
+__all__ = ["UsageByRule", "abefore", "before", "on_the_loop"]
 
 
 def _decisions(
@@ -94,6 +95,26 @@ def before(
     """Everything before the view: a response that answers instead of the view, what to do
     after it, or None (nothing to do). ``current``: the snapshot ``rules`` came from;
     ``sender``: the sender of the ``ratelimited`` signal (the middleware's class)."""
+    return run(_before(request, rules, current, sender))
+
+
+async def abefore(
+    request: HttpRequest,
+    rules: Sequence[CompiledRule],
+    current: store.Snapshot | None = None,
+    sender: Any = None,
+) -> HttpResponse | Outcome | None:
+    """:func:`before` on the event loop, its round trip awaited (for rules
+    :func:`on_the_loop` allows)."""
+    return await arun(_before(request, rules, current, sender))
+
+
+def _before(
+    request: HttpRequest,
+    rules: Sequence[CompiledRule],
+    current: store.Snapshot | None,
+    sender: Any,
+) -> Checking[HttpResponse | Outcome | None]:
     if current is None:
         current = store.current()
     subjects: Subjects = {}  # each key's subject, found once (the screen's address too)
@@ -110,7 +131,7 @@ def before(
     # Every rule counts the request in the check's own round trip. A failure-only rule's hit
     # is provisional: taken back after the view unless the request failed. So concurrent
     # attempts never pass the limit, and only requests that did not fail pay a second trip.
-    verdict = enforce.decide(request, decisions, sender=sender)
+    verdict = yield from enforce.deciding(request, decisions, sender)
     if verdict.failed is not None:
         closed = verdict.closed()
         return NOTHING if closed is None else responses.unavailable(request, closed)
@@ -190,10 +211,11 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
 
 
 def on_the_loop(limits: Iterable[Limit], screened: bool = False) -> bool:
-    """True when the checks of ``limits`` may run on the event loop: each one bounded round
-    trip that reads no database (keys that do not need ``request.user``, a backend that
-    answers inline; ``screened``: the request passes the lists first, which then name no
-    user), cheaper than a thread."""
+    """True when the checks of ``limits`` may run on the event loop, their round trips
+    awaited (:func:`abefore`, :func:`~ratelimit_app.engine.enforce.adecide`): they read no
+    database and call no user code (keys that do not need ``request.user``, no ban to
+    write; ``screened``: the request passes the lists first, which then name no user).
+    Else the check runs in a thread, as a sync view's does."""
     if not all(lim.async_safe for lim in limits):
         return False
     if screened:
@@ -201,6 +223,7 @@ def on_the_loop(limits: Iterable[Limit], screened: bool = False) -> bool:
         if current.allow.users or current.deny.users:
             return False
     try:
-        return get_backend().inline_ok
+        get_backend()
     except Exception:  # cannot be built: the check reports it, off the event loop
         return False
+    return True

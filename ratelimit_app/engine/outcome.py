@@ -24,7 +24,13 @@ from ratelimit_app import request_state
 from ratelimit_app.conf import conf
 from ratelimit_app.config.limits import Check
 from ratelimit_app.engine import enforce, responses
-from ratelimit_app.engine.enforce import Decision, Verdict, release_when_done, take_back
+from ratelimit_app.engine.enforce import (
+    Decision,
+    Verdict,
+    ataking_back,
+    release_when_done,
+    take_back,
+)
 from ratelimit_app.identity import provenance
 
 __all__ = [
@@ -106,16 +112,31 @@ class Outcome:
     def settle(self, response: Any) -> None:
         """The round trip after the view, once: the provisional hits taken back unless the
         request failed, the places given back when the response is done."""
+        now, later = self._settled(response)
+        if now:
+            take_back(now)
+        if later:
+            release_when_done(response, later)
+
+    async def asettle(self, response: Any) -> None:
+        """:meth:`settle`, its round trip awaited on the event loop."""
+        now, later = self._settled(response)
+        if now:
+            await ataking_back(now)
+        if later:
+            release_when_done(response, later)
+
+    def _settled(self, response: Any) -> tuple[list[Decision], Sequence[Decision]]:
+        """What :meth:`settle` takes back now, and the places it gives back when a
+        streaming response ends; nothing the second time."""
         provisional, places = self.provisional, self.places
         if not (provisional or places):
-            return
+            return [], ()
         self.provisional = self.places = ()
         failing = list(provisional) if provisional and not self.failed(response) else []
         if places and getattr(response, "streaming", False):
-            take_back(failing)
-            release_when_done(response, places)
-        else:
-            take_back([*failing, *places])
+            return failing, places
+        return [*failing, *places], ()
 
     def finish(self, response: Any) -> Any:
         """``response`` once the view has answered: settled (:meth:`settle`), its headers

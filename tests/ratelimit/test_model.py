@@ -69,6 +69,7 @@ time); ``BUCKETRY_FUZZ_EXAMPLES`` sets its number of examples per backend.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -101,8 +102,9 @@ from ratelimit_app.backends import reset_backends
 from ratelimit_app.config.bans import BanSpec
 from ratelimit_app.core import reset, scope
 from ratelimit_app.engine import Check, Result, check_many, take_back
-from ratelimit_app.engine.checking import STRIKES
+from ratelimit_app.engine.checking import STRIKES, checking_many, taking_back
 from ratelimit_app.engine.refusals.remembered import refusal_key
+from ratelimit_app.engine.trips import arun
 from ratelimit_app.identity.keys import namespace
 from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.testing import FrozenClock, forget_refusals, frozen_clock
@@ -592,10 +594,7 @@ class LimiterMachine(RuleBasedStateMachine):
         for attempt in range(times):
             self._discard_if_outlived()
             expected = self.model.check_many(checks, model_policy, exact, self.now)
-            if given is None:
-                got = check_many(checks, exact=exact)
-            else:
-                got = check_many(checks, take_back=given, exact=exact)
+            got = self._check_many(checks, given, exact)
             self.no_backend_failure()  # first: a swallowed failure also changes the results
             where = f"request {attempt + 1} of {times} at t={self.now!r}"
             assert [observed(r) for r in got] == [observed(r) for r in expected], where
@@ -612,6 +611,15 @@ class LimiterMachine(RuleBasedStateMachine):
         if self.model.digits_dropped:
             event("a take-back dropped a digit (memcached pads the count)")
 
+    def _check_many(self, checks: list[Check], given: Any, exact: bool) -> list[Result]:
+        """``check_many`` (``given``: its take-back policy, None for its default)."""
+        if given is None:
+            return check_many(checks, exact=exact)
+        return check_many(checks, take_back=given, exact=exact)
+
+    def _take_back(self, check: Check, got: Result) -> None:
+        take_back([check], [got])
+
     def _remembered(self, checks: Sequence[Check], got: Sequence[Result]) -> list[bool]:
         """For each check, whether the refusal memory holds its result just returned."""
         found = [RUNTIME.refusals.recall(refusal_key(c), self.now) for c in checks]
@@ -626,7 +634,7 @@ class LimiterMachine(RuleBasedStateMachine):
         self._discard_if_outlived()
         check, got, expected = self.held[index % len(self.held)]
         event("a place given back" + (" again" if expected.plan is None else ""))
-        take_back([check], [got])
+        self._take_back(check, got)
         self.model.release(check, expected, self.now)
 
     @property
@@ -790,6 +798,30 @@ BACKEND_KINDS = (
 )
 
 
+class AsyncLimiterMachine(LimiterMachine):
+    """The same requests through the async path: the engine's checks run by the event
+    loop's driver (:func:`~ratelimit_app.engine.trips.arun`), each round trip through the
+    backend's ``aexecute``, on one loop for the whole run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.loop.close()
+
+    def _check_many(self, checks: list[Check], given: Any, exact: bool) -> list[Result]:
+        if given is None:
+            checking = checking_many(checks, exact=exact)
+        else:
+            checking = checking_many(checks, take_back=given, exact=exact)
+        return self.loop.run_until_complete(arun(checking))
+
+    def _take_back(self, check: Check, got: Result) -> None:
+        self.loop.run_until_complete(arun(taking_back([check], [got])))
+
+
 @pytest.mark.django_db  # the configuration in force is read (run alone, no test loaded it)
 @pytest.mark.parametrize("kind", BACKEND_KINDS)
 def test_backend_agrees_with_the_model(kind: str, request: pytest.FixtureRequest) -> None:
@@ -797,6 +829,20 @@ def test_backend_agrees_with_the_model(kind: str, request: pytest.FixtureRequest
         reset_backends()
         try:
             run_state_machine_as_test(LimiterMachine, settings=SETTINGS)
+        finally:
+            reset_backends()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["memcached-3-nodes", "redis"])
+def test_the_async_path_agrees_with_the_model(kind: str, request: pytest.FixtureRequest) -> None:
+    """The native ``aexecute`` of memcached (several nodes: placement and all, one code
+    path with one node) and Redis against the model, as the sync path is. (A cluster's,
+    and a Django cache's, is ``execute`` in a thread: the sync path's test covers it.)"""
+    with override_settings(**backend_settings(kind, request)):
+        reset_backends()
+        try:
+            run_state_machine_as_test(AsyncLimiterMachine, settings=SETTINGS)
         finally:
             reset_backends()
 

@@ -4,6 +4,7 @@ which ``docs/reliability.rst`` quotes; percentiles; subprocesses that always end
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -115,3 +116,17 @@ def counter_caches() -> dict[str, dict[str, Any]]:
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "ratelimit": counters,
     }
+
+
+def status(port: int, page: str, headers: dict[str, str] | None = None) -> int:
+    """The status of one GET of ``page`` on a site of ours on ``port`` (0: no answer)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", page, headers=headers or {})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    except OSError:
+        return 0
+    finally:
+        conn.close()

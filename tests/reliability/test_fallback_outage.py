@@ -25,7 +25,7 @@ import pytest
 from ratelimit_app.backends.base import DEAD_RETRY
 from tests.conftest import start_or_skip
 from tests.reliability import procs
-from tests.reliability.common import env, report, serving
+from tests.reliability.common import env, report, serving, status
 from tests.reliability.fallback_site import LIMIT, PASSWORD
 from tests.servers import free_port, gunicorn_argv
 
@@ -54,16 +54,7 @@ def post(port: int, username: str, password: str = "wrong", path: str = "/login/
 
 
 def ping(port: int) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/ping/")
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    except OSError:
-        return 0
-    finally:
-        conn.close()
+    return status(port, "/ping/")
 
 
 def many(port: int, username: str, n: int) -> list[Hit]:

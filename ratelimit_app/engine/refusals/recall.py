@@ -7,10 +7,11 @@ from typing import Any, NamedTuple
 
 from ratelimit_app import clock
 from ratelimit_app.config.limits import Check
-from ratelimit_app.engine.checking import check_many
+from ratelimit_app.engine.checking import checking_many
 from ratelimit_app.engine.refusals import remembered as memory
 from ratelimit_app.engine.refusals.remembered import recalled, refusal_key
 from ratelimit_app.engine.result import Result
+from ratelimit_app.engine.trips import Checking
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.runtime import RUNTIME
 
@@ -29,8 +30,11 @@ class _Due(NamedTuple):
     result: Result
 
 
-def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[Result | None]:
-    """The remembered refusals of the checks of one request (None: a check not to recall, or
+def recall_many(
+    checks: Sequence[Check | None], t: float | None = None
+) -> Checking[list[Result | None]]:
+    """(A generator of :mod:`~ratelimit_app.engine.trips`: its look is a trip it yields.)
+    The remembered refusals of the checks of one request (None: a check not to recall, or
     one not refused), with their waits counted down.
 
     When none is refused from memory but some are **due** (the memory's cap ran out before
@@ -58,7 +62,7 @@ def recall_many(checks: Sequence[Check | None], t: float | None = None) -> list[
         return found
     due = _due(checks, keys, t)
     if due:
-        _confirm(due, found, t)
+        yield from _confirm(due, found, t)
     return found
 
 
@@ -80,11 +84,12 @@ def _due(
     return due
 
 
-def _confirm(due: list[_Due], found: list[Result | None], t: float) -> None:
+def _confirm(due: list[_Due], found: list[Result | None], t: float) -> Checking[None]:
     """Look at ``due`` in one round trip: remember again what is still refused (filling
     the request's own slots of ``found``), forget the rest."""
     try:
-        seen = check_many([d.check._replace(increment=False) for d in due], exact=False, at=t)
+        looks = [d.check._replace(increment=False) for d in due]
+        seen = yield from checking_many(looks, exact=False, at=t)
     except BackendError:
         return
     cap = memory.REFUSAL_MEMORY

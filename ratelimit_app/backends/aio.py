@@ -1,0 +1,75 @@
+"""A pooled connection to a counter server, used from an event loop without blocking it.
+
+The async path of the engine (:func:`ratelimit_app.engine.trips.arun`) awaits a backend's
+:meth:`~ratelimit_app.backends.base.Backend.aexecute`. memcached and Redis answer it on the
+very connections their sync path pools (:class:`~ratelimit_app.backends.base.IdlePool`, one
+pool per process and server): a check takes one, switches its socket to non-blocking for
+the exchange, sends and reads through the running loop (``loop.sock_sendall``,
+``loop.sock_recv``), and gives it back as it found it. So the loop serves other requests
+while a server answers, and the connections are the same whichever path, thread or loop
+used them last: no pool per event loop, nothing left behind by a loop that ends (Django
+runs an async view under WSGI on an event loop of its own per request).
+
+An exchange is bounded by :data:`~ratelimit_app.backends.base.SOCKET_TIMEOUT` (the sync
+path bounds each read by it). A connection whose exchange failed, timed out or was
+cancelled is closed by the caller, never given back: a late reply must not be read as the
+next command's. A connection that is not open yet connects in a thread of the loop's
+executor (once per pooled connection: a connect may resolve a name).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from ratelimit_app.backends import base
+
+__all__ = ["exchange"]
+
+
+async def exchange(sock: socket.socket, data: bytes, read: Callable[[bytes], Any]) -> Any:
+    """Send ``data`` on ``sock`` and feed ``read`` what comes back until it answers (not
+    None), through the running loop; the socket is left as it was found (its timeout).
+    ``read(b"")``: the server closed the connection (``read`` raises).
+
+    What ``loop.sock_recv`` does, less what a reply that is never there yet costs: the
+    request is sent at once (a check's fits the socket's buffer), and the socket is read
+    when the loop says it is readable, not tried first."""
+    loop = asyncio.get_running_loop()
+    timeout = sock.gettimeout()
+    sock.settimeout(0.0)
+    try:
+        sent = sock.send(data)
+        if sent < len(data):  # (a buffer full: the rest when the loop can)
+            await asyncio.wait_for(loop.sock_sendall(sock, data[sent:]), base.SOCKET_TIMEOUT)
+        fd = sock.fileno()
+        while True:
+            ready = loop.create_future()
+            loop.add_reader(fd, _set, ready)
+            late = loop.call_later(base.SOCKET_TIMEOUT, _late, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+                late.cancel()
+            try:
+                chunk = sock.recv(65536)
+            except (BlockingIOError, InterruptedError):  # (woken for nothing: wait again)
+                continue
+            answer = read(chunk)
+            if answer is not None:
+                return answer
+    finally:
+        sock.settimeout(timeout)
+
+
+def _set(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
+def _late(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_exception(TimeoutError(f"no answer within {base.SOCKET_TIMEOUT} s"))
