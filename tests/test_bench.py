@@ -13,6 +13,7 @@ import pytest
 from bench import common, instructions
 from bench.claims import (
     accuracy,
+    async_check,
     big_bodies,
     crowd_controls,
     drf_throttle,
@@ -102,6 +103,21 @@ def test_fallback_bench_on_real_servers(memcached_server: str, redis_server: str
         assert row.down_median > 0 and row.up_median > 0
     text = fallback.render(rows, 2, 20)
     assert "down / up" in text and "failed" not in text
+
+
+def test_async_check_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:
+    servers = common.Servers(memcached=memcached_server, redis=redis_server)
+    rows = async_check.run(rounds=2, calls=10, servers=servers)
+    assert [(r.backend, r.subject) for r in rows] == [
+        ("memcached", "busy"),
+        ("memcached", "quiet"),
+        ("redis", "busy"),
+        ("redis", "quiet"),
+    ]
+    for row in rows:
+        assert len(row.inline.samples) == len(row.awaited.samples) == 20
+        assert row.ratio > 0
+    assert "awaited med us" in async_check.render(rows)
 
 
 def test_leaky_bucket_bench_on_real_servers(memcached_server: str, redis_server: str) -> None:

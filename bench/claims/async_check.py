@@ -126,24 +126,27 @@ async def _case(backend: str, quiet: bool, rounds: int, calls: int) -> Row:
     return Row(backend, "quiet" if quiet else "busy", contenders[0][0], contenders[1][0])
 
 
-def run(rounds: int, calls: int) -> list[Row]:
+def run(rounds: int = 20, calls: int = 300, servers: Servers | None = None) -> list[Row]:
+    """Time both on memcached and Redis; start throwaway servers unless given."""
     configure_django()
+    if servers is None:
+        with throwaway_servers() as started:
+            return run(rounds, calls, started)
     from django.test import override_settings
 
     from ratelimit_app.backends import reset_backends
 
     rows = []
-    with throwaway_servers() as servers:
-        for backend in ("memcached", "redis"):
-            with override_settings(**_settings(backend, servers)):
+    for backend in ("memcached", "redis"):
+        with override_settings(**_settings(backend, servers)):
+            reset_backends()
+            loop = asyncio.new_event_loop()
+            try:
+                for quiet in (False, True):
+                    rows.append(loop.run_until_complete(_case(backend, quiet, rounds, calls)))
+            finally:
+                loop.close()
                 reset_backends()
-                loop = asyncio.new_event_loop()
-                try:
-                    for quiet in (False, True):
-                        rows.append(loop.run_until_complete(_case(backend, quiet, rounds, calls)))
-                finally:
-                    loop.close()
-                    reset_backends()
     return rows
 
 

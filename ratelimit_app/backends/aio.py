@@ -34,9 +34,9 @@ async def exchange(sock: socket.socket, data: bytes, read: Callable[[bytes], Any
     None), through the running loop; the socket is left as it was found (its timeout).
     ``read(b"")``: the server closed the connection (``read`` raises).
 
-    What ``loop.sock_recv`` does, less what a reply that is never there yet costs: the
-    request is sent at once (a check's fits the socket's buffer), and the socket is read
-    when the loop says it is readable, not tried first."""
+    What ``loop.sock_recv`` does, for less: the request is sent at once (a check's fits
+    the socket's buffer), and the answer read when the loop says the socket is readable,
+    with one timer for the wait."""
     loop = asyncio.get_running_loop()
     timeout = sock.gettimeout()
     sock.settimeout(0.0)
@@ -44,25 +44,29 @@ async def exchange(sock: socket.socket, data: bytes, read: Callable[[bytes], Any
         sent = sock.send(data)
         if sent < len(data):  # (a buffer full: the rest when the loop can)
             await asyncio.wait_for(loop.sock_sendall(sock, data[sent:]), base.SOCKET_TIMEOUT)
-        fd = sock.fileno()
         while True:
-            ready = loop.create_future()
-            loop.add_reader(fd, _set, ready)
-            late = loop.call_later(base.SOCKET_TIMEOUT, _late, ready)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(fd)
-                late.cancel()
             try:
                 chunk = sock.recv(65536)
-            except (BlockingIOError, InterruptedError):  # (woken for nothing: wait again)
+            except (BlockingIOError, InterruptedError):  # not yet: when the loop says it is
+                await _readable(loop, sock.fileno())
                 continue
             answer = read(chunk)
             if answer is not None:
                 return answer
     finally:
         sock.settimeout(timeout)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Until ``fd`` is readable, within the socket timeout."""
+    ready = loop.create_future()
+    loop.add_reader(fd, _set, ready)
+    late = loop.call_later(base.SOCKET_TIMEOUT, _late, ready)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+        late.cancel()
 
 
 def _set(ready: asyncio.Future[None]) -> None:

@@ -342,10 +342,16 @@ class MemcachedBackend(Backend):
     async def aexecute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
         """:meth:`execute` on the running event loop's asyncio streams: the same commands,
         replies and failover (the logic is one generator, :meth:`_executing`)."""
-        if len(self.nodes) == 1 and ops and all(type(op) is Op for op in ops):
-            node = self._node("")  # (the common case, as execute's: straight to the node)
-            sent, command = self._command(ops)  # type: ignore[arg-type]
-            return self._parsed(command, await self._aon(_Ask(node, sent, MN)))
+        if len(self.nodes) != 1 or not ops:
+            return await self._aexecuting(ops, now_us)
+        for op in ops:
+            if type(op) is not Op:
+                return await self._aexecuting(ops, now_us)
+        node = self._node("")  # (the common case, as execute's: straight to the node)
+        sent, command = self._command(ops)  # type: ignore[arg-type]
+        return self._parsed(command, await self._aon(_Ask(node, sent, MN)))
+
+    async def _aexecuting(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
         result: list[Any] = await adrive(self._executing(ops, now_us), self._aon)
         return result
 

@@ -20,6 +20,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from functools import partial
 from importlib import resources
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -359,14 +360,20 @@ def _executed(reply: Any, count: int) -> list[Any]:
     return reply
 
 
-def _by_slot(items: Sequence[Item], run: Callable[[list[Item]], list[Answer]]) -> list[Answer]:
-    """``run`` on the items of each hash slot (a namespace is its subject's hash tag), in
-    first-seen order; the answers in the order of ``items``."""
+def _slots(items: Sequence[Any]) -> list[list[int]]:
+    """The indexes of ``items`` in each hash slot (a namespace is its subject's hash tag),
+    in first-seen order."""
     by_slot: dict[int, list[int]] = {}
     for i, item in enumerate(items):
         by_slot.setdefault(key_slot(item.namespace.encode()), []).append(i)
+    return list(by_slot.values())
+
+
+def _by_slot(items: Sequence[Item], run: Callable[[list[Item]], list[Answer]]) -> list[Answer]:
+    """``run`` on the items of each hash slot, in first-seen order; the answers in the
+    order of ``items``."""
     answers: list[Any] = [None] * len(items)
-    for group in by_slot.values():
+    for group in _slots(items):
         for i, answer in zip(group, run([items[i] for i in group]), strict=True):
             answers[i] = answer
     return answers
@@ -543,17 +550,20 @@ class RedisBackend(Backend):
         thread."""
         if hiredis is None:  # pragma: no cover  (in the redis extra)
             return await super().aexecute(ops, now_us)
-        windowed: Sequence[Op] = ops  # type: ignore[assignment]
-        metered: list[MeterOp] = []
-        if not all(type(op) is Op for op in ops):
-            windowed = [op for op in ops if isinstance(op, Op)]
-            metered = [op for op in ops if isinstance(op, MeterOp)]
-            if len(windowed) + len(metered) != len(ops):
-                raise TypeError(f"not an operation of this backend: {ops!r}")
+        for op in ops:
+            if type(op) is not Op:
+                return await self._amixed(ops, now_us)
+        values, _ = await adrive(self._trip(ops, (), now_us), self._aask, Exception)  # type: ignore[arg-type]
+        return values
+
+    async def _amixed(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
+        """:meth:`aexecute` of windows and leaky buckets together."""
+        windowed = [op for op in ops if isinstance(op, Op)]
+        metered = [op for op in ops if isinstance(op, MeterOp)]
+        if len(windowed) + len(metered) != len(ops):
+            raise TypeError(f"not an operation of this backend: {ops!r}")
         asking = self._trip(windowed, metered, now_us)
         values, answered = await adrive(asking, self._aask, Exception)
-        if not metered:
-            return values
         w, m = iter(values), iter(answered)
         return [next(w) if isinstance(op, Op) else next(m) for op in ops]
 
@@ -849,7 +859,9 @@ class RedisClusterBackend(RedisBackend):
     is built: a cluster that cannot be reached fails that check, and the next ones fail at
     once for ``base.DEAD_RETRY`` seconds, like any backend that failed. redis-py's
     cluster client retries a failed node and refreshes its slot map, so a check can take
-    longer than one socket timeout: async views run it in a thread, off the event loop.
+    longer than one socket timeout. The async path (:meth:`aexecute`) sends each slot's
+    commands itself, awaited, to the node the client's slot map names, and leaves a
+    redirection to the client, in a thread.
     """
 
     inline_ok = False
@@ -863,6 +875,8 @@ class RedisClusterBackend(RedisBackend):
         }
         self.connected = False
         self._connect_lock = threading.Lock()
+        #: The async path's idle connections to each node, by its name (``host:port``).
+        self._node_pools: dict[str, IdlePool] = {}
 
     def _connect(self) -> None:
         """Build the cluster client on first use (it reads the slot map from a node)."""
@@ -892,26 +906,26 @@ class RedisClusterBackend(RedisBackend):
     ) -> tuple[list[list[int]], list[MeterReply], list[Trim]]:
         """A transaction and a script call per slot, each routed to its node by redis-py."""
         trims: list[Trim] = []
+        values = _by_slot(ops, partial(self._transaction, trims=trims))
+        return values, _by_slot(meters, partial(self._meter, now_us=now_us)), trims
 
-        def transaction(chosen: list[Op]) -> list[list[int]]:
-            jobs = [self._job(op) for op in chosen]
-            pipe = self.client.pipeline(transaction=True)
-            for enc, undo, base, increment, amount in jobs:
-                if undo is not None:
-                    take_back = undo.commands_for(amount)[TAKE_BACK][0]
-                    pipe.execute_command(*_resolved(take_back, base))
-                for command in enc.commands_for(amount)[increment]:
-                    pipe.execute_command(*_resolved(command, base))
-            values, stale = self._window_values(jobs, pipe.execute())
-            trims.extend(stale)
-            return values
+    def _transaction(self, chosen: list[Op], trims: list[Trim]) -> list[list[int]]:
+        """One slot's transaction through redis-py's cluster pipeline."""
+        jobs = [self._job(op) for op in chosen]
+        pipe = self.client.pipeline(transaction=True)
+        for enc, undo, base, increment, amount in jobs:
+            if undo is not None:
+                take_back = undo.commands_for(amount)[TAKE_BACK][0]
+                pipe.execute_command(*_resolved(take_back, base))
+            for command in enc.commands_for(amount)[increment]:
+                pipe.execute_command(*_resolved(command, base))
+        values, stale = self._window_values(jobs, pipe.execute())
+        trims.extend(stale)
+        return values
 
-        def meter(chosen: list[MeterOp]) -> list[MeterReply]:
-            return self._meter_replies(
-                chosen, self.meter_script(*self._meter_args(chosen, now_us))
-            )
-
-        return _by_slot(ops, transaction), _by_slot(meters, meter), trims
+    def _meter(self, chosen: list[MeterOp], now_us: int) -> list[MeterReply]:
+        """One slot's leaky buckets through redis-py's script call."""
+        return self._meter_replies(chosen, self.meter_script(*self._meter_args(chosen, now_us)))
 
     def _exchanging(self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int) -> Asking:
         return _answered(self._exchange(ops, meters, now_us))
@@ -921,14 +935,114 @@ class RedisClusterBackend(RedisBackend):
     ) -> Asking:
         return _answered(script(keys=keys, args=args))
 
-    #: redis-py's cluster client routes and retries itself: the async path runs it in a
-    #: thread of the loop's executor (:meth:`.base.Backend.aexecute`).
-    aexecute = Backend.aexecute
+    async def aexecute(self, ops: Sequence[Op | MeterOp], now_us: int) -> list[Any]:
+        """:meth:`execute` through the running event loop: each slot's transaction (and
+        script call) on a pooled connection of the node the client's slot map names, as
+        :meth:`_exchange` sends it; a slot whose node answers ``MOVED`` or ``ASK`` (the
+        cluster is resharding) is run by redis-py's client in a thread, which follows the
+        redirection and refreshes the map. Without hiredis, all of it in a thread."""
+        if hiredis is None:  # pragma: no cover  (in the redis extra)
+            return await Backend.aexecute(self, ops, now_us)
+        if not self.connected:  # (reads the slot map from a node: in a thread, once)
+            await sync_to_async(self._connect, thread_sensitive=False)()
+        server = self.server
+        if server.dead_until:
+            self._check_alive(server)
+        windowed = [op for op in ops if isinstance(op, Op)]
+        metered = [op for op in ops if isinstance(op, MeterOp)]
+        if len(windowed) + len(metered) != len(ops):
+            raise TypeError(f"not an operation of this backend: {ops!r}")
+        try:
+            values, replies = await self._aslots(windowed, metered, now_us)
+        except Exception as exc:
+            raise self._failed(exc, server) from exc
+        if server.dead_until:
+            self._succeeded(server)
+        w, m = iter(values), iter(replies)
+        return [next(w) if isinstance(op, Op) else next(m) for op in ops]
+
+    async def _aslots(
+        self, ops: Sequence[Op], meters: Sequence[MeterOp], now_us: int
+    ) -> tuple[list[list[int]], list[MeterReply]]:
+        """Each slot's transaction and script call, then the trims they call for."""
+        trims: list[Trim] = []
+        values: list[Any] = [None] * len(ops)
+        for group in _slots(ops):
+            chosen = [ops[i] for i in group]
+            for i, v in zip(group, await self._atransaction(chosen, trims), strict=True):
+                values[i] = v
+        replies: list[Any] = [None] * len(meters)
+        for group in _slots(meters):
+            chosen_meters = [meters[i] for i in group]
+            for i, r in zip(group, await self._ameter(chosen_meters, now_us), strict=True):
+                replies[i] = r
+        for base, stale in trims:
+            await self._aslot(base, self._scripting_call(self.trim_script, [base], [stale]), 1)
+        return values, replies
+
+    async def _atransaction(self, chosen: list[Op], trims: list[Trim]) -> list[list[int]]:
+        """One slot's transaction (:meth:`_packed`, as a single node's)."""
+        chunks, jobs, count = self._packed(chosen)
+        key = self._prefix + chosen[0].namespace.encode()
+        replies = await self._aslot(key, b"".join(chunks), count + 2)
+        if replies is None:  # redirected: redis-py's client follows it
+            return await sync_to_async(self._transaction, thread_sensitive=False)(chosen, trims)
+        values, stale = self._window_values(jobs, _executed(replies[count + 1], count))
+        trims.extend(stale)
+        return values
+
+    async def _ameter(self, chosen: list[MeterOp], now_us: int) -> list[MeterReply]:
+        """One slot's leaky buckets (lua/meter.lua, loaded by ``EVAL`` when it is missing)."""
+        keys, args = self._meter_args(chosen, now_us)
+        reply = await self._aslot(keys[0], self._scripting_call(self.meter_script, keys, args), 1)
+        if reply is None:
+            return await sync_to_async(self._meter, thread_sensitive=False)(chosen, now_us)
+        return self._meter_replies(chosen, reply[0])
+
+    def _scripting_call(self, script: Any, keys: list[bytes], args: list[bytes]) -> bytes:
+        """EVAL of ``script``: the server lacks it at most once, and loads it (one command
+        whatever it holds: no second trip for ``NOSCRIPT``)."""
+        return _pack(_script_call(script, keys, args, by_sha=False))
+
+    async def _aslot(self, key: bytes, packed: bytes, count: int) -> list[Any] | None:
+        """``packed`` on a pooled connection of the node of ``key``'s slot, its ``count``
+        replies (an error raised but a redirection: None)."""
+        node = self.client.nodes_manager.get_node_from_slot(key_slot(key))
+        pool = self._node_pools.get(node.name)
+        if pool is None:
+            pool = self._node_pools[node.name] = IdlePool(
+                partial(self._node_link, node), IDLE_CONNECTIONS
+            )
+        link = pool.get()
+        try:
+            conn = link.conn
+            if conn._sock is None:  # connects (and logs in), in a thread
+                await sync_to_async(conn.connect, thread_sensitive=False)()
+            if link.reader is None:
+                link.reader = hiredis.Reader()
+            replies = await _aread_many(conn._sock, link.reader, packed, count)
+        except BaseException:
+            link.close()
+            raise
+        pool.release(link)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if str(reply).startswith(("MOVED", "ASK", "EXECABORT", "TRYAGAIN")):
+                    return None
+                raise reply
+        return replies
+
+    def _node_link(self, node: Any) -> _Link:
+        pool = node.redis_connection.connection_pool
+        conn = pool.connection_class(**pool.connection_kwargs)
+        self._connections.add(conn)
+        return _Link(conn)
 
     def delete(self, namespace: str, suffixes: Sequence[str]) -> None:
         self._connect()
         super().delete(namespace, suffixes)
 
     def _close_client(self) -> None:
+        self._node_pools = {}
         if self.connected:
             self.client.close()

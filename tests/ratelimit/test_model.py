@@ -834,11 +834,11 @@ def test_backend_agrees_with_the_model(kind: str, request: pytest.FixtureRequest
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("kind", ["memcached-3-nodes", "redis"])
+@pytest.mark.parametrize("kind", ["memcached-3-nodes", "redis", "redis-cluster"])
 def test_the_async_path_agrees_with_the_model(kind: str, request: pytest.FixtureRequest) -> None:
     """The native ``aexecute`` of memcached (several nodes: placement and all, one code
-    path with one node) and Redis against the model, as the sync path is. (A cluster's,
-    and a Django cache's, is ``execute`` in a thread: the sync path's test covers it.)"""
+    path with one node), Redis and Redis Cluster against the model, as the sync path is.
+    (A Django cache's is ``execute`` in a thread: the sync path's test covers it.)"""
     with override_settings(**backend_settings(kind, request)):
         reset_backends()
         try:

@@ -2,10 +2,12 @@
 ``django.core.asgi:get_asgi_application`` (``--factory``); its URLs and async views are
 :mod:`tests.reliability.async_urls`.
 
-* ``RELIABILITY_COUNTERS``: ``memcached`` (``MEMCACHED_SERVERS``) or ``redis``
-  (``RELIABILITY_REDIS``), where the limiter keeps its counters
-  (:func:`~tests.reliability.common.counter_caches`): the test points them at a proxy that
-  makes every answer late;
+* ``RELIABILITY_COUNTERS``: ``memcached`` (``MEMCACHED_SERVERS``, one node or several
+  separated by commas), ``redis`` or ``redis-cluster`` (``RELIABILITY_REDIS``: the server,
+  or one node of the cluster), where the limiter keeps its counters
+  (:func:`~tests.reliability.common.counter_caches`, and ``RATELIMIT_BACKEND`` for the
+  cluster: :func:`~tests.reliability.common.counter_backend`): the test points them at
+  proxies that make every answer late;
 * ``RELIABILITY_SQLITE``: the database file, migrated before the start.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from tests.reliability.common import counter_caches
+from tests.reliability.common import counter_backend, counter_caches
 
 #: A rate no test reaches: every request is counted, and admitted.
 HUGE = "1000000/s"
@@ -36,6 +38,7 @@ DATABASES = {
 }
 CACHES = counter_caches()
 RATELIMIT_USE_CACHE = "ratelimit"
+RATELIMIT_BACKEND = counter_backend()  # (None: the backend that fits the cache)
 RATELIMIT_RULES = [{"name": "async-ruled", "path": "/ruled/", "key": KEY, "rate": HUGE}]
 SILENCED_SYSTEM_CHECKS = ["ratelimit_app.W001"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

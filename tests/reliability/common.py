@@ -98,10 +98,16 @@ def env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **extra}
 
 
+#: ``RELIABILITY_COUNTERS`` of counters on a Redis Cluster (:func:`counter_backend`).
+REDIS_CLUSTER = "redis-cluster"
+
+
 def counter_caches() -> dict[str, dict[str, Any]]:
     """``CACHES`` of a one-module gunicorn site: the limiter's counters (alias
-    ``ratelimit``) on ``RELIABILITY_COUNTERS``, ``memcached`` (``MEMCACHED_SERVERS``) or
-    ``redis`` (``RELIABILITY_REDIS``), beside a local-memory default."""
+    ``ratelimit``) on ``RELIABILITY_COUNTERS``, ``memcached`` (``MEMCACHED_SERVERS``: one
+    node, or several separated by commas), ``redis`` or ``redis-cluster``
+    (``RELIABILITY_REDIS``: the server, or one node of the cluster; see
+    :func:`counter_backend`), beside a local-memory default."""
     if os.environ.get("RELIABILITY_COUNTERS") == "memcached":
         counters: dict[str, Any] = {
             "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
@@ -116,6 +122,15 @@ def counter_caches() -> dict[str, dict[str, Any]]:
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "ratelimit": counters,
     }
+
+
+def counter_backend() -> str | None:
+    """``RATELIMIT_BACKEND`` of the site: the Redis Cluster backend for ``redis-cluster``
+    (django-redis has no cluster client: the cache alias only names a node), else ``None``
+    (the backend that fits the cache)."""
+    if os.environ.get("RELIABILITY_COUNTERS") == REDIS_CLUSTER:
+        return "ratelimit_app.backends.redis.RedisClusterBackend"
+    return None
 
 
 def status(port: int, page: str, headers: dict[str, str] | None = None) -> int:

@@ -43,8 +43,8 @@ from ratelimit_app import ALL
 from ratelimit_app.algorithms import windows
 from ratelimit_app.algorithms.gcra import LEAKY_BUCKET, SLIDING_WINDOW
 from ratelimit_app.algorithms.rates import parse
-from ratelimit_app.backends import base, reset_backends
-from ratelimit_app.core import get_usage, lookup, scope
+from ratelimit_app.backends import base, get_backend, reset_backends
+from ratelimit_app.core import aget_usage, get_usage, lookup, scope
 from ratelimit_app.engine import Check, check_many
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.keys import namespace
@@ -369,3 +369,31 @@ def test_an_unreachable_cluster_fails_the_check_then_fails_fast() -> None:
             assert first < 10, first
         finally:
             reset_backends()
+
+
+async def test_an_async_check_the_cluster_redirects_counts_once(
+    on_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The async path sends a slot's transaction to the node the slot map names; a node
+    that answers ``MOVED`` (the map is stale: a resharding) ran nothing, and redis-py's
+    client, in a thread, follows the redirection: the hit counts once."""
+    request = RequestFactory().get("/", REMOTE_ADDR="192.0.2.7")
+    args = {"group": "redirected", "key": "ip", "rate": "5/m", "increment": True}
+    first = await aget_usage(request, **args)
+    manager = get_backend().client.nodes_manager  # type: ignore[attr-defined]
+    real = manager.get_node_from_slot
+    misrouted = []
+
+    def stale(slot: int, *args: Any, **kwargs: Any) -> Any:
+        node = real(slot, *args, **kwargs)
+        if misrouted:  # once: then the map as it is
+            return node
+        misrouted.append(node.name)
+        return next(n for n in manager.nodes_cache.values() if n.name != node.name)
+
+    monkeypatch.setattr(manager, "get_node_from_slot", stale)
+    second = await aget_usage(request, **args)
+    monkeypatch.undo()
+    third = await aget_usage(request, **args)
+    assert misrouted
+    assert [u["count"] for u in (first, second, third) if u] == [1, 2, 3]
