@@ -39,7 +39,7 @@ from rest_framework.views import APIView
 from demo_site.shortener.forms import LinkForm
 from demo_site.shortener.keys import KeyspaceExhausted, create_link
 from demo_site.shortener.models import Link
-from demo_site.shortener.views import CREATE_LIMIT, bounds, short_url
+from demo_site.shortener.views import CREATE_LIMIT, bounds, link_status, short_url
 from metrics_app import query
 from metrics_app.admin import period_from, step_of
 from metrics_app.buffer import flusher
@@ -149,4 +149,6 @@ class LinkVisits(DemoAPIView):
 urlpatterns = [
     path("links/", LinkList.as_view(), name="api-links"),
     path("links/<slug:key>/visits/", LinkVisits.as_view(), name="api-link-visits"),
+    # An async Django view beside the DRF ones: its limit is checked on the event loop.
+    path("links/<slug:key>/status/", link_status, name="api-link-status"),
 ]

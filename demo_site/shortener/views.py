@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import get_resolver, get_urlconf, reverse
 from django.utils.safestring import SafeString, mark_safe
@@ -198,6 +198,23 @@ def follow(request: HttpRequest, key: str) -> HttpResponse:
     if target is None:
         return not_found(request)
     return HttpResponseRedirect(target)
+
+
+#: The status of a link, read by scripts: one request a second per address on average.
+STATUS_RATE = "60/m"
+
+
+@require_safe
+@ratelimit(key="ip", rate=STATUS_RATE)
+async def link_status(request: HttpRequest, key: str) -> HttpResponse:
+    """``/api/links/<key>/status/``: where a short link leads, for a script. An async view:
+    its limit is checked on the event loop, its round trip awaited (docs/deployment, ASGI),
+    and the link read with Django's async ORM. An unknown key is a 404 that the
+    ``shorturl-scan`` rule counts, as on the link's page."""
+    found = await Link.objects.filter(key=key).afirst()
+    if found is None:
+        return JsonResponse({"error": "no such link"}, status=404)
+    return JsonResponse({"key": key, "url": found.url, "short_url": short_url(request, key)})
 
 
 @require_safe

@@ -385,3 +385,20 @@ class TestNotFound:
         text = page.content.decode()
         assert "<h1>Nothing here</h1>" in text
         assert "<b>x</b>" not in text and "&lt;b&gt;x&lt;/b&gt;" in text
+
+
+def test_a_links_status_is_an_async_view_with_a_limit_of_its_own(client: Client) -> None:
+    """``/api/links/<key>/status/``: the demo's async view, its limit checked on the event
+    loop; 60 a minute per address, then the site's 429."""
+    Link.objects.create(key="abc", url="https://example.com/")
+    with frozen_ratelimit_clock(1_800_000_000):
+        unknown = client.get("/api/links/nope/status/")  # (its first of 60)
+        answers = [client.get("/api/links/abc/status/") for _ in range(60)]
+    assert unknown.status_code == 404 and unknown.json() == {"error": "no such link"}
+    assert [a.status_code for a in answers] == [200] * 59 + [429]
+    assert answers[0].json() == {
+        "key": "abc",
+        "url": "https://example.com/",
+        "short_url": "http://testserver/s/abc",
+    }
+    assert '"60/m";q=60;w=60' in answers[0]["RateLimit-Policy"]
