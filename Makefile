@@ -147,8 +147,9 @@ lint: venv
 # The PostgreSQL leg runs the tests marked db_matrix; pytest's exit 5 (nothing collected) fails
 # it, so losing the markers cannot turn it green with nothing run.
 #
-# Lint, the docs build, creating .venv-newest and the PostgreSQL leg (a short one, on servers
-# of its own) run beside the SQLite leg, on the machine's second core, their output kept and
+# Lint, the docs build, creating .venv-newest, the PostgreSQL leg (a short one, on servers
+# of its own) and the tests that count instructions under valgrind (`callgrind`: no timing,
+# so sharing the machine cannot change what they see) run beside the SQLite leg, on the machine's second core, their output kept and
 # printed after it (about 4 minutes less on a fresh clone); each is still a step of its own,
 # with its exit status.
 test: venv servers
@@ -158,8 +159,10 @@ test: venv servers
 	$(SUBMAKE) docs > $$logs/docs 2>&1 & docs=$$!; \
 	$(SUBMAKE) venv-newest > $$logs/venv-newest 2>&1 & newest=$$!; \
 	$(BIN)/pytest -m db_matrix --db=postgres > $$logs/postgres 2>&1 & postgres=$$!; \
+	$(BIN)/pytest -m callgrind > $$logs/callgrind 2>&1 & callgrind=$$!; \
 	joined() { wait $$1; status=$$?; cat $$2; return $$status; }; \
-	step pytest-sqlite $(BIN)/pytest; \
+	step pytest-sqlite $(BIN)/pytest -m 'not callgrind'; \
+	step pytest-callgrind joined $$callgrind $$logs/callgrind; \
 	step lint joined $$lint $$logs/lint; \
 	step docs joined $$docs $$logs/docs; \
 	step pytest-postgres joined $$postgres $$logs/postgres; \

@@ -327,6 +327,7 @@ def _need_wrk() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.callgrind
 def test_instructions_are_counted_per_request() -> None:
     """A tiny run of bench/instructions.py under real valgrind: the case with most to do (a
     refusal remembered while three rules check) is a whole request's count."""
@@ -349,6 +350,7 @@ def test_instructions_are_counted_per_request() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.callgrind
 def test_memos_bench_counts_a_memo_turned_off() -> None:
     """A tiny run of bench/claims/memos.py under real valgrind: a leaky bucket's recurring
     client hashes its namespace again when the namespaces' memo keeps nothing."""
@@ -368,6 +370,7 @@ def test_memos_bench_counts_a_memo_turned_off() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.callgrind
 def test_crowd_controls_bench_counts_and_times() -> None:
     """A tiny run of bench/claims/crowd_controls.py: instructions under real valgrind in the
     three states (rows written, loaded, every request from a new address), and new bans and
