@@ -73,6 +73,7 @@ LAYERS: dict[str, dict[str, int]] = {
         "engine.outcome": 5,
         "engine.screen": 5,
         "engine.matched": 5,
+        "engine.compiled": 5,
         "core": 5,
         "operations": 5,
         "operators.operations": 5,

@@ -109,8 +109,12 @@ class CompiledRule:
     matches: frozenset[str] | None = field(init=False, repr=False)
     #: whether it limits requests in flight (``concurrent``): its requests hold a place,
     holds: bool = field(init=False, repr=False)
-    #: and how it is enforced (:mod:`ratelimit_app.config.policy`).
+    #: how it is enforced (:mod:`ratelimit_app.config.policy`),
     policy: Policy = field(init=False, repr=False, compare=False)
+    #: and whether its check is a sliding window's count and nothing more: its limit's own
+    #: rates and cost, no ban, no places in flight, no failure-only count, no dry run (the
+    #: engine then checks it on its compiled path, :mod:`ratelimit_app.engine.compiled`).
+    plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "failures_only", self.count == COUNT_FAILURES)
@@ -128,6 +132,16 @@ class CompiledRule:
             fallback="memory" if self.fallback else self.fallback,
         )
         object.__setattr__(self, "policy", enforced)
+        plain = (
+            lim.algorithm == kinds.DEFAULT
+            and lim.static_rates is not None
+            and lim.static_cost is not None
+            and lim.ban is None
+            and not holds
+            and not self.failures_only
+            and not self.shadow
+        )
+        object.__setattr__(self, "plain", plain)
 
     # The limit's parts, for readers of a rule (the admin, the commands).
     @property

@@ -152,13 +152,7 @@ def _run(
         replies = yield Trip(backend, ops, moment.now_us)
     else:
         backend = get_backend()
-        if HOOKS.trips:  # (none unless an exporter is installed)
-            replies = yield from _timed(backend, ops, moment.now_us)
-        else:
-            replies = yield Trip(backend, ops, moment.now_us)
-        kept = RUNTIME.parts.get(Fallback)  # (fallback.recovered(), inline: every round trip)
-        if kept is not None and kept.active:  # the server answers again
-            kept.end()
+        replies = yield from counted(backend, ops, moment.now_us)
     results = []
     limited = False
     for s, reply in zip(steps, replies, strict=True):
@@ -167,6 +161,34 @@ def _run(
         limited = limited or r.limited
     if not limited:  # the common case: nothing refused, one round trip
         return results
+    return (yield from refused(checks, steps, results, backend, moment, take_back, exact, request))
+
+
+def counted(backend: Backend, ops: list[Any], now_us: int) -> Checking[list[Any]]:
+    """The replies of a check's round trip to the counters (``backend``, the configured
+    one): its time told to the exporters' hooks, and an outage over when it answers."""
+    if HOOKS.trips:  # (none unless an exporter is installed)
+        replies = yield from _timed(backend, ops, now_us)
+    else:
+        replies = yield Trip(backend, ops, now_us)
+    kept = RUNTIME.parts.get(Fallback)  # (fallback.recovered(), inline: every round trip)
+    if kept is not None and kept.active:  # the server answers again
+        kept.end()
+    return replies
+
+
+def refused(
+    checks: Sequence[Check],
+    steps: list[Step],
+    results: list[Result],
+    backend: Backend,
+    moment: CheckTime,
+    take_back: TakeBack,
+    exact: bool,
+    request: Any,
+) -> Checking[list[Result]]:
+    """The results of ``steps``, decided (``results``) and one or more refused: the hits
+    ``take_back`` names taken back, and the refusals' waits timed, in a second round trip."""
     # A refused hit does not use up the quota: a client that keeps retrying gets in as soon
     # as the window has room. Counting first and taking back after keeps the check one round
     # trip for admitted hits and never lenient under concurrency.

@@ -296,6 +296,21 @@ def deciding(
             return found
         results, remembered = found  # type: ignore[misc]  # (not a Verdict: tested above)
         in_memory = remembered is None  # (counted in memory: see _checked)
+    return verdict_of(request, decisions, results, remembered is True, in_memory, sender)
+
+
+def verdict_of(
+    request: HttpRequest,
+    decisions: Sequence[Decision],
+    results: Sequence[Result | None],
+    remembered: bool,
+    in_memory: bool,
+    sender: Any,
+) -> Verdict:
+    """The verdict of ``decisions`` given their ``results`` (None: not checked), which
+    came from the refusal memory or the bans held (``remembered``), or were counted in this
+    process's memory (``in_memory``): each refusal followed through (a ban, a dry run's
+    log) and signalled, the exporters told, the verdict kept on the request."""
     shown = []
     limited = False
     for d, result in zip(decisions, results, strict=True):
@@ -319,7 +334,7 @@ def deciding(
         if result.limited and d.check.increment:
             _signal(request, d, sender)
     verdict = Verdict(
-        decisions, None, remembered is True, shown, limited, in_memory
+        decisions, None, remembered, shown, limited, in_memory
     )  # (positional: every request)
     if HOOKS.observers:  # (none unless an exporter is installed)
         _observe(verdict)
@@ -358,11 +373,28 @@ def _checked(
     in place of that flag), or the failed verdict."""
     try:
         return (
-            yield from check_unless_banned(checks, partial(_take_back, decisions), at, request)
+            yield from check_unless_banned(
+                checks, partial(refused_take_back, decisions), at, request
+            )
         )
     except BackendError as exc:
         results = yield from _in_memory(request, decisions, checks, exc, at)
         return _failed(decisions, exc) if results is None else (results, None)
+
+
+def failed_over(
+    request: HttpRequest,
+    decisions: Sequence[Decision],
+    checks: list[Check],
+    exc: BackendError,
+    sender: Any,
+) -> Checking[Verdict]:
+    """The verdict of ``decisions`` (their ``checks``) when the counters failed (``exc``):
+    the limits that fall back counted in this process's memory, or the failure reported."""
+    results = yield from _in_memory(request, decisions, checks, exc, None)
+    if results is None:
+        return _failed(decisions, exc)
+    return verdict_of(request, decisions, results, False, True, sender)
 
 
 def _in_memory(
@@ -389,7 +421,7 @@ def _in_memory(
         kept.start(exc)
     counted = [decisions[i] for i in falling]
     results, _ = yield from check_unless_banned(
-        [checks[i] for i in falling], partial(_take_back, counted), at, request, kept.memory
+        [checks[i] for i in falling], partial(refused_take_back, counted), at, request, kept.memory
     )
     found: list[Result | None] = [None] * len(decisions)
     for i, r in zip(falling, results, strict=True):
@@ -524,7 +556,7 @@ def _recall(
     return found if any(found) else None
 
 
-def _take_back(
+def refused_take_back(
     decisions: Sequence[Decision], checks: Sequence[Check], results: list[Result]
 ) -> set[int]:
     """What a request takes back when refused: everything it counted when a blocking limit

@@ -38,7 +38,7 @@ from ratelimit_app import clock, store
 from ratelimit_app.backends import get_backend
 from ratelimit_app.config.limits import Limit, Subjects
 from ratelimit_app.config.rules import CompiledRule
-from ratelimit_app.engine import enforce, responses, screen
+from ratelimit_app.engine import compiled, enforce, responses, screen
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import NOTHING, Outcome, show
 from ratelimit_app.engine.trips import Checking, arun, run
@@ -122,16 +122,22 @@ def _before(
         screened = screen.screen(request, current, rules, subjects)
         if screened is not None:
             return None if screened is screen.ALLOWED else screened
-    found = _decisions(request, rules, current, subjects)
-    if isinstance(found, HttpResponse):
-        return found
-    decisions, failing = found
-    if not decisions:
-        return None
-    # Every rule counts the request in the check's own round trip. A failure-only rule's hit
-    # is provisional: taken back after the view unless the request failed. So concurrent
-    # attempts never pass the limit, and only requests that did not fail pay a second trip.
-    verdict = yield from enforce.deciding(request, decisions, sender)
+    failing: Sequence[Decision]
+    if compiled.applies(rules, current):  # rules that only count (most): nothing general
+        verdict = yield from compiled.deciding(request, rules, subjects, sender)
+        decisions, failing = verdict.decisions, ()
+    else:
+        found = _decisions(request, rules, current, subjects)
+        if isinstance(found, HttpResponse):
+            return found
+        decisions, failing = found
+        if not decisions:
+            return None
+        # Every rule counts the request in the check's own round trip. A failure-only rule's
+        # hit is provisional: taken back after the view unless the request failed. So
+        # concurrent attempts never pass the limit, and only requests that did not fail pay
+        # a second trip.
+        verdict = yield from enforce.deciding(request, decisions, sender)
     if verdict.failed is not None:
         closed = verdict.closed()
         return NOTHING if closed is None else responses.unavailable(request, closed)

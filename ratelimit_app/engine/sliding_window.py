@@ -51,6 +51,25 @@ def plan(
     )
 
 
+def current_plan(scope: str, rates: tuple[windows.Rate, ...], moment: CheckTime) -> windows.Plan:
+    """The plan of the limit whose counters are ``scope`` and rates ``rates`` at ``moment``:
+    for one rate, a look in the limit's plan for its current fine bucket
+    (``RUNTIME.plans``), whoever the subject."""
+    if len(rates) == 1 and not moment.hierarchical:
+        index = int(moment.t * moment.per_window // rates[0].seconds)
+        memo = RUNTIME.plans
+        found = memo.get(scope)
+        if found is not None and found[0] == index and found[1] == moment.per_window:
+            return found[2]
+        made = plan(rates, moment.t, moment.per_window)
+        if len(memo) >= PLAN_MEMO:
+            memo.clear()
+        if type(rates[0]) is not Quota:  # (a calendar period is no fine bucket)
+            memo[scope] = (index, moment.per_window, made)
+        return made
+    return plan(rates, moment.t, moment.per_window, moment.hierarchical)
+
+
 @register
 class SlidingWindow(Step):
     """Count the write buckets and read the window's buckets in the first round trip."""
@@ -65,24 +84,20 @@ class SlidingWindow(Step):
         #: A refused check's fine buckets, read in the second round trip to time its wait.
         self.detail: windows.Plan | None = None
         self.namespace = ns = namespace(check.scope, *check.subject)
-        rates = check.rates
-        if len(rates) == 1 and not moment.hierarchical:
-            index = int(moment.t * moment.per_window // rates[0].seconds)
-            memo = RUNTIME.plans
-            found = memo.get(check.scope)
-            if found is not None and found[0] == index and found[1] == moment.per_window:
-                made = found[2]
-            else:
-                made = plan(rates, moment.t, moment.per_window)
-                if len(memo) >= PLAN_MEMO:
-                    memo.clear()
-                if type(rates[0]) is not Quota:  # (a calendar period is no fine bucket)
-                    memo[check.scope] = (index, moment.per_window, made)
-        else:
-            made = plan(rates, moment.t, moment.per_window, moment.hierarchical)
-        self.plan = made
+        self.plan = made = current_plan(check.scope, check.rates, moment)
         # tuple.__new__: a NamedTuple's own __new__ is a Python function.
         self.op = _tuple(Op, (ns, made, check.increment, None, check.cost))
+
+    @classmethod
+    def decided(
+        cls, check: Check, moment: CheckTime, ns: str, made: windows.Plan, op: Op, result: Result
+    ) -> SlidingWindow:
+        """The step of a check made and decided elsewhere (:mod:`.compiled`): its
+        ``namespace``, plan, op and result."""
+        step = cls.__new__(cls)
+        step.check, step.moment, step.undo, step.detail = check, moment, False, None
+        step.namespace, step.plan, step.op, step.result = ns, made, op, result
+        return step
 
     def decide(self, reply: list[int]) -> Result:
         check = self.check

@@ -1,0 +1,141 @@
+"""The rules' compiled path: a request whose rules only count, checked with nothing general.
+
+Most rules count a sliding window and do nothing more (a rule is *plain*,
+:attr:`~ratelimit_app.config.rules.CompiledRule.plain`: its limit's own rates and cost, no
+ban, no places in flight, no failure-only count, no dry run). What such a rule's check needs
+beside the subject is made once: its scope, rates and cost with the rule, and its plan for
+the current fine bucket in the runtime (:func:`~.sliding_window.current_plan`). So a request
+whose rules are all plain, while nothing in force could change their answer (no override, no
+refusal remembered, no email on the lists, the uniform layout: :func:`applies`), is checked
+here with only its subjects' work: each rule's subject, its namespace, its op, one round
+trip, and each reply counted by the rule's plan.
+
+It is the same check as the general path's (:func:`~ratelimit_app.engine.enforce.deciding`),
+made of the same parts: the ops sent are the steps' ops, the trip is
+:func:`~.checking.counted`, and the general objects take over where anything more than an
+admitted count happens: a refused request becomes steps
+(:meth:`~.sliding_window.SlidingWindow.decided`) for the general second trip
+(:func:`~.checking.refused`), a subject with a ban held goes to the general path before any
+round trip, a failure to its fallback (:func:`~ratelimit_app.engine.enforce.failed_over`),
+and every verdict is made by :func:`~ratelimit_app.engine.enforce.verdict_of`.
+``tests/ratelimit/test_compiled.py`` holds both paths to the same answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+from django.http import HttpRequest
+
+from ratelimit_app import clock, store
+from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.rates import Rate
+from ratelimit_app.backends import get_backend
+from ratelimit_app.backends.base import Op
+from ratelimit_app.config.kinds import DEFAULT
+from ratelimit_app.config.limits import Check, Subjects
+from ratelimit_app.config.rules import CompiledRule
+from ratelimit_app.engine import enforce
+from ratelimit_app.engine.checking import counted, refused
+from ratelimit_app.engine.enforce import Decision, Verdict
+from ratelimit_app.engine.result import Result
+from ratelimit_app.engine.sliding_window import SlidingWindow, current_plan
+from ratelimit_app.engine.step import CheckTime
+from ratelimit_app.engine.trips import Checking
+from ratelimit_app.exceptions import BackendError
+from ratelimit_app.identity.namespaces import namespace
+from ratelimit_app.runtime import RUNTIME
+
+__all__ = ["applies", "deciding"]
+
+_tuple = tuple.__new__
+
+
+def applies(rules: Sequence[CompiledRule], current: store.Snapshot) -> bool:
+    """True when ``rules`` (a request's, from ``current``) are checked on the compiled path:
+    each is plain, and nothing in force could change their answer."""
+    if not rules or windows.HIERARCHICAL or RUNTIME.refusals.entries:
+        return False
+    if getattr(RUNTIME.snapshot, "overriding", False):
+        return False
+    if current.allow.emails or current.deny.emails:  # (an email's rules may be lifted)
+        return False
+    for rule in rules:  # noqa: SIM110  (a loop, not all() of a generator: every request)
+        if not rule.plain:
+            return False
+    return True
+
+
+def deciding(
+    request: HttpRequest, rules: Sequence[CompiledRule], subjects: Subjects, sender: Any
+) -> Checking[Verdict]:
+    """The verdict of ``rules`` (:func:`applies`) for ``request``, as
+    :func:`~ratelimit_app.engine.enforce.deciding` gives it. ``subjects``: the request's
+    subjects found so far, by key; ``sender``: the ``ratelimited`` signal's."""
+    moment = CheckTime(clock.now())
+    per_window = moment.per_window
+    ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
+    plans = RUNTIME.plans
+    decisions: list[Decision] = []
+    checks: list[Check] = []
+    ops: list[Op] = []
+    snap = RUNTIME.snapshot
+    bans = snap.bans.rule if snap is not None and snap.banning else None
+    held = False
+    for rule in rules:  # loops, not comprehensions (each a function call): every request
+        limit = rule.limit
+        if limit.shares_value:  # (Limit.check's, for the limit's own rates and cost)
+            key = limit.key
+            subject = subjects.get(key)
+            if subject is None:
+                subject = subjects[key] = limit.subject_of(limit.group, request)
+        else:
+            subject = limit.subject_of(limit.group, request)
+        # (A plain rule's limit has all three: CompiledRule.plain.)
+        scope: str = limit.static_scope  # type: ignore[assignment]
+        rates: tuple[Rate, ...] = limit.static_rates  # type: ignore[assignment]
+        cost = limit.static_cost
+        check = _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
+        ns = namespace(scope, *subject)
+        # The limit's plan for its fine bucket (current_plan's look, inline: one rate).
+        found = plans.get(scope) if len(rates) == 1 else None
+        if (
+            found is not None
+            and found[0] == int(ticks // rates[0].seconds)
+            and found[1] == per_window
+        ):
+            made = found[2]
+        else:
+            made = current_plan(scope, rates, moment)
+        ops.append(_tuple(Op, (ns, made, True, None, cost)))
+        checks.append(check)
+        decisions.append(Decision(rule.policy, check))
+        if bans is not None and ns in bans:
+            held = True
+    if held:  # answered from the bans held: the general path's
+        return (yield from enforce.deciding(request, decisions, sender))
+    backend = get_backend()
+    try:
+        replies = yield from counted(backend, ops, moment.now_us)
+    except BackendError as exc:
+        return (yield from enforce.failed_over(request, decisions, checks, exc, sender))
+    t = moment.t
+    results: list[Result] = []
+    limited = False
+    for op, check, reply in zip(ops, checks, replies, strict=True):
+        made = op.plan
+        r = Result(windows.evaluate(made, reply, t, True, check.cost), op.namespace)
+        r.plan = made  # (what a take-back undoes)
+        results.append(r)
+        limited = limited or r.limited
+    if limited:
+        steps: list[Any] = []
+        for op, check, r in zip(ops, checks, results, strict=True):
+            steps.append(SlidingWindow.decided(check, moment, op.namespace, op.plan, op, r))
+        take_back = partial(enforce.refused_take_back, decisions)
+        results = yield from refused(
+            checks, steps, results, backend, moment, take_back, True, request
+        )
+    return enforce.verdict_of(request, decisions, results, False, False, sender)

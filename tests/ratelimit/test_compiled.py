@@ -1,0 +1,265 @@
+"""The rules' compiled path (ratelimit_app.engine.compiled) gives the general path's answers.
+
+Every scenario runs twice on the same backend, once as the middleware runs it (plain rules
+on the compiled path) and once with the compiled path turned off (``applies`` answering
+False), and each response, usage dict, signal and round trip must be the same. The tests
+also check that the compiled path is the one taken, so that the comparison compares two
+paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import pytest
+from django.core.cache import caches
+from django.test import Client, override_settings
+
+from ratelimit_app import store
+from ratelimit_app.algorithms import windows
+from ratelimit_app.backends import get_backend, reset_backends
+from ratelimit_app.config.access import AccessList
+from ratelimit_app.config.rules import parse_rule
+from ratelimit_app.engine import compiled, enforce
+from ratelimit_app.operators import operations
+from ratelimit_app.signals import ratelimited
+from ratelimit_app.testing import frozen_clock
+from tests.ratelimit.conftest import rules
+from tests.servers.processes import free_port
+
+T0 = 1_800_000_000.0
+_runs = itertools.count()
+
+RULES = [
+    {"name": "ip-m", "path": "/rules/named/", "key": "ip", "rate": "3/m"},
+    {"name": "ip-h", "path": "/rules/named/", "key": "ip", "rate": "5/h"},
+    {"name": "email", "path": "/rules/named/", "key": "post:email", "rate": "2/m"},
+    {"name": "several", "path": "/rules/unnamed/", "key": "ip", "rate": "2/s;4/m"},
+    {"name": "quota", "path": "/rules/unnamed/", "key": "ip", "quota": "6/month"},
+    {"name": "watch", "path": "/rules/unnamed/", "key": "ip", "rate": "1/m", "block": False},
+    {"name": "costly", "path": "/rules/unnamed/", "key": "ip", "rate": "10/m", "cost": 3},
+]
+
+#: (seconds after T0, method, path, client address, email): a site's traffic, several
+#: clients past their limits, refusals that take back the other rules' hits, waits timed.
+SCENARIO = [
+    (0.0, "get", "/rules/named/", "10.0.0.1", None),
+    (0.2, "post", "/rules/named/", "10.0.0.1", "a@example.com"),
+    (0.4, "post", "/rules/named/", "10.0.0.2", "a@example.com"),
+    (0.6, "post", "/rules/named/", "10.0.0.3", "a@example.com"),
+    (1.0, "get", "/rules/named/", "10.0.0.1", None),
+    (1.5, "get", "/rules/named/", "10.0.0.1", None),
+    (2.0, "head", "/rules/named/", "10.0.0.1", None),
+    (3.0, "get", "/rules/unnamed/", "10.0.0.4", None),
+    (3.1, "get", "/rules/unnamed/", "10.0.0.4", None),
+    (3.2, "get", "/rules/unnamed/", "10.0.0.4", None),
+    (4.5, "get", "/rules/unnamed/", "10.0.0.4", None),
+    (61.0, "get", "/rules/named/", "10.0.0.1", None),
+    (62.0, "post", "/rules/named/", "10.0.0.3", "b@example.com"),
+    (70.0, "get", "/rules/unnamed/", "10.0.0.4", None),
+    (71.0, "get", "/rules/unnamed/", "::ffff:10.0.0.4", None),
+    (72.0, "get", "/rules/unnamed/", "2001:db8::1", None),
+]
+
+
+pytestmark = pytest.mark.usefixtures("rules_site")
+
+
+class Seen:
+    """What a run saw: each response's answer, and the round trips and their ops."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.trips: list[list[tuple[Any, ...]]] = []
+        self.signals: list[tuple[Any, ...]] = []
+        backend = get_backend()
+        execute = backend.execute
+
+        def counting(ops: Any, now_us: int) -> Any:
+            self.trips.append([tuple(map(_plain, op)) for op in ops])
+            return execute(ops, now_us)
+
+        monkeypatch.setattr(backend, "execute", counting)
+
+    def signalled(self, sender: Any, **kwargs: Any) -> None:
+        self.signals.append(
+            (kwargs["group"], kwargs.get("rule"), kwargs["subject"], kwargs["usage"])
+        )
+
+
+def _plain(field: Any) -> Any:
+    """An op's field as a value (a plan is compared by identity: by its buckets here)."""
+    return (field.writes, field.reads) if isinstance(field, windows.Plan) else field
+
+
+def play(
+    monkeypatch: pytest.MonkeyPatch, general: bool, scenario: list[Any], prefix: str
+) -> tuple[list[Any], Seen]:
+    """Run ``scenario`` (on the compiled path, or on the general one) under a key prefix of
+    its own; what each request was answered, and what the run saw."""
+    taken: list[bool] = []
+    with monkeypatch.context() as patch, override_settings(RATELIMIT_CACHE_PREFIX=prefix):
+        reset_backends()
+        seen = Seen(patch)
+        applies = compiled.applies
+
+        def choosing(*args: Any) -> bool:
+            found = applies(*args)
+            taken.append(found)
+            return found and not general
+
+        patch.setattr(compiled, "applies", choosing)
+        ratelimited.connect(seen.signalled)
+        answers = []
+        try:
+            for at, method, path, address, email in scenario:
+                with frozen_clock(T0 + at):  # (a quota's usage says when it renews: read now)
+                    data = {} if email is None else {"email": email}
+                    response = getattr(Client(), method)(path, data, REMOTE_ADDR=address)
+                    usage = getattr(response.wsgi_request, "ratelimit_usage", None)
+                    usage = None if usage is None else dict(usage)
+                answers.append(
+                    (
+                        response.status_code,
+                        response.get("RateLimit-Policy"),
+                        response.get("RateLimit"),
+                        response.get("Retry-After"),
+                        usage,
+                    )
+                )
+        finally:
+            ratelimited.disconnect(seen.signalled)
+        assert any(taken), "the compiled path never applied: nothing was compared"
+    reset_backends()
+    return answers, seen
+
+
+def both(monkeypatch: pytest.MonkeyPatch, scenario: list[Any]) -> tuple[Any, Any]:
+    run = next(_runs)
+    return (
+        play(monkeypatch, False, scenario, f"compiled-{run}:"),
+        play(monkeypatch, True, scenario, f"general-{run}:"),
+    )
+
+
+def test_the_compiled_path_answers_as_the_general_one(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with rules(*RULES):
+        (fast, fast_seen), (slow, slow_seen) = both(monkeypatch, SCENARIO)
+    for i, (one, other) in enumerate(zip(fast, slow, strict=True)):
+        assert one == other, SCENARIO[i]
+    assert fast_seen.signals == slow_seen.signals
+    assert fast_seen.trips == slow_seen.trips
+    statuses = [answer[0] for answer in fast]
+    assert 429 in statuses and statuses.count(200) >= 8  # refusals and admissions compared
+    assert len(fast_seen.signals) >= 4
+
+
+def test_the_compiled_path_is_the_one_taken_for_plain_rules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    general: list[Any] = []
+    deciding = enforce.deciding
+    monkeypatch.setattr(
+        enforce, "deciding", lambda *a, **k: general.append(a) or deciding(*a, **k)
+    )
+    with rules(*RULES[:2]), frozen_clock(T0):
+        assert Client().get("/rules/named/").status_code == 200
+        assert general == []  # the compiled path decided it
+        with rules(*RULES[:2], {**RULES[0], "name": "dry", "shadow": True}):
+            assert Client().get("/rules/named/").status_code == 200
+        assert len(general) == 1  # a dry run is no plain rule: the general path
+
+
+@pytest.mark.django_db
+def test_a_ban_held_goes_to_the_general_path_before_any_round_trip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plain = {"name": "plain", "path": "/rules/named/", "key": "ip", "rate": "100/m"}
+    scenario = [
+        (0.0, "get", "/rules/named/", "10.0.0.9", None),
+        (1.0, "get", "/rules/named/", "10.0.0.8", None),
+        (2.0, "get", "/rules/named/", "::ffff:10.0.0.9", None),
+    ]
+    with rules(plain), frozen_clock(T0):
+        assert operations.ban("plain", "10.0.0.9", 600) is not None
+        (fast, fast_seen), (slow, slow_seen) = both(monkeypatch, scenario)
+    assert fast == slow
+    assert [a[0] for a in fast] == [429, 200, 429]
+    assert len(fast_seen.trips) == len(slow_seen.trips) == 1  # the banned ones: none
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [({}, 200), ({"fail_open": False}, 503), ({"fallback": "memory"}, 200)],
+)
+def test_a_failure_is_the_general_paths(
+    monkeypatch: pytest.MonkeyPatch, fields: dict[str, Any], status: int
+) -> None:
+    dead = {  # (nothing listens there)
+        "BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+        "LOCATION": f"127.0.0.1:{free_port()}",
+    }
+    one = {"name": "dead", "path": "/rules/named/", "key": "ip", "rate": "1/m", **fields}
+    scenario = [(float(i), "get", "/rules/named/", "10.0.0.5", None) for i in range(3)]
+    caches_setting = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    dead_settings = override_settings(
+        CACHES={**caches_setting, "rl": dead}, RATELIMIT_USE_CACHE="rl"
+    )
+    with dead_settings, rules(one):
+        (fast, _), (slow, _) = both(monkeypatch, scenario)
+    reset_backends()
+    assert fast == slow
+    assert fast[0][0] == status
+    if "fallback" in fields:  # counted in memory: the second request is refused
+        assert [a[0] for a in fast] == [200, 429, 429]
+
+
+def test_plain_rules_are_the_rules_that_only_count() -> None:
+    base = {"name": "r", "path": "/x/", "key": "ip", "rate": "5/m"}
+    assert parse_rule(base).plain
+    assert parse_rule({**base, "rate": "2/s;5/m"}).plain
+    assert parse_rule({"name": "q", "path": "/x/", "key": "ip", "quota": "10/day"}).plain
+    assert parse_rule({**base, "cost": 3}).plain
+    assert parse_rule({**base, "block": False}).plain
+    for other in (
+        {"shadow": True},
+        {"count": "failures"},
+        {"concurrent": 2},
+        {"algorithm": "leaky_bucket"},
+        {"ban": {"after": 2, "within": "1h", "for": "10m"}},
+        {"rate": "tests.ratelimit.test_rates.rate_for"},
+    ):
+        assert not parse_rule({**base, **other}).plain, other
+
+
+def test_the_compiled_path_stands_aside_while_something_in_force_could_change_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with rules(*RULES[:3]):
+        current = store.current()
+        found = current.rules.rules
+        assert compiled.applies(found, current)
+        assert not compiled.applies((), current)
+        monkeypatch.setattr(windows, "HIERARCHICAL", True)
+        assert not compiled.applies(found, current)
+        monkeypatch.setattr(windows, "HIERARCHICAL", False)
+        assert compiled.applies(found, current)
+        listed = AccessList(emails=frozenset({"a@example.com"}))
+        assert not compiled.applies(found, dataclasses.replace(current, allow=listed))
+        assert not compiled.applies(found, dataclasses.replace(current, deny=listed))
+
+
+def test_the_compiled_path_stands_aside_while_refusals_are_remembered(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ratelimit_app.runtime import RUNTIME
+
+    with rules(RULES[0]):
+        current = store.current()
+        assert compiled.applies(current.rules.rules, current)
+        monkeypatch.setitem(RUNTIME.refusals.entries, "someone", (0.0, None))
+        assert not compiled.applies(current.rules.rules, current)
+    caches["rl"].clear()
