@@ -18,13 +18,13 @@ from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from ratelimit_app import ALL, UNSAFE
+from ratelimit_app import ALL, UNSAFE, store
 from ratelimit_app.algorithms import rates
 from ratelimit_app.conf import conf
 from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Method, method_set
 from ratelimit_app.config.policy import Policy, of_call
-from ratelimit_app.engine import enforce, failure_dict
+from ratelimit_app.engine import compiled, enforce, failure_dict
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.matched import on_the_loop
 from ratelimit_app.engine.outcome import add_shown as add_shown
@@ -240,13 +240,24 @@ def limit_verdicting(
     check = limit.check(request, increment)
     if check is None:
         return None
-    decisions = enforce.decisions(enforced, check, request, increment)
-    verdict = yield from enforce.deciding(request, decisions)
+    if increment and enforced.plain and _compiled():  # a count and nothing more
+        verdict = yield from compiled.checking(request, (enforced,), (check,), None)
+    else:
+        decisions = enforce.decisions(enforced, check, request, increment)
+        verdict = yield from enforce.deciding(request, decisions)
     if not verdict.decisions:
         return None  # (an override lifts the limit for this subject)
     if verdict.failed is not None and verdict.decisions[0].fail_open:
         return None
     return verdict
+
+
+def _compiled() -> bool:
+    """True when a plain limit's count takes the compiled path now (the snapshot kept fresh
+    first, as :func:`~ratelimit_app.engine.enforce.deciding` keeps it)."""
+    if not conf.MIDDLEWARE_INSTALLED:
+        store.current()
+    return compiled.usable()
 
 
 def is_ratelimited(

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ratelimit_app.config import limits
+from ratelimit_app.config import kinds, limits
 from ratelimit_app.config.limits import Limit
 from ratelimit_app.runtime import RUNTIME
 
@@ -50,6 +50,10 @@ class Policy(NamedTuple):
     #: While the counters cannot be reached: count in this process's memory (True), never
     #: (False), or as ``RATELIMIT_FALLBACK`` says at the time (None).
     fallback: bool | None = None
+    #: Its check is a sliding window's count and nothing more: the limit's own rates and
+    #: cost, no ban, no places in flight, no failure-only count, no dry run (the engine then
+    #: checks it on its compiled path, :mod:`ratelimit_app.engine.compiled`).
+    plain: bool = False
 
 
 def policy(
@@ -75,6 +79,15 @@ def policy(
         )
     if limit.algorithm_kind.holds_places:  # a limit of places alone: shown when refused
         counts_requester = False
+    plain = (
+        limit.algorithm == kinds.DEFAULT
+        and limit.static_rates is not None
+        and limit.static_cost is not None
+        and limit.ban is None
+        and places is None
+        and not failures_only
+        and not shadow
+    )
     return Policy(
         limit,
         name,
@@ -86,6 +99,7 @@ def policy(
         counts_requester,
         places,
         memory,
+        plain,
     )
 
 

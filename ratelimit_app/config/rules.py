@@ -111,9 +111,8 @@ class CompiledRule:
     holds: bool = field(init=False, repr=False)
     #: how it is enforced (:mod:`ratelimit_app.config.policy`),
     policy: Policy = field(init=False, repr=False, compare=False)
-    #: and whether its check is a sliding window's count and nothing more: its limit's own
-    #: rates and cost, no ban, no places in flight, no failure-only count, no dry run (the
-    #: engine then checks it on its compiled path, :mod:`ratelimit_app.engine.compiled`).
+    #: and whether its check is a sliding window's count and nothing more (its policy's
+    #: ``plain``: the engine then checks it on its compiled path).
     plain: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -132,16 +131,7 @@ class CompiledRule:
             fallback="memory" if self.fallback else self.fallback,
         )
         object.__setattr__(self, "policy", enforced)
-        plain = (
-            lim.algorithm == kinds.DEFAULT
-            and lim.static_rates is not None
-            and lim.static_cost is not None
-            and lim.ban is None
-            and not holds
-            and not self.failures_only
-            and not self.shadow
-        )
-        object.__setattr__(self, "plain", plain)
+        object.__setattr__(self, "plain", enforced.plain)
 
     # The limit's parts, for readers of a rule (the admin, the commands).
     @property

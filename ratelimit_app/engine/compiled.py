@@ -31,11 +31,11 @@ from django.http import HttpRequest
 
 from ratelimit_app import clock, store
 from ratelimit_app.algorithms import windows
-from ratelimit_app.algorithms.rates import Rate
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Op
 from ratelimit_app.config.kinds import DEFAULT
 from ratelimit_app.config.limits import Check, Subjects
+from ratelimit_app.config.policy import Policy
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce
 from ratelimit_app.engine.checking import counted, refused
@@ -48,19 +48,26 @@ from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.runtime import RUNTIME
 
-__all__ = ["applies", "deciding"]
+__all__ = ["applies", "checking", "deciding", "usable"]
 
 _tuple = tuple.__new__
 
 
+def usable() -> bool:
+    """True while nothing in force could change a plain limit's answer: no override, no
+    refusal remembered, the uniform layout."""
+    return not (
+        windows.HIERARCHICAL
+        or RUNTIME.refusals.entries
+        or getattr(RUNTIME.snapshot, "overriding", False)
+    )
+
+
 def applies(rules: Sequence[CompiledRule], current: store.Snapshot) -> bool:
     """True when ``rules`` (a request's, from ``current``) are checked on the compiled path:
-    each is plain, and nothing in force could change their answer."""
-    if not rules or windows.HIERARCHICAL or RUNTIME.refusals.entries:
-        return False
-    if getattr(RUNTIME.snapshot, "overriding", False):
-        return False
-    if current.allow.emails or current.deny.emails:  # (an email's rules may be lifted)
+    each is plain, nothing in force could change their answer (:func:`usable`), and no
+    email is on the lists (an email's rules may be lifted)."""
+    if not rules or current.allow.emails or current.deny.emails or not usable():
         return False
     for rule in rules:  # noqa: SIM110  (a loop, not all() of a generator: every request)
         if not rule.plain:
@@ -72,18 +79,12 @@ def deciding(
     request: HttpRequest, rules: Sequence[CompiledRule], subjects: Subjects, sender: Any
 ) -> Checking[Verdict]:
     """The verdict of ``rules`` (:func:`applies`) for ``request``, as
-    :func:`~ratelimit_app.engine.enforce.deciding` gives it. ``subjects``: the request's
-    subjects found so far, by key; ``sender``: the ``ratelimited`` signal's."""
-    moment = CheckTime(clock.now())
-    per_window = moment.per_window
-    ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
-    plans = RUNTIME.plans
-    decisions: list[Decision] = []
+    :func:`~ratelimit_app.engine.enforce.deciding` gives it: :func:`checking` of their
+    checks, made here (a function, not a generator: one level less on every trip).
+    ``subjects``: the request's subjects found so far, by key; ``sender``: the
+    ``ratelimited`` signal's."""
+    policies: list[Policy] = []
     checks: list[Check] = []
-    ops: list[Op] = []
-    snap = RUNTIME.snapshot
-    bans = snap.bans.rule if snap is not None and snap.banning else None
-    held = False
     for rule in rules:  # loops, not comprehensions (each a function call): every request
         limit = rule.limit
         if limit.shares_value:  # (Limit.check's, for the limit's own rates and cost)
@@ -93,12 +94,33 @@ def deciding(
                 subject = subjects[key] = limit.subject_of(limit.group, request)
         else:
             subject = limit.subject_of(limit.group, request)
-        # (A plain rule's limit has all three: CompiledRule.plain.)
-        scope: str = limit.static_scope  # type: ignore[assignment]
-        rates: tuple[Rate, ...] = limit.static_rates  # type: ignore[assignment]
-        cost = limit.static_cost
-        check = _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
-        ns = namespace(scope, *subject)
+        scope, rates, cost = limit.static_scope, limit.static_rates, limit.static_cost
+        checks.append(
+            _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
+        )
+        policies.append(rule.policy)
+    return checking(request, policies, checks, sender)
+
+
+def checking(
+    request: HttpRequest, policies: Sequence[Policy], checks: Sequence[Check], sender: Any
+) -> Checking[Verdict]:
+    """The verdict of plain limits (``policies``, each :attr:`~.Policy.plain`) whose
+    ``checks`` count ``request`` (while :func:`usable`), as
+    :func:`~ratelimit_app.engine.enforce.deciding` gives it."""
+    moment = CheckTime(clock.now())
+    per_window = moment.per_window
+    ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
+    plans = RUNTIME.plans
+    decisions: list[Decision] = []
+    ops: list[Op] = []
+    snap = RUNTIME.snapshot
+    bans = snap.bans.rule if snap is not None and snap.banning else None
+    held = False
+    for enforced, check in zip(policies, checks, strict=True):
+        # (A plain limit's check has its rates and cost: Policy.plain.)
+        scope, rates = check.scope, check.rates
+        ns = namespace(scope, *check.subject)
         # The limit's plan for its fine bucket (current_plan's look, inline: one rate).
         found = plans.get(scope) if len(rates) == 1 else None
         if (
@@ -109,18 +131,17 @@ def deciding(
             made = found[2]
         else:
             made = current_plan(scope, rates, moment)
-        ops.append(_tuple(Op, (ns, made, True, None, cost)))
-        checks.append(check)
-        decisions.append(Decision(rule.policy, check))
+        ops.append(_tuple(Op, (ns, made, True, None, check.cost)))
+        decisions.append(Decision(enforced, check))
         if bans is not None and ns in bans:
             held = True
     if held:  # answered from the bans held: the general path's
         return (yield from enforce.deciding(request, decisions, sender))
-    backend = get_backend()
     try:
+        backend = get_backend()  # (one that cannot be built is a failure too)
         replies = yield from counted(backend, ops, moment.now_us)
     except BackendError as exc:
-        return (yield from enforce.failed_over(request, decisions, checks, exc, sender))
+        return (yield from enforce.failed_over(request, decisions, list(checks), exc, sender))
     t = moment.t
     results: list[Result] = []
     limited = False
@@ -134,8 +155,6 @@ def deciding(
         steps: list[Any] = []
         for op, check, r in zip(ops, checks, results, strict=True):
             steps.append(SlidingWindow.decided(check, moment, op.namespace, op.plan, op, r))
-        take_back = partial(enforce.refused_take_back, decisions)
-        results = yield from refused(
-            checks, steps, results, backend, moment, take_back, True, request
-        )
+        undo = partial(enforce.refused_take_back, decisions)
+        results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
     return enforce.verdict_of(request, decisions, results, False, False, sender)

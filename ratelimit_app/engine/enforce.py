@@ -119,6 +119,7 @@ class Decision:
             self.counts_requester,
             _,
             _,
+            _,
         ) = policy
         self.fail_open = conf.FAIL_OPEN if fail_open is None else fail_open
         #: None until decided, and when not checked (the backend failed, or another limit

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 from django.core.cache import caches
-from django.test import Client, override_settings
+from django.test import Client, RequestFactory, override_settings
 
-from ratelimit_app import store
+from ratelimit_app import core, store
 from ratelimit_app.algorithms import windows
 from ratelimit_app.backends import get_backend, reset_backends
 from ratelimit_app.config.access import AccessList
@@ -93,6 +93,17 @@ def _plain(field: Any) -> Any:
     return (field.writes, field.reads) if isinstance(field, windows.Plan) else field
 
 
+def _choosing(applies: Any, taken: list[bool], general: bool) -> Any:
+    """``applies`` as it answers (kept in ``taken``), or False for the ``general`` run."""
+
+    def choosing(*args: Any) -> bool:
+        found: bool = applies(*args)
+        taken.append(found)
+        return found and not general
+
+    return choosing
+
+
 def play(
     monkeypatch: pytest.MonkeyPatch, general: bool, scenario: list[Any], prefix: str
 ) -> tuple[list[Any], Seen]:
@@ -102,19 +113,16 @@ def play(
     with monkeypatch.context() as patch, override_settings(RATELIMIT_CACHE_PREFIX=prefix):
         reset_backends()
         seen = Seen(patch)
-        applies = compiled.applies
-
-        def choosing(*args: Any) -> bool:
-            found = applies(*args)
-            taken.append(found)
-            return found and not general
-
-        patch.setattr(compiled, "applies", choosing)
+        for name in ("applies", "usable"):  # the rules' door, and a single limit's
+            patch.setattr(compiled, name, _choosing(getattr(compiled, name), taken, general))
         ratelimited.connect(seen.signalled)
         answers = []
         try:
             for at, method, path, address, email in scenario:
                 with frozen_clock(T0 + at):  # (a quota's usage says when it renews: read now)
+                    if callable(path):  # a call of get_usage (or the like) of its own
+                        answers.append(path(RequestFactory().get("/", REMOTE_ADDR=address)))
+                        continue
                     data = {} if email is None else {"email": email}
                     response = getattr(Client(), method)(path, data, REMOTE_ADDR=address)
                     usage = getattr(response.wsgi_request, "ratelimit_usage", None)
@@ -171,6 +179,39 @@ def test_the_compiled_path_is_the_one_taken_for_plain_rules(
         with rules(*RULES[:2], {**RULES[0], "name": "dry", "shadow": True}):
             assert Client().get("/rules/named/").status_code == 200
         assert len(general) == 1  # a dry run is no plain rule: the general path
+
+
+def test_a_single_limit_on_the_compiled_path_answers_as_on_the_general_one(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``get_usage`` and ``@ratelimit`` (one limit each, ``core.limit_verdicting``)."""
+
+    def usage(**limit: Any) -> Any:
+        return lambda request: core.get_usage(request, key="ip", **{"increment": True, **limit})
+
+    calls = [
+        usage(group="one", rate="2/m"),
+        usage(group="two", rate="2/s;3/m"),
+        usage(group="costly", rate="5/m", cost=2),
+        usage(group="quota", quota="3/month"),
+        usage(group="look", rate="2/m", increment=False),
+    ]
+    scenario = [
+        (at, "get", call, address, None)
+        for at in (0.0, 0.3, 0.6, 1.2, 40.0)
+        for address in ("10.1.0.1", "10.1.0.2")
+        for call in calls
+    ]
+    scenario += [(at, "get", "/blocking/", "10.1.0.3", None) for at in (0.0, 1.0, 2.0, 3.0, 4.0)]
+    scenario += [(at, "get", "/stacked/", "10.1.0.4", None) for at in (0.0, 1.0, 2.0, 3.0)]
+    (fast, fast_seen), (slow, slow_seen) = both(monkeypatch, scenario)
+    for i, (one, other) in enumerate(zip(fast, slow, strict=True)):
+        assert one == other, scenario[i][:2]
+    assert fast_seen.signals == slow_seen.signals
+    assert fast_seen.trips == slow_seen.trips
+    limited = [a for a in fast if isinstance(a, dict) and a["should_limit"]]
+    assert len(limited) >= 8  # refusals compared, not only admissions
+    assert [a[0] for a in fast[-9:]] == [200, 200, 200, 429, 429, 200, 200, 429, 429]
 
 
 @pytest.mark.django_db
