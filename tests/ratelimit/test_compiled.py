@@ -232,6 +232,30 @@ def test_a_ban_held_goes_to_the_general_path_before_any_round_trip(
     assert len(fast_seen.trips) == len(slow_seen.trips) == 1  # the banned ones: none
 
 
+@pytest.mark.django_db
+def test_an_override_in_force_sets_the_compiled_path_aside() -> None:
+    from ratelimit_app.models import Override
+    from ratelimit_app.overrides import applied
+
+    plain = {"name": "plain", "path": "/rules/named/", "key": "ip", "rate": "100/m"}
+    row = Override(limit="plain", subject="10.0.0.9", rate="1/m")
+    row.full_clean()
+    row.save()
+    try:
+        with rules(plain):
+            current = store.current()
+            assert not compiled.applies(current.rules.rules, current)
+            found = []
+            for at in (0.0, 1.0, 2.0):
+                for address in ("10.0.0.9", "10.0.0.8"):
+                    with frozen_clock(T0 + at):
+                        response = Client().get("/rules/named/", REMOTE_ADDR=address)
+                    found.append(response.status_code)
+    finally:
+        applied.forget()
+    assert found == [200, 200, 429, 200, 429, 200]  # the override's 1/m, the rule's 100/m
+
+
 @pytest.mark.parametrize(
     ("fields", "status"),
     [({}, 200), ({"fail_open": False}, 503), ({"fallback": "memory"}, 200)],
