@@ -79,7 +79,7 @@ class RatelimitMiddleware:
         matched = self._rules(request)
         if matched is None:
             return await self.get_response(request)
-        inline = on_the_loop((r.limit for r in matched[0]), screened=True)
+        inline = on_the_loop((r.limit for r in matched[0]), screened=matched[1])
         if inline:
             outcome = await abefore(request, *matched, RatelimitMiddleware)
         else:

@@ -216,18 +216,16 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     request.limited = verdict.limited or kept.get("limited", False)  # type: ignore[attr-defined]
 
 
-def on_the_loop(limits: Iterable[Limit], screened: bool = False) -> bool:
+def on_the_loop(limits: Iterable[Limit], screened: store.Snapshot | None = None) -> bool:
     """True when the checks of ``limits`` may run on the event loop, their round trips
     awaited (:func:`abefore`, :func:`~ratelimit_app.engine.enforce.adecide`): they read no
     database and call no user code (keys that do not need ``request.user``, no ban to
-    write; ``screened``: the request passes the lists first, which then name no user).
-    Else the check runs in a thread, as a sync view's does."""
+    write; ``screened``: the snapshot whose lists the request passes first, which then
+    name no user). Else the check runs in a thread, as a sync view's does."""
     if not all(lim.async_safe for lim in limits):
         return False
-    if screened:
-        current = store.current()
-        if current.allow.users or current.deny.users:
-            return False
+    if screened is not None and (screened.allow.users or screened.deny.users):
+        return False
     try:
         get_backend()
     except Exception:  # cannot be built: the check reports it, off the event loop

@@ -129,3 +129,27 @@ async def test_aget_usage_answers_as_get_usage(group: str) -> None:
             assert is_ratelimited(rf.get("/", REMOTE_ADDR="192.0.2.99"), **limited)
             assert await ais_ratelimited(rf.get("/", REMOTE_ADDR="192.0.2.98"), **limited)
     assert await aget_usage(rf.get("/"), group=group, key="ip") is None  # no rate
+
+
+def test_lists_that_name_users_keep_the_rules_check_off_the_loop() -> None:
+    """The rules' lists are screened first: one that names a user reads ``request.user``
+    (the database), so the check runs in a thread; the middleware passes the snapshot it
+    matched the rules in, and nothing is looked up again."""
+    import dataclasses
+
+    from ratelimit_app import store
+    from ratelimit_app.config.access import AccessList
+    from ratelimit_app.config.rules import parse_rule
+    from ratelimit_app.engine.matched import on_the_loop
+
+    limits = [parse_rule({"name": "r", "path": "/", "key": "ip", "rate": "5/m"}).limit]
+    with override_settings(RATELIMIT_RULES=[]):
+        current = store.current()
+        assert on_the_loop(limits, screened=current)
+        named = AccessList(users=frozenset({"7"}))
+        for lists in ({"allow": named}, {"deny": named}):
+            assert not on_the_loop(limits, screened=dataclasses.replace(current, **lists))
+        # Unscreened (a decorator's limit): the lists are not its concern.
+        assert on_the_loop(limits)
+    user_keyed = parse_rule({"name": "u", "path": "/", "key": "user", "rate": "5/m"}).limit
+    assert not on_the_loop([user_keyed])
