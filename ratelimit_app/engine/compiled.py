@@ -1,14 +1,17 @@
-"""The rules' compiled path: a request whose rules only count, checked with nothing general.
+"""The compiled path: limits that only count, checked with nothing general.
 
-Most rules count a sliding window and do nothing more (a rule is *plain*,
-:attr:`~ratelimit_app.config.rules.CompiledRule.plain`: its limit's own rates and cost, no
-ban, no places in flight, no failure-only count, no dry run). What such a rule's check needs
-beside the subject is made once: its scope, rates and cost with the rule, and its plan for
-the current fine bucket in the runtime (:func:`~.sliding_window.current_plan`). So a request
-whose rules are all plain, while nothing in force could change their answer (no override, no
-refusal remembered, no email on the lists, the uniform layout: :func:`applies`), is checked
-here with only its subjects' work: each rule's subject, its namespace, its op, one round
-trip, and each reply counted by the rule's plan.
+Most limits count a sliding window and do nothing more (a *plain* one,
+:attr:`~ratelimit_app.config.policy.Policy.plain`: its own rates and cost, no ban, no places
+in flight, no failure-only count, no dry run). What such a limit's check needs beside the
+subject is made once: its scope, rates and cost with the limit, and its plan for the current
+fine bucket in the runtime (:func:`~.sliding_window.current_plan`). So while nothing in force
+could change their answer (no override, no refusal remembered, the uniform layout:
+:func:`usable`; for rules also no email on the lists: :func:`applies`), plain limits are
+checked here with only their subjects' work: each subject, its namespace, its op, one round
+trip, and each reply counted by the limit's plan. The rules' path takes it for a request
+whose rules are all plain (:func:`deciding`), a single limit's (``get_usage``,
+``@ratelimit``: :func:`ratelimit_app.core.limit_verdicting`) for a plain limit that counts
+(:func:`checking`).
 
 It is the same check as the general path's (:func:`~ratelimit_app.engine.enforce.deciding`),
 made of the same parts: the ops sent are the steps' ops, the trip is
@@ -154,7 +157,7 @@ def checking(
     if limited:
         steps: list[Any] = []
         for op, check, r in zip(ops, checks, results, strict=True):
-            steps.append(SlidingWindow.decided(check, moment, op.namespace, op.plan, op, r))
+            steps.append(SlidingWindow.decided(check, moment, op, r))
         undo = partial(enforce.refused_take_back, decisions)
         results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
     return enforce.verdict_of(request, decisions, results, False, False, sender)

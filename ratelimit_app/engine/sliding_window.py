@@ -89,14 +89,12 @@ class SlidingWindow(Step):
         self.op = _tuple(Op, (ns, made, check.increment, None, check.cost))
 
     @classmethod
-    def decided(
-        cls, check: Check, moment: CheckTime, ns: str, made: windows.Plan, op: Op, result: Result
-    ) -> SlidingWindow:
-        """The step of a check made and decided elsewhere (:mod:`.compiled`): its
-        ``namespace``, plan, op and result."""
+    def decided(cls, check: Check, moment: CheckTime, op: Op, result: Result) -> SlidingWindow:
+        """The step of a check made and decided elsewhere (:mod:`.compiled`): its ``op``
+        (the namespace and plan are the op's) and its ``result``."""
         step = cls.__new__(cls)
         step.check, step.moment, step.undo, step.detail = check, moment, False, None
-        step.namespace, step.plan, step.op, step.result = ns, made, op, result
+        step.namespace, step.plan, step.op, step.result = op.namespace, op.plan, op, result
         return step
 
     def decide(self, reply: list[int]) -> Result:

@@ -1,4 +1,4 @@
-"""The rules' compiled path (ratelimit_app.engine.compiled) gives the general path's answers.
+"""The compiled path (ratelimit_app.engine.compiled) gives the general path's answers.
 
 Every scenario runs twice on the same backend, once as the middleware runs it (plain rules
 on the compiled path) and once with the compiled path turned off (``applies`` answering
