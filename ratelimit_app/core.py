@@ -242,6 +242,8 @@ def limit_verdicting(
         return None
     if increment and enforced.plain and _compiled():  # a count and nothing more
         verdict = yield from compiled.checking(request, (enforced,), (check,), None)
+        if verdict.failed is None:  # (no override on this path: its one decision is there)
+            return verdict
     else:
         decisions = enforce.decisions(enforced, check, request, increment)
         verdict = yield from enforce.deciding(request, decisions)

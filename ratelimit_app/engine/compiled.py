@@ -34,6 +34,7 @@ from django.http import HttpRequest
 
 from ratelimit_app import clock, store
 from ratelimit_app.algorithms import windows
+from ratelimit_app.algorithms.windows import Usage
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Op
 from ratelimit_app.config.kinds import DEFAULT
@@ -42,7 +43,7 @@ from ratelimit_app.config.policy import Policy
 from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce
 from ratelimit_app.engine.checking import counted, refused
-from ratelimit_app.engine.enforce import Decision, Verdict
+from ratelimit_app.engine.enforce import REQUESTER_KINDS, Decision, Verdict
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.sliding_window import SlidingWindow, current_plan
 from ratelimit_app.engine.step import CheckTime
@@ -51,7 +52,7 @@ from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
 from ratelimit_app.runtime import RUNTIME
 
-__all__ = ["applies", "checking", "deciding", "usable"]
+__all__ = ["Admitted", "applies", "checking", "deciding", "usable"]
 
 _tuple = tuple.__new__
 
@@ -110,17 +111,17 @@ def checking(
 ) -> Checking[Verdict]:
     """The verdict of plain limits (``policies``, each :attr:`~.Policy.plain`) whose
     ``checks`` count ``request`` (while :func:`usable`), as
-    :func:`~ratelimit_app.engine.enforce.deciding` gives it."""
+    :func:`~ratelimit_app.engine.enforce.deciding` gives it: :class:`Admitted` when every
+    limit admits it."""
     moment = CheckTime(clock.now())
     per_window = moment.per_window
     ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
     plans = RUNTIME.plans
-    decisions: list[Decision] = []
     ops: list[Op] = []
     snap = RUNTIME.snapshot
     bans = snap.bans.rule if snap is not None and snap.banning else None
     held = False
-    for enforced, check in zip(policies, checks, strict=True):
+    for check in checks:
         # (A plain limit's check has its rates and cost: Policy.plain.)
         scope, rates = check.scope, check.rates
         ns = namespace(scope, *check.subject)
@@ -135,29 +136,96 @@ def checking(
         else:
             made = current_plan(scope, rates, moment)
         ops.append(_tuple(Op, (ns, made, True, None, check.cost)))
-        decisions.append(Decision(enforced, check))
         if bans is not None and ns in bans:
             held = True
     if held:  # answered from the bans held: the general path's
-        return (yield from enforce.deciding(request, decisions, sender))
+        return (yield from enforce.deciding(request, _decisions(policies, checks), sender))
     try:
         backend = get_backend()  # (one that cannot be built is a failure too)
         replies = yield from counted(backend, ops, moment.now_us)
     except BackendError as exc:
+        decisions = _decisions(policies, checks)
         return (yield from enforce.failed_over(request, decisions, list(checks), exc, sender))
     t = moment.t
-    results: list[Result] = []
+    counts: list[list[Usage]] = []
+    shown: list[Any] = []  # (the headers' entries, enforce.verdict_of's choice)
     limited = False
-    for op, check, reply in zip(ops, checks, replies, strict=True):
-        made = op.plan
-        r = Result(windows.evaluate(made, reply, t, True, check.cost), op.namespace)
-        r.plan = made  # (what a take-back undoes)
-        results.append(r)
-        limited = limited or r.limited
-    if limited:
-        steps: list[Any] = []
-        for op, check, r in zip(ops, checks, results, strict=True):
-            steps.append(SlidingWindow.decided(check, moment, op, r))
-        undo = partial(enforce.refused_take_back, decisions)
-        results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
+    for enforced, op, check, reply in zip(policies, ops, checks, replies, strict=True):
+        usages = windows.evaluate(op.plan, reply, t, True, check.cost)
+        counts.append(usages)
+        if usages[0].limited if len(usages) == 1 else any([u.limited for u in usages]):
+            limited = True
+        shows = enforced.counts_requester
+        if shows is None:
+            shows = check.subject[0] in REQUESTER_KINDS
+        if shows:
+            shown.append((enforced.name, check, usages))
+    if not limited:  # (every limit's count admitted: no decision made, none read yet)
+        return enforce.delivered(request, Admitted((policies, checks, ops, counts), shown))
+    decisions = _decisions(policies, checks)
+    results = _results(ops, counts)
+    steps: list[Any] = []
+    for op, check, r in zip(ops, checks, results, strict=True):
+        steps.append(SlidingWindow.decided(check, moment, op, r))
+    undo = partial(enforce.refused_take_back, decisions)
+    results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
     return enforce.verdict_of(request, decisions, results, False, False, sender)
+
+
+def _decisions(policies: Sequence[Policy], checks: Sequence[Check]) -> list[Decision]:
+    """A decision of each policy, with its check."""
+    return [Decision(enforced, check) for enforced, check in zip(policies, checks, strict=True)]
+
+
+def _results(ops: Sequence[Op], counts: Sequence[list[Usage]]) -> list[Result]:
+    """The results of counted ``ops``, from their usages ``counts``: each holding its plan
+    (what a take-back undoes)."""
+    results = []
+    for op, usages in zip(ops, counts, strict=True):
+        r = Result(usages, op.namespace)
+        r.plan = op.plan
+        results.append(r)
+    return results
+
+
+class Admitted(Verdict):
+    """The verdict of plain limits that each admitted their count (:func:`checking`): what
+    the request's answer reads is made at once (nothing limited or failed; the limits the
+    ``RateLimit`` headers show, as entries of
+    :func:`~ratelimit_app.engine.responses.decision_headers`, and the limits' names for the
+    exporters), its :attr:`decisions` and their results only when read
+    (``request.ratelimit_usage``, ``charge()``, ``get_usage``): most requests never do. Read
+    they are the general path's, as :func:`~ratelimit_app.engine.enforce.verdict_of` makes
+    them."""
+
+    __slots__ = ("_made",)
+
+    def __init__(
+        self,
+        made: tuple[Sequence[Policy], Sequence[Check], Sequence[Op], Sequence[list[Usage]]],
+        shown: list[Any],
+    ) -> None:
+        self.failed = None
+        self.remembered = self.limited = self.in_memory = False
+        #: Its limits' policies, checks, ops and usages, as counted.
+        self._made = made
+        self.shown = shown
+
+    def names(self) -> tuple[str, ...]:
+        """Its limits' names (:func:`~ratelimit_app.engine.enforce.limit_name`), in order:
+        each admitted a count and nothing more."""
+        return tuple([p.name or p.limit.group for p in self._made[0]])
+
+    def __getattr__(self, name: str) -> Any:
+        """Its :attr:`decisions`, made when first read (an unset slot): each limit's
+        decision with its result, admitted, as the general path makes them."""
+        if name != "decisions":
+            raise AttributeError(name)
+        policies, checks, ops, counts = self._made
+        made = _decisions(policies, checks)
+        for d, r in zip(made, _results(ops, counts), strict=True):
+            d.result = r
+            shows = d.counts_requester
+            d.shown = d.check.subject[0] in REQUESTER_KINDS if shows is None else shows
+        self.decisions = made
+        return made

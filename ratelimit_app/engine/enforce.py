@@ -192,6 +192,12 @@ class Verdict:
     def __repr__(self) -> str:
         return f"Verdict({list(self.decisions)!r}, failed={self.failed!r})"
 
+    def names(self) -> tuple[str, ...] | None:
+        """The names of its limits when every one admitted a count and nothing more (the
+        compiled path's :class:`~ratelimit_app.engine.compiled.Admitted`, whose decisions are
+        made only when read); None here."""
+        return None
+
     def refusing(self) -> Decision | None:
         """The blocking limit that refuses the request (the one that frees up last), or
         None: the request is admitted."""
@@ -337,6 +343,12 @@ def verdict_of(
     verdict = Verdict(
         decisions, None, remembered, shown, limited, in_memory
     )  # (positional: every request)
+    return delivered(request, verdict)
+
+
+def delivered(request: HttpRequest, verdict: Verdict) -> Verdict:
+    """``verdict`` of ``request`` told to the exporters and kept on the request (for
+    :func:`charge`): the last step of every verdict that counted."""
     if HOOKS.observers:  # (none unless an exporter is installed)
         _observe(verdict)
     kept = request_state.state(request)  # the verdicts of the request, for charge()

@@ -125,7 +125,7 @@ def _before(
     failing: Sequence[Decision]
     if compiled.applies(rules, current):  # rules that only count (most): nothing general
         verdict = yield from compiled.deciding(request, rules, subjects, sender)
-        decisions, failing = verdict.decisions, ()
+        failing = ()
     else:
         found = _decisions(request, rules, current, subjects)
         if isinstance(found, HttpResponse):
@@ -149,7 +149,9 @@ def _before(
     # to the same list before the view answers, and this pass writes them all.
     # (The list itself, even empty: the inner layers fill it.)
     shown = show(request, verdict.shown)
-    places = enforce.holding(decisions) if current.rules.holds else ()
+    places: Sequence[Decision] = ()
+    if current.rules.holds and type(verdict) is not compiled.Admitted:  # (plain: no places)
+        places = enforce.holding(verdict.decisions)
     provisional = [d for d in failing if d.provisional()] if failing else ()
     return Outcome(request, shown, places, provisional)
 
@@ -170,10 +172,11 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
     """``request.ratelimit_usage``: each rule checked for the request, and its usage dict
     (as ``get_usage`` returns it), made when read. Read it like a dict."""
 
-    __slots__ = ("_by_name", "_decisions", "_earlier")
+    __slots__ = ("_by_name", "_earlier", "_verdict")
 
-    def __init__(self, decisions: Sequence[Decision], earlier: Mapping[str, Any]) -> None:
-        self._decisions = decisions
+    def __init__(self, verdict: enforce.Verdict, earlier: Mapping[str, Any]) -> None:
+        #: The rules' verdict (its decisions made when read: the compiled path's are).
+        self._verdict = verdict
         self._by_name: dict[str, Decision] | None = None
         #: What an earlier pass of the middleware left on the request.
         self._earlier = earlier
@@ -182,7 +185,7 @@ class UsageByRule(Mapping[str, dict[str, Any]]):
     def _decided(self) -> dict[str, Decision]:
         """The decided rules by name (made when first read: most views never read it)."""
         if self._by_name is None:
-            self._by_name = {d.name: d for d in self._decisions if d.result is not None}  # type: ignore[misc]
+            self._by_name = {d.name: d for d in self._verdict.decisions if d.result is not None}  # type: ignore[misc]
         return self._by_name
 
     def __getitem__(self, name: str) -> dict[str, Any]:
@@ -212,7 +215,7 @@ def _mark(request: HttpRequest, verdict: enforce.Verdict) -> None:
     "Rules that do not block")."""
     kept = request.__dict__  # (what an earlier pass left, read without getattr's calls)
     earlier = kept.get("ratelimit_usage") or {}
-    request.ratelimit_usage = UsageByRule(verdict.decisions, earlier)  # type: ignore[attr-defined]
+    request.ratelimit_usage = UsageByRule(verdict, earlier)  # type: ignore[attr-defined]
     request.limited = verdict.limited or kept.get("limited", False)  # type: ignore[attr-defined]
 
 

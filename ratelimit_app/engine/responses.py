@@ -47,10 +47,12 @@ from django.utils.module_loading import import_string
 from django.utils.translation import get_language, gettext, gettext_lazy, ngettext
 
 from ratelimit_app import clock
+from ratelimit_app.algorithms.windows import Usage
 from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
-from ratelimit_app.config.limits import Limit
+from ratelimit_app.config.limits import Check, Limit
 from ratelimit_app.engine.enforce import Decision
+from ratelimit_app.engine.result import binding
 from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME, kept
 
 logger = logging.getLogger("ratelimit_app")
@@ -173,26 +175,35 @@ def _limit_policy_of(
     return text, names
 
 
-def decision_headers(decisions: Iterable[Decision]) -> dict[str, str]:
+#: What the ``RateLimit`` headers show of a limit: its decision, or the entry of a count it
+#: admitted (its label, check and usages: the compiled path's,
+#: :class:`~ratelimit_app.engine.compiled.Admitted`).
+Shown = Decision | tuple[str | None, Check, list[Usage]]
+
+
+def decision_headers(decisions: Iterable[Shown]) -> dict[str, str]:
     """:func:`ratelimit_headers` of decided limits, read off their results (no usage
     dict): the same headers."""
     policy, state = [], []
     for d in decisions:
-        r = d.result
-        if r is None:
-            continue
-        meter = r.meter
-        capacity = None if meter is None else meter.meter.capacity
-        check = d.check
-        text, names = _limit_policy(d.name, check.scope, check.rates, capacity)
+        if type(d) is tuple:  # an admitted count (no result made)
+            label, check, usages = d
+            capacity, limited = None, False
+        else:
+            r = d.result  # type: ignore[union-attr]
+            if r is None:
+                continue
+            meter = r.meter
+            capacity = None if meter is None else meter.meter.capacity
+            label, check, usages, limited = d.name, d.check, r.usages, r.limited  # type: ignore[union-attr]
+        text, names = _limit_policy(label, check.scope, check.rates, capacity)
         policy.append(text)
-        usages = r.usages
         if len(usages) == 1:
             u, name = usages[0], names[0]
         else:  # each rate's usage is in the order of the rates
-            u = r.binding()
+            u = binding(usages)
             name = names[[x is u for x in usages].index(True)]
-        if r.limited:
+        if limited:
             remaining, wait = 0, max(1, math.ceil(u.retry_after))
         else:  # (a usage's reset is never negative)
             remaining, wait = u.remaining, math.ceil(u.reset)

@@ -58,13 +58,7 @@ class Result:
 
     def binding(self) -> windows.Usage:
         """The rate that decides: the limited one that frees up last, else the tightest."""
-        usages = self.usages
-        if len(usages) == 1:  # the common case: one rate
-            return usages[0]
-        limited = [u for u in usages if u.limited]
-        if limited:
-            return max(limited, key=lambda u: u.retry_after)
-        return min(usages, key=lambda u: (u.remaining, -u.reset))
+        return binding(self.usages)
 
     def counted_down(self, elapsed: float) -> Result:
         """This refusal, made ``elapsed`` seconds ago, with its waits counted down (the
@@ -81,6 +75,17 @@ class Result:
             for u in self.usages
         ]
         return Result(usages, self.namespace, self.meter)
+
+
+def binding(usages: list[windows.Usage]) -> windows.Usage:
+    """The rate of ``usages`` (one limit's) that decides: the limited one that frees up
+    last, else the tightest."""
+    if len(usages) == 1:  # the common case: one rate
+        return usages[0]
+    limited = [u for u in usages if u.limited]
+    if limited:
+        return max(limited, key=lambda u: u.retry_after)
+    return min(usages, key=lambda u: (u.remaining, -u.reset))
 
 
 def banned(c: Check, wait: float) -> Result:

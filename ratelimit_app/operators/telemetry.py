@@ -517,6 +517,15 @@ class Telemetry:
         # Nothing refused, every limit checked: the common case inline, an admitted count
         # bound to the limit's name (a dry run's would-be refusal apart).
         admitted = self._admitted
+        names = verdict.names()
+        if names is not None:  # plain limits' counts, each admitted (no decision made yet)
+            for i, name in enumerate(names):
+                count = admitted.get(name)
+                if count is None:  # first seen: its decision, made now
+                    self._count(verdict.decisions[i], verdict)
+                else:
+                    count()
+            return
         for d in verdict.decisions:
             if d.shadowed or not d.check.increment:
                 self._count(d, verdict)

@@ -328,3 +328,33 @@ def test_the_compiled_path_stands_aside_while_refusals_are_remembered(
         monkeypatch.setitem(RUNTIME.refusals.entries, "someone", (0.0, None))
         assert not compiled.applies(current.rules.rules, current)
     caches["rl"].clear()
+
+
+def test_an_admitted_count_makes_its_decisions_only_when_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An admitted request of plain rules (``compiled.Admitted``) makes no decision nor
+    result unless something reads them; read, they are the general path's."""
+    made: list[Any] = []
+    init = enforce.Decision.__init__
+
+    def counting(self: Any, *args: Any) -> None:
+        made.append(args)
+        init(self, *args)
+
+    monkeypatch.setattr(enforce.Decision, "__init__", counting)
+    with rules(*RULES[:3]), frozen_clock(T0):
+        # (The first request of a limit an exporter has not seen yet reads its decision.)
+        assert Client().post("/rules/named/", {"email": "d@example.com"}).status_code == 200
+        made.clear()
+        response = Client().post("/rules/named/", {"email": "c@example.com"})
+        assert response.status_code == 200
+        assert response["RateLimit"] == '"ip-m:3/m";r=1;t=61, "ip-h:5/h";r=3;t=3660'
+        assert made == []  # headers and all, from the counts
+        usage = response.wsgi_request.ratelimit_usage
+        assert usage["email"]["remaining"] == 1 and len(made) == 3
+        assert usage["ip-m"]["count"] == 2 and len(made) == 3  # made once
+        (verdict,) = response.wsgi_request._ratelimit.verdicts
+        assert type(verdict) is compiled.Admitted
+        assert [d.shown for d in verdict.decisions] == [True, True, False]
+        assert all(d.provisional() and not d.refused for d in verdict.decisions)
