@@ -44,6 +44,7 @@ from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import enforce
 from ratelimit_app.engine.checking import counted, refused
 from ratelimit_app.engine.enforce import REQUESTER_KINDS, Decision, Verdict
+from ratelimit_app.engine.refusals.remembered import refusal_key
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.sliding_window import SlidingWindow, current_plan
 from ratelimit_app.engine.step import CheckTime
@@ -58,13 +59,10 @@ _tuple = tuple.__new__
 
 
 def usable() -> bool:
-    """True while nothing in force could change a plain limit's answer: no override, no
-    refusal remembered, the uniform layout."""
-    return not (
-        windows.HIERARCHICAL
-        or RUNTIME.refusals.entries
-        or getattr(RUNTIME.snapshot, "overriding", False)
-    )
+    """True while nothing in force could change a plain limit's answer but what
+    :func:`checking` asks of each subject (a ban held, a refusal remembered): no override,
+    the uniform layout."""
+    return not (windows.HIERARCHICAL or getattr(RUNTIME.snapshot, "overriding", False))
 
 
 def applies(rules: Sequence[CompiledRule], current: store.Snapshot) -> bool:
@@ -114,12 +112,38 @@ def checking(
     :func:`~ratelimit_app.engine.enforce.deciding` gives it: :class:`Admitted` when every
     limit admits it."""
     moment = CheckTime(clock.now())
+    ops = _ops(checks, moment)
+    if ops is None:  # answered from the bans held or the refusals remembered: the general path
+        return (yield from enforce.deciding(request, _decisions(policies, checks), sender))
+    try:
+        backend = get_backend()  # (one that cannot be built is a failure too)
+        replies = yield from counted(backend, ops, moment.now_us)
+    except BackendError as exc:
+        decisions = _decisions(policies, checks)
+        return (yield from enforce.failed_over(request, decisions, list(checks), exc, sender))
+    counts, shown, limited = _evaluated(policies, checks, ops, replies, moment.t)
+    if not limited:  # (every limit's count admitted: no decision made, none read yet)
+        return enforce.delivered(request, Admitted((policies, checks, ops, counts), shown))
+    decisions = _decisions(policies, checks)
+    results = _results(ops, counts)
+    steps: list[Any] = []
+    for op, check, r in zip(ops, checks, results, strict=True):
+        steps.append(SlidingWindow.decided(check, moment, op, r))
+    undo = partial(enforce.refused_take_back, decisions)
+    results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
+    return enforce.verdict_of(request, decisions, results, False, False, sender)
+
+
+def _ops(checks: Sequence[Check], moment: CheckTime) -> list[Op] | None:
+    """The op of each check at ``moment``, or None when a ban held or a refusal remembered
+    may answer one of them (the general path's to decide)."""
     per_window = moment.per_window
     ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
     plans = RUNTIME.plans
     ops: list[Op] = []
     snap = RUNTIME.snapshot
     bans = snap.bans.rule if snap is not None and snap.banning else None
+    refusals = RUNTIME.refusals.entries  # (a site that refused anyone lately holds some)
     held = False
     for check in checks:
         # (A plain limit's check has its rates and cost: Policy.plain.)
@@ -136,19 +160,23 @@ def checking(
         else:
             made = current_plan(scope, rates, moment)
         ops.append(_tuple(Op, (ns, made, True, None, check.cost)))
-        if bans is not None and ns in bans:
+        if (bans is not None and ns in bans) or (refusals and refusal_key(check) in refusals):
             held = True
-    if held:  # answered from the bans held: the general path's
-        return (yield from enforce.deciding(request, _decisions(policies, checks), sender))
-    try:
-        backend = get_backend()  # (one that cannot be built is a failure too)
-        replies = yield from counted(backend, ops, moment.now_us)
-    except BackendError as exc:
-        decisions = _decisions(policies, checks)
-        return (yield from enforce.failed_over(request, decisions, list(checks), exc, sender))
-    t = moment.t
+    return None if held else ops
+
+
+def _evaluated(
+    policies: Sequence[Policy],
+    checks: Sequence[Check],
+    ops: Sequence[Op],
+    replies: Sequence[list[int]],
+    t: float,
+) -> tuple[list[list[Usage]], list[Any], bool]:
+    """Each op's usages from its reply at ``t``; the entries the ``RateLimit`` headers show
+    (:func:`~ratelimit_app.engine.enforce.verdict_of`'s choice, for an admitted request);
+    whether any limit is over."""
     counts: list[list[Usage]] = []
-    shown: list[Any] = []  # (the headers' entries, enforce.verdict_of's choice)
+    shown: list[Any] = []
     limited = False
     for enforced, op, check, reply in zip(policies, ops, checks, replies, strict=True):
         usages = windows.evaluate(op.plan, reply, t, True, check.cost)
@@ -160,16 +188,7 @@ def checking(
             shows = check.subject[0] in REQUESTER_KINDS
         if shows:
             shown.append((enforced.name, check, usages))
-    if not limited:  # (every limit's count admitted: no decision made, none read yet)
-        return enforce.delivered(request, Admitted((policies, checks, ops, counts), shown))
-    decisions = _decisions(policies, checks)
-    results = _results(ops, counts)
-    steps: list[Any] = []
-    for op, check, r in zip(ops, checks, results, strict=True):
-        steps.append(SlidingWindow.decided(check, moment, op, r))
-    undo = partial(enforce.refused_take_back, decisions)
-    results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
-    return enforce.verdict_of(request, decisions, results, False, False, sender)
+    return counts, shown, limited
 
 
 def _decisions(policies: Sequence[Policy], checks: Sequence[Check]) -> list[Decision]:

@@ -9,12 +9,12 @@ paths.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from typing import Any
 
 import pytest
-from django.core.cache import caches
 from django.test import Client, RequestFactory, override_settings
 
 from ratelimit_app import core, store
@@ -24,13 +24,16 @@ from ratelimit_app.config.access import AccessList
 from ratelimit_app.config.rules import parse_rule
 from ratelimit_app.engine import compiled, enforce
 from ratelimit_app.operators import operations
+from ratelimit_app.runtime import RUNTIME
 from ratelimit_app.signals import ratelimited
-from ratelimit_app.testing import frozen_clock
+from ratelimit_app.testing import frozen_clock, remember_refusals
 from tests.ratelimit.conftest import rules
 from tests.servers.processes import free_port
 
 T0 = 1_800_000_000.0
 _runs = itertools.count()
+#: How many times a scenario's run took the compiled path while refusals were remembered.
+REMEMBERING = [0]
 
 RULES = [
     {"name": "ip-m", "path": "/rules/named/", "key": "ip", "rate": "3/m"},
@@ -94,23 +97,35 @@ def _plain(field: Any) -> Any:
 
 
 def _choosing(applies: Any, taken: list[bool], general: bool) -> Any:
-    """``applies`` as it answers (kept in ``taken``), or False for the ``general`` run."""
+    """``applies`` as it answers (kept in ``taken``), or False for the ``general`` run.
+    ``REMEMBERING`` counts the times it answered True while refusals were remembered."""
 
     def choosing(*args: Any) -> bool:
         found: bool = applies(*args)
         taken.append(found)
+        if found and RUNTIME.refusals.entries:
+            REMEMBERING[0] += 1
         return found and not general
 
     return choosing
 
 
 def play(
-    monkeypatch: pytest.MonkeyPatch, general: bool, scenario: list[Any], prefix: str
+    monkeypatch: pytest.MonkeyPatch,
+    general: bool,
+    scenario: list[Any],
+    prefix: str,
+    remembering: bool = False,
 ) -> tuple[list[Any], Seen]:
     """Run ``scenario`` (on the compiled path, or on the general one) under a key prefix of
-    its own; what each request was answered, and what the run saw."""
+    its own, every refusal remembered (``remembering``) or only a flood's; what each
+    request was answered, and what the run saw."""
     taken: list[bool] = []
-    with monkeypatch.context() as patch, override_settings(RATELIMIT_CACHE_PREFIX=prefix):
+    with (
+        monkeypatch.context() as patch,
+        override_settings(RATELIMIT_CACHE_PREFIX=prefix),  # (a new refusal memory)
+        remember_refusals() if remembering else contextlib.nullcontext(),
+    ):
         reset_backends()
         seen = Seen(patch)
         for name in ("applies", "usable"):  # the rules' door, and a single limit's
@@ -143,11 +158,13 @@ def play(
     return answers, seen
 
 
-def both(monkeypatch: pytest.MonkeyPatch, scenario: list[Any]) -> tuple[Any, Any]:
+def both(
+    monkeypatch: pytest.MonkeyPatch, scenario: list[Any], remembering: bool = False
+) -> tuple[Any, Any]:
     run = next(_runs)
     return (
-        play(monkeypatch, False, scenario, f"compiled-{run}:"),
-        play(monkeypatch, True, scenario, f"general-{run}:"),
+        play(monkeypatch, False, scenario, f"compiled-{run}:", remembering),
+        play(monkeypatch, True, scenario, f"general-{run}:", remembering),
     )
 
 
@@ -317,17 +334,39 @@ def test_the_compiled_path_stands_aside_while_something_in_force_could_change_th
         assert not compiled.applies(found, dataclasses.replace(current, deny=listed))
 
 
-def test_the_compiled_path_stands_aside_while_refusals_are_remembered(
+def test_refusals_remembered_leave_the_compiled_path_to_other_subjects(
     backend_kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ratelimit_app.runtime import RUNTIME
+    """A site that refused anyone lately remembers it: the compiled path stays for the
+    others, and a request of a remembered subject goes to the general path (which answers
+    it from memory)."""
+    REMEMBERING[0] = 0
+    flood = [(80.0 + i / 10, "get", "/rules/named/", "10.0.0.9", None) for i in range(7)]
+    flood.insert(-1, (80.55, "get", "/rules/named/", "10.0.0.8", None))  # (another client)
+    scenario = SCENARIO + flood
+    general: list[str] = []  # the clients the compiled path sent to the general one
+    deciding = enforce.deciding
 
-    with rules(RULES[0]):
-        current = store.current()
-        assert compiled.applies(current.rules.rules, current)
-        monkeypatch.setitem(RUNTIME.refusals.entries, "someone", (0.0, None))
-        assert not compiled.applies(current.rules.rules, current)
-    caches["rl"].clear()
+    def asked(request: Any, *args: Any, **kwargs: Any) -> Any:
+        general.append(request.META["REMOTE_ADDR"])
+        return deciding(request, *args, **kwargs)
+
+    run = next(_runs)
+    with rules(*RULES):
+        with monkeypatch.context() as patch:
+            patch.setattr(enforce, "deciding", asked)
+            fast, fast_seen = play(monkeypatch, False, scenario, f"compiled-{run}:", True)
+        slow, slow_seen = play(monkeypatch, True, scenario, f"general-{run}:", True)
+    for i, (one, other) in enumerate(zip(fast, slow, strict=True)):
+        assert one == other, scenario[i]
+    assert fast_seen.signals == slow_seen.signals
+    assert fast_seen.trips == slow_seen.trips
+    flooded = [answer[0] for answer in fast[-8:]]
+    assert flooded.count(429) >= 4 and flooded[-2] == 200  # (the other client admitted)
+    # The flood's remembered refusals went to the general path; the other client, admitted
+    # meanwhile, did not.
+    assert general.count("10.0.0.9") >= 3 and "10.0.0.8" not in general
+    assert REMEMBERING[0] >= 4  # (the compiled path taken while refusals were remembered)
 
 
 def test_an_admitted_count_makes_its_decisions_only_when_read(
@@ -345,9 +384,10 @@ def test_an_admitted_count_makes_its_decisions_only_when_read(
     monkeypatch.setattr(enforce.Decision, "__init__", counting)
     with rules(*RULES[:3]), frozen_clock(T0):
         # (The first request of a limit an exporter has not seen yet reads its decision.)
-        assert Client().post("/rules/named/", {"email": "d@example.com"}).status_code == 200
+        client = Client(REMOTE_ADDR="10.3.0.1")
+        assert client.post("/rules/named/", {"email": "d@example.com"}).status_code == 200
         made.clear()
-        response = Client().post("/rules/named/", {"email": "c@example.com"})
+        response = client.post("/rules/named/", {"email": "c@example.com"})
         assert response.status_code == 200
         assert response["RateLimit"] == '"ip-m:3/m";r=1;t=61, "ip-h:5/h";r=3;t=3660'
         assert made == []  # headers and all, from the counts
