@@ -5,23 +5,26 @@ Most limits count a sliding window and do nothing more (a *plain* one,
 in flight, no failure-only count, no dry run). What such a limit's check needs beside the
 subject is made once: its scope, rates and cost with the limit, and its plan for the current
 fine bucket in the runtime (:func:`~.sliding_window.current_plan`). So while nothing in force
-could change their answer (no override, no refusal remembered, the uniform layout:
-:func:`usable`; for rules also no email on the lists: :func:`applies`), plain limits are
-checked here with only their subjects' work: each subject, its namespace, its op, one round
-trip, and each reply counted by the limit's plan. The rules' path takes it for a request
-whose rules are all plain (:func:`deciding`), a single limit's (``get_usage``,
-``@ratelimit``: :func:`ratelimit_app.core.limit_verdicting`) for a plain limit that counts
+could change their answer (no override, the uniform layout: :func:`usable`; for rules also
+no email on the lists: :func:`applies`), plain limits are checked here with only their
+subjects' work: each subject, its namespace, its op, one round trip, and each reply counted
+by the limit's plan. The rules' path takes it for a request whose rules are all plain
+(:func:`deciding`), a single limit's (``get_usage``, ``@ratelimit``:
+:func:`ratelimit_app.core.limit_verdicting`) for a plain limit that counts
 (:func:`checking`).
 
 It is the same check as the general path's (:func:`~ratelimit_app.engine.enforce.deciding`),
 made of the same parts: the ops sent are the steps' ops, the trip is
-:func:`~.checking.counted`, and the general objects take over where anything more than an
-admitted count happens: a refused request becomes steps
+:func:`~.checking.counted`. A request every limit admits gets an :class:`Admitted` verdict,
+whose decisions and results are made only when read, as
+:func:`~ratelimit_app.engine.enforce.verdict_of` makes them; the general objects take over
+where anything more than an admitted count happens: a refused request becomes steps
 (:meth:`~.sliding_window.SlidingWindow.decided`) for the general second trip
-(:func:`~.checking.refused`), a subject with a ban held goes to the general path before any
-round trip, a failure to its fallback (:func:`~ratelimit_app.engine.enforce.failed_over`),
-and every verdict is made by :func:`~ratelimit_app.engine.enforce.verdict_of`.
-``tests/ratelimit/test_compiled.py`` holds both paths to the same answers.
+(:func:`~.checking.refused`) and its verdict is ``verdict_of``'s; a subject with a ban held
+or a refusal remembered goes to the general path before any round trip (which answers it
+from the ban or the memory), a failure to its fallback
+(:func:`~ratelimit_app.engine.enforce.failed_over`). ``tests/ratelimit/test_compiled.py``
+holds both paths to the same answers.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ def deciding(
     ``ratelimited`` signal's."""
     policies: list[Policy] = []
     checks: list[Check] = []
+    refusals = RUNTIME.refusals.entries  # (a site that refused anyone lately holds some)
+    remembered = False
     for rule in rules:  # loops, not comprehensions (each a function call): every request
         limit = rule.limit
         if limit.shares_value:  # (Limit.check's, for the limit's own rates and cost)
@@ -97,11 +102,14 @@ def deciding(
         else:
             subject = limit.subject_of(limit.group, request)
         scope, rates, cost = limit.static_scope, limit.static_rates, limit.static_cost
-        checks.append(
-            _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
-        )
+        check = _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
+        checks.append(check)
         policies.append(rule.policy)
-    return checking(request, policies, checks, sender)
+        if refusals and refusal_key(check) in refusals:  # (a flood's: the general path's)
+            remembered = True
+    if remembered:
+        return enforce.deciding(request, _decisions(policies, checks), sender)
+    return _counting(request, policies, checks, sender)
 
 
 def checking(
@@ -110,10 +118,23 @@ def checking(
     """The verdict of plain limits (``policies``, each :attr:`~.Policy.plain`) whose
     ``checks`` count ``request`` (while :func:`usable`), as
     :func:`~ratelimit_app.engine.enforce.deciding` gives it: :class:`Admitted` when every
-    limit admits it."""
+    limit admits it. A subject whose refusal this process remembers is the general
+    path's, which answers it from memory."""
+    refusals = RUNTIME.refusals.entries
+    if refusals:
+        for check in checks:
+            if refusal_key(check) in refusals:
+                return enforce.deciding(request, _decisions(policies, checks), sender)
+    return _counting(request, policies, checks, sender)
+
+
+def _counting(
+    request: HttpRequest, policies: Sequence[Policy], checks: Sequence[Check], sender: Any
+) -> Checking[Verdict]:
+    """:func:`checking` of subjects no refusal is remembered of."""
     moment = CheckTime(clock.now())
     ops = _ops(checks, moment)
-    if ops is None:  # answered from the bans held or the refusals remembered: the general path
+    if ops is None:  # answered from the bans held: the general path's
         return (yield from enforce.deciding(request, _decisions(policies, checks), sender))
     try:
         backend = get_backend()  # (one that cannot be built is a failure too)
@@ -135,20 +156,20 @@ def checking(
 
 
 def _ops(checks: Sequence[Check], moment: CheckTime) -> list[Op] | None:
-    """The op of each check at ``moment``, or None when a ban held or a refusal remembered
-    may answer one of them (the general path's to decide)."""
+    """The op of each check at ``moment``, or None when a ban held may answer one of them
+    (the general path's to decide)."""
     per_window = moment.per_window
     ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
     plans = RUNTIME.plans
     ops: list[Op] = []
     snap = RUNTIME.snapshot
     bans = snap.bans.rule if snap is not None and snap.banning else None
-    refusals = RUNTIME.refusals.entries  # (a site that refused anyone lately holds some)
-    held = False
     for check in checks:
         # (A plain limit's check has its rates and cost: Policy.plain.)
         scope, rates = check.scope, check.rates
         ns = namespace(scope, *check.subject)
+        if bans is not None and ns in bans:
+            return None
         # The limit's plan for its fine bucket (current_plan's look, inline: one rate).
         found = plans.get(scope) if len(rates) == 1 else None
         if (
@@ -160,9 +181,7 @@ def _ops(checks: Sequence[Check], moment: CheckTime) -> list[Op] | None:
         else:
             made = current_plan(scope, rates, moment)
         ops.append(_tuple(Op, (ns, made, True, None, check.cost)))
-        if (bans is not None and ns in bans) or (refusals and refusal_key(check) in refusals):
-            held = True
-    return None if held else ops
+    return ops
 
 
 def _evaluated(
