@@ -31,8 +31,33 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
+#: The most senders whose receivers :class:`RefusalSignal` keeps (it starts over when full).
+SENDERS_KEPT = 64
+
+
+class RefusalSignal(Signal):
+    """A :class:`~django.dispatch.Signal` sent on every refusal, a flood's too: the
+    receivers of each sender are found once, not on every send (Django's ``use_caching``,
+    kept in a plain dict: ``@ratelimit``'s sender is None, which a weak key cannot be, and
+    the others are classes). Connecting or disconnecting a receiver starts the cache over,
+    as Django's does."""
+
+    def __init__(self) -> None:
+        super().__init__(use_caching=True)
+        self.sender_receivers_cache = _Senders()
+
+
+class _Senders(dict[object, object]):
+    """The receivers found per sender: at most :data:`SENDERS_KEPT` senders."""
+
+    def __setitem__(self, sender: object, receivers: object) -> None:
+        if len(self) >= SENDERS_KEPT:
+            self.clear()
+        super().__setitem__(sender, receivers)
+
+
 backend_failed = Signal()
-ratelimited = Signal()
+ratelimited = RefusalSignal()
 subject_banned = Signal()
 ban_skipped = Signal()
 fallback_changed = Signal()

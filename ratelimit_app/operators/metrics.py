@@ -47,10 +47,10 @@ def series_name(limit: str, shadow: bool = False) -> str:
 def _count(
     sender: Any, group: str = "", rule: str | None = None, shadow: bool = False, **kwargs: Any
 ) -> None:
-    from metrics_app import record
+    import metrics_app  # (not ``from``: a package's from-import runs Python on every call)
 
     try:
-        record(series_name(rule or group, shadow))
+        metrics_app.record(series_name(rule or group, shadow))
     except ValueError:  # a group too long to name a series: not charted
         logger.warning("ratelimit: limit %.80r has too long a name to be charted", rule or group)
 
@@ -123,7 +123,7 @@ def _remember(
 ) -> None:
     if shadow or not subject:
         return
-    from metrics_app import record_top
+    import metrics_app  # (as _count's)
 
     label = ref = ""
     how = mode()
@@ -132,7 +132,9 @@ def _remember(
             found = _signalled(request, rule, group)
             if found is not None:
                 label, ref = shown(*found, request, how)
-        record_top(series_name(rule or group), subject, label, ref, keep=RETENTION_DAYS * 86400)
+        metrics_app.record_top(
+            series_name(rule or group), subject, label, ref, keep=RETENTION_DAYS * 86400
+        )
     except Exception:  # never the request's failure: the page misses one refusal
         logger.exception("ratelimit: a refusal of %.80r was not kept for the admin", rule or group)
 
