@@ -31,10 +31,12 @@ only on the rates and the clock, so they are memoised and shared by every subjec
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any, NamedTuple
 
 from ratelimit_app.algorithms import calendar
@@ -204,6 +206,7 @@ def lookahead(rates: tuple[Rate, ...], per_window: int = 60, hierarchical: bool 
     )
 
 
+@functools.cache  # (a refused check asks: 60 candidates tried each time otherwise)
 def coarse_factor(per_window: int) -> int:
     """Fine buckets per coarse bucket in the uniform layout (1: a single level)."""
     return max(
@@ -500,9 +503,9 @@ def _usage(
         if k >= 0:
             reset = max(0.0, rp.ends[k] - t)
     elif left > 0 or (n and room < 0):
-        for leaves_at, c in zip(rp.ends, counts, strict=True):
-            if c <= 0:
-                continue
+        # The segments that hold events, oldest first (picked in C: a refused check's
+        # fine plan has a segment per fine bucket, most of them empty; none is negative).
+        for leaves_at, c in compress(zip(rp.ends, counts, strict=True), counts):
             if left > room and left - c <= room:
                 retry_after = max(0.0, leaves_at - t)
             left -= c
