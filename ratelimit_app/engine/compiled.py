@@ -230,13 +230,13 @@ class Admitted(Verdict):
     """The verdict of plain limits that each admitted their count (:func:`checking`): what
     the request's answer reads is made at once (nothing limited or failed; the limits the
     ``RateLimit`` headers show, as entries of
-    :func:`~ratelimit_app.engine.responses.decision_headers`, and the limits' names for the
-    exporters), its :attr:`decisions` and their results only when read
+    :func:`~ratelimit_app.engine.responses.decision_headers`, and the limits' policies for the
+    exporters, :attr:`plain`), its :attr:`decisions` and their results only when read
     (``request.ratelimit_usage``, ``charge()``, ``get_usage``): most requests never do. Read
     they are the general path's, as :func:`~ratelimit_app.engine.enforce.verdict_of` makes
     them."""
 
-    __slots__ = ("_made",)
+    __slots__ = ("_made", "plain")
 
     def __init__(
         self,
@@ -247,12 +247,8 @@ class Admitted(Verdict):
         self.remembered = self.limited = self.in_memory = False
         #: Its limits' policies, checks, ops and usages, as counted.
         self._made = made
+        self.plain = made[0]
         self.shown = shown
-
-    def names(self) -> tuple[str, ...]:
-        """Its limits' names (:func:`~ratelimit_app.engine.enforce.limit_name`), in order:
-        each admitted a count and nothing more."""
-        return tuple([p.name or p.limit.group for p in self._made[0]])
 
     def __getattr__(self, name: str) -> Any:
         """Its :attr:`decisions`, made when first read (an unset slot): each limit's

@@ -169,6 +169,11 @@ class Verdict:
 
     __slots__ = ("decisions", "failed", "in_memory", "limited", "remembered", "shown")
 
+    #: The policies of its limits when every one admitted a count and nothing more (the
+    #: compiled path's :class:`~ratelimit_app.engine.compiled.Admitted`, whose decisions are
+    #: made only when read); None here.
+    plain: Sequence[Policy] | None = None
+
     def __init__(
         self,
         decisions: Sequence[Decision],
@@ -191,12 +196,6 @@ class Verdict:
 
     def __repr__(self) -> str:
         return f"Verdict({list(self.decisions)!r}, failed={self.failed!r})"
-
-    def names(self) -> tuple[str, ...] | None:
-        """The names of its limits when every one admitted a count and nothing more (the
-        compiled path's :class:`~ratelimit_app.engine.compiled.Admitted`, whose decisions are
-        made only when read); None here."""
-        return None
 
     def refusing(self) -> Decision | None:
         """The blocking limit that refuses the request (the one that frees up last), or

@@ -517,10 +517,10 @@ class Telemetry:
         # Nothing refused, every limit checked: the common case inline, an admitted count
         # bound to the limit's name (a dry run's would-be refusal apart).
         admitted = self._admitted
-        names = verdict.names()
-        if names is not None:  # plain limits' counts, each admitted (no decision made yet)
-            for i, name in enumerate(names):
-                count = admitted.get(name)
+        plain = verdict.plain
+        if plain is not None:  # plain limits' counts, each admitted (no decision made yet)
+            for i, p in enumerate(plain):
+                count = admitted.get(p.name or p.limit.group)  # (enforce.limit_name, inline)
                 if count is None:  # first seen: its decision, made now
                     self._count(verdict.decisions[i], verdict)
                 else:
