@@ -21,6 +21,9 @@ case) and ``rules-refused`` (the same while this process remembers a refusal of 
 client, as on any site that refused anyone lately; the load bench's floods leave that).
 
 ``one-rule`` is one rule alone (what each further matching rule adds: ``rules`` has three).
+``crowd`` is the load bench's crowd: a rule of ``1/h`` on the client's address, 20,000
+addresses in turn through the trusted proxy, each refused after its first request (every
+429 a refusal at the counters: a process remembers fewer); whatever ``--clients`` says.
 With ``--clients one,new,zipf`` each case is counted for the bench's one client, for a new
 client on every request and for a Zipf mix over 100,000 addresses (the crowds' requests
 counted alone: ``late``).
@@ -56,6 +59,7 @@ CASES = {
     "rules-refused": "/bench/rules/counted/",
     "one-rule": "/bench/one/counted/",
     "leaky": "/bench/leaky/counted/",
+    "crowd": "/bench/botnet/",
 }
 #: The cases counted unless others are asked for (``leaky``: :mod:`bench.claims.memos`).
 DEFAULT_CASES = ("plain", "floor", "rules", "rules-refused")
@@ -66,6 +70,9 @@ N1, N2, WARMUP = 100, 500, 600
 #: :data:`ZIPF_N` addresses, most of them seen once or rarely.
 WORKLOADS: dict[str, bool | str] = {"one": False, "new": True, "zipf": "zipf"}
 ZIPF_N, ZIPF_S = 100_000, 1.1
+#: The ``crowd`` case's addresses: more than a process remembers refusals of (10,000), so
+#: each of its 429s is a refusal at the counters, as in the load bench's crowd.
+CROWD_N = 20_000
 T0 = 1_780_000_000.0
 
 #: What runs under valgrind: ``python -c CHILD CASE N``, in the tree to count.
@@ -150,6 +157,12 @@ if SETUP:  # the caller's set-up (a database's rows in force, ...), once before 
     exec(SETUP)
 # With CLIENTS, every request from a new client, through the trusted proxy: 10.0.0.1, ...
 clients = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in itertools.count(1))
+STATUS = "200"
+if CLIENTS == "crowd":  # CROWD_N addresses in turn, each refused after its first request
+    crowd = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(1, CROWD_N + 1)]
+    for a in crowd:
+        get(path, client=a)
+    clients, STATUS = itertools.cycle(crowd), "429"
 if CLIENTS == "zipf":  # drawn before: a Zipf mix (s = ZIPF_S) over ZIPF_N addresses
     import random
     ranks = random.Random(37).choices(range(1, ZIPF_N + 1), k=WARMUP + n,
@@ -158,7 +171,7 @@ if CLIENTS == "zipf":  # drawn before: a Zipf mix (s = ZIPF_S) over ZIPF_N addre
 def client():
     return next(clients) if CLIENTS else None
 for _ in range(WARMUP):
-    get(path, client=client())
+    get(path, STATUS, client=client())
 if LATE:  # instrumented from here (the process so far ran uninstrumented, much faster)
     subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True,
         capture_output=True)
@@ -171,10 +184,10 @@ store.current()  # looked at now: in force, without a look, for the counted requ
 gc.collect()
 gc.disable()
 if LATE:  # counted inside functools.reduce only (--toggle-collect): these requests exactly
-    functools.reduce(lambda _, __: get(path, client=client()), range(n), None)
+    functools.reduce(lambda _, __: get(path, STATUS, client=client()), range(n), None)
 else:
     for _ in range(n):
-        get(path, client=client())
+        get(path, STATUS, client=client())
 gc.enable()
 mc.stop()
 """
@@ -225,7 +238,7 @@ def count(
     child = f"T0 = {T0!r}\nWARMUP = {warmup}\nPATHS = {CASES!r}\n" + CHILD
     if setup or clients or late:
         options = f"SETUP = {setup!r}\nCLIENTS = {clients!r}\nLATE = {late!r}\n"
-        options += f"ZIPF_N = {ZIPF_N}\nZIPF_S = {ZIPF_S}\n"
+        options += f"ZIPF_N = {ZIPF_N}\nZIPF_S = {ZIPF_S}\nCROWD_N = {CROWD_N}\n"
         child = child.replace(_COUNTED, options + _COUNTED_WITH_OPTIONS)
     if layout:
         child = f"LAYOUT = {layout}\n" + _LAYOUT + child
@@ -312,7 +325,7 @@ def run(
                 shutil.copy(load.ROOT / site, trees["base"] / site)
 
         def one(tree: Path, case: str, workload: str) -> float:
-            crowd = WORKLOADS[workload]
+            crowd = "crowd" if case == "crowd" else WORKLOADS[workload]
             out = os.path.join(state, f"{tree.name}-{case}-{workload}")
             os.makedirs(out, exist_ok=True)
             setup = "" if exporters else WITHOUT_EXPORTERS

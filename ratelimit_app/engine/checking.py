@@ -167,8 +167,21 @@ def _run(
 def counted(backend: Backend, ops: list[Any], now_us: int) -> Checking[list[Any]]:
     """The replies of a check's round trip to the counters (``backend``, the configured
     one): its time told to the exporters' hooks, and an outage over when it answers."""
-    if HOOKS.trips:  # (none unless an exporter is installed)
-        replies = yield from _timed(backend, ops, now_us)
+    trips = HOOKS.trips
+    if trips:  # (none unless an exporter is installed): the trip's time told to them
+        start = time.perf_counter()
+        try:
+            replies = yield Trip(backend, ops, now_us)
+        except BackendError:
+            _tell(backend, time.perf_counter() - start, True)
+            raise
+        seconds = time.perf_counter() - start
+        for fn in trips:  # (_tell, inline: on every request with an exporter)
+            try:
+                fn(backend, seconds, False)
+            except Exception:
+                _tell(backend, seconds, False, after=fn)
+                break
     else:
         replies = yield Trip(backend, ops, now_us)
     kept = RUNTIME.parts.get(Fallback)  # (fallback.recovered(), inline: every round trip)
@@ -218,24 +231,6 @@ class Hooks:
 
 #: The exporters' hooks in this process.
 HOOKS = Hooks()
-
-
-def _timed(backend: Backend, ops: list[Any], now_us: int) -> Checking[list[Any]]:
-    """The trip of ``ops``, its time (and failure) told to the hooks' ``trips``."""
-    start = time.perf_counter()
-    try:
-        replies = yield Trip(backend, ops, now_us)
-    except BackendError:
-        _tell(backend, time.perf_counter() - start, True)
-        raise
-    seconds = time.perf_counter() - start
-    for fn in HOOKS.trips:  # (_tell, inline: on every request with an exporter)
-        try:
-            fn(backend, seconds, False)
-        except Exception:
-            _tell(backend, seconds, False, after=fn)
-            break
-    return replies
 
 
 def _tell(backend: Backend, seconds: float, failed: bool, after: Any = None) -> None:

@@ -505,6 +505,16 @@ class Telemetry:
         look (``increment=False``: ``get_usage`` reading a counter) decides nothing."""
         if RUNTIME.snapshot is not self._config:
             self.welcome_configured()
+        admitted = self._admitted
+        plain = verdict.plain
+        if plain is not None:  # plain limits' counts, each admitted (no decision made yet)
+            for i, p in enumerate(plain):
+                count = admitted.get(p.name or p.limit.group)  # (enforce.limit_name, inline)
+                if count is None:  # first seen: its decision, made now
+                    self._count(verdict.decisions[i], verdict)
+                else:
+                    count()
+            return
         if (
             verdict.limited
             or verdict.remembered
@@ -516,16 +526,6 @@ class Telemetry:
             return
         # Nothing refused, every limit checked: the common case inline, an admitted count
         # bound to the limit's name (a dry run's would-be refusal apart).
-        admitted = self._admitted
-        plain = verdict.plain
-        if plain is not None:  # plain limits' counts, each admitted (no decision made yet)
-            for i, p in enumerate(plain):
-                count = admitted.get(p.name or p.limit.group)  # (enforce.limit_name, inline)
-                if count is None:  # first seen: its decision, made now
-                    self._count(verdict.decisions[i], verdict)
-                else:
-                    count()
-            return
         for d in verdict.decisions:
             if d.shadowed or not d.check.increment:
                 self._count(d, verdict)
