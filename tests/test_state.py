@@ -42,7 +42,7 @@ MUTABLE = (
     weakref.WeakValueDictionary,
     bytearray,
 )
-MOST = 8
+MOST = 9
 
 
 def _modules() -> list[str]:

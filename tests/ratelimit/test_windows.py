@@ -52,6 +52,10 @@ def admitted(sim: Simulated, times: list[float]) -> list[float]:
 
 def test_uniform_plan_reads_few_buckets_and_writes_a_fine_and_a_coarse_one() -> None:
     assert windows.coarse_factor(60) == 10
+    # (found from the top: the definition's largest divisor d with d * d <= 2 * G)
+    for g in range(1, 2001):
+        expected = max(d for d in range(1, g + 1) if g % d == 0 and d * d <= 2 * g)
+        assert windows.coarse_factor(g) == expected, g
     assert windows.coarse_factor(7) == 1  # a prime: one level, G + 1 reads and one ahead
     worst = max(len(windows.plan(parse("5/m"), T0 + s * 0.37, 60).reads) for s in range(3000))
     assert worst <= 13
