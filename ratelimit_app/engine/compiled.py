@@ -257,9 +257,10 @@ class Admitted(Verdict):
             raise AttributeError(name)
         policies, checks, ops, counts = self._made
         made = _decisions(policies, checks)
+        entries: list[Any] = self.shown  # (the headers' entries: label, check, usages)
+        shown = [entry[1] for entry in entries]
         for d, r in zip(made, _results(ops, counts), strict=True):
             d.result = r
-            shows = d.counts_requester
-            d.shown = d.check.subject[0] in REQUESTER_KINDS if shows is None else shows
+            d.shown = any(c is d.check for c in shown)
         self.decisions = made
         return made
