@@ -8,6 +8,7 @@ once for the session: tests that need a different project change a copy of it.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -75,7 +76,11 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     out = tmp_path_factory.mktemp("dist")
     # uv (the dev group's) makes build's isolated environment in a second, not pip's ten.
     build = [sys.executable, "-m", "build", "--installer=uv"]
-    run([*build, "--outdir", out, ROOT], cwd=ROOT)
+    # The sdist's egg-info is written in this tree: `make test` runs two legs at once, and
+    # the lock (on pyproject.toml, which every checkout has) keeps their builds apart.
+    with (ROOT / "pyproject.toml").open("rb") as tree:
+        fcntl.flock(tree, fcntl.LOCK_EX)
+        run([*build, "--outdir", out, ROOT], cwd=ROOT)
     (wheel,) = out.glob("*.whl")
     (sdist,) = out.glob("*.tar.gz")
     return Dists(wheel=wheel, sdist=sdist)
