@@ -1,7 +1,7 @@
 """memcached through pymemcache clients: one pipelined round trip a check.
 
 What the round trips say is :mod:`.memcached_protocol`'s: a check is one write of every
-subject's increments and a read of each other bucket, a leaky bucket is compare-and-set
+subject's increments and a quiet read of each other bucket, a leaky bucket is compare-and-set
 with the meta commands. This module holds the servers: the nodes and their idle connections
 (:class:`~.base.IdlePool`), which node a subject lives on, and what happens when one fails.
 

@@ -6,16 +6,15 @@ nodes, their connections and the failover).
 of a request on one node: per subject, quiet decrements that take back a refused hit
 (``ma <key> MD q``: only a miss answers, ``NF``), then increments (``ma <key> N<ttl> J1 v``:
 created with the TTL on a miss, answering ``VA`` and the new value), and after all of them
-a read of every other bucket the subjects read (``mg <key> v``: a hit answers ``VA
-<length>`` and the count, a miss ``EN``), then ``mn``, whose ``MN`` ends the one reply to
-wait for. Every command but a take-back answers, so the reply is read by place. A bucket a
-subject writes is read from its increment's answer: its count with this hit and every hit
-counted before it (a later hit on that bucket sees this one in its own answer, so of two
-concurrent hits the later sees the earlier, as with a read). memcached answers a
-connection's commands in order, so the reads see the increments. The ``VA`` replies prove
-that each write landed: a bucket is never read as zero after a failed write. Every request
-whose checks have the same plans, counts and costs sends the same command but for its
-subjects' namespaces (:func:`shape`).
+a quiet read of every other bucket the subjects read, marked with its place (``mg <key> v
+q O<i>``: a miss answers nothing, a hit ``VA <length> O<i>`` and the count), then ``mn``,
+whose ``MN`` ends the one reply to wait for. A bucket a subject writes is read from its
+increment's answer: its count with this hit and every hit counted before it (a later hit on
+that bucket sees this one in its own answer, so of two concurrent hits the later sees the
+earlier, as with a read). memcached answers a connection's commands in order, so the reads
+see the increments. The ``VA`` replies prove that each write landed: a bucket is never read
+as zero after a failed write. Every request whose checks have the same plans, counts and
+costs sends the same command but for its subjects' namespaces (:func:`shape`).
 A request of cost ``a`` adds and takes back ``a`` in one command a bucket all the same
 (``ma <key> N<ttl> J<a> D<a> v``, ``ma <key> MD D<a> q``).
 
@@ -47,8 +46,6 @@ MN = b"MN\r\n"
 
 #: The bytes a count's data line may hold: digits and the padding of a decrement.
 _COUNT_BYTES = b"0123456789 "
-#: A read's miss (``EN``) as the answer of a bucket that holds nothing.
-_MISS = b"VA 1\r\n0\r\n"
 #: The CAS id in the flags of a meta reply (asked for with ``c``).
 _CAS = re.compile(rb" c(\d+)")
 #: Meta replies that carry no value: stored (``HD``), miss (``EN``), not stored (``NS``),
@@ -205,7 +202,7 @@ def check_command(
                 place.append(len(keys))
                 keys.append(base + suffix)
         places.append(place)
-    reads = [b"mg %s v\r\n" % key for key in keys]
+    reads = [b"mg %s v q O%d\r\n" % (key, i) for i, key in enumerate(keys)]
     made.command = b"".join(writes) + b"".join(reads) + b"mn"
     made.picks = [
         picker([p + made.increments if p >= 0 else -1 - p for p in place]) for place in places
@@ -254,24 +251,25 @@ def _read(reply: bytes, increments: int, reads: int) -> list[int]:
     """The values of a check's reply: each of the ``increments``' answers, then the count
     of each of the ``reads`` (0 for a bucket missing), in order.
 
-    The reply: ``VA <length>`` and the value of each increment, in order, then for each read
-    in order ``VA <length>`` and its count, or ``EN`` for a bucket missing, and ``MN``. The
-    misses of take-backs (``NF``: their bucket was gone) are dropped wherever they stand.
-    Every command but a take-back answers, so the reply is read by place: anything but one
-    answer per increment and read (a lost write, an error line, an answer too many), or a
-    value that is not a count (anything but digits and the padding a decrement leaves,
-    ``9 ``: int() would also take a sign or an underscore), is an error; all checked in C.
+    The reply: ``VA <length>`` and the value of each increment, in order, then ``VA <length>
+    O<i>`` and the count of each read ``i`` that found its bucket (a miss answers nothing:
+    ``q``), in order, and ``MN``. The misses of take-backs (``NF``: their bucket was gone)
+    are dropped wherever they stand. Anything short of one answer per increment (a lost
+    write, an error line), a read answered out of order or for no read asked, or a value
+    that is not a count (anything but digits and the padding a decrement leaves, ``9 ``:
+    int() would also take a sign or an underscore), is an error; all checked in C.
     """
     if b"NF" in reply:
         reply = b"\r\n".join([line for line in reply.split(b"\r\n") if line != b"NF"])
-    if b"EN" in reply:  # (a miss, as the answer of a bucket that holds 0: two lines)
-        reply = reply.replace(b"EN\r\n", _MISS)
     lines = reply.split(b"\r\n")
     heads, data = lines[0:-2:2], lines[1:-2:2]
+    found = len(heads) - increments  # reads that found their bucket
+    joined = b"\n" + b"\n".join(heads)
     if (
         len(lines) % 2
-        or len(heads) != increments + reads
-        or (b"\n" + b"\n".join(heads)).count(b"\nVA ") != len(heads)
+        or found < 0
+        or joined.count(b"\nVA ") != len(heads)
+        or joined.count(b" O") != found  # (a read's answer among the increments': one lost)
         or lines[-2] != b"MN"
         or lines[-1]
     ):
@@ -279,9 +277,35 @@ def _read(reply: bytes, increments: int, reads: int) -> list[int]:
     if b"".join(data).translate(None, _COUNT_BYTES):
         raise ReplyError(f"corrupt counter: {reply[:200]!r}")
     try:
-        return list(map(int, data))
+        counts = list(map(int, data))
     except ValueError:  # an empty value
         raise ReplyError(f"corrupt counter: {reply[:200]!r}") from None
+    if not found:  # nothing there but what was written (a new or quiet subject)
+        return counts + [0] * reads if reads else counts
+    return _placed(reply, heads[increments:], counts, increments, reads)
+
+
+def _placed(
+    reply: bytes, heads: list[bytes], counts: list[int], increments: int, reads: int
+) -> list[int]:
+    """The increments' answers, then each read's count in its place (0 where ``heads``,
+    the reads that found their bucket, mark none), from ``counts`` in the order of the
+    reply. Raises :class:`ReplyError` for a mark out of order or of no read asked."""
+    found = len(heads)
+    tokens = b" ".join(heads).split(b" ")
+    marks = b" ".join(tokens[2::3])
+    try:
+        if len(tokens) != 3 * found or not marks.startswith(b"O"):
+            raise ValueError
+        places = list(map(int, marks[1:].split(b" O")))
+    except ValueError:
+        raise ReplyError(f"lost counter writes: {reply[:200]!r}") from None
+    if len(places) == reads and places == list(range(reads)):  # every bucket there
+        return counts
+    if sorted(set(places)) != places or places[-1] >= reads or places[0] < 0:
+        raise ReplyError(f"reads answered out of order: {reply[:200]!r}")
+    placed = dict(zip(places, counts[increments:], strict=True))
+    return counts[:increments] + list(map(placed.get, range(reads), [0] * reads))
 
 
 def quiet_deletes(base: bytes, suffixes: Iterable[str]) -> bytes:

@@ -303,11 +303,12 @@ def values_of(ops: list[Op], found: dict[bytes, bytes], writes: bytes = b"") -> 
 
 
 def reads_reply(made: P.CheckCommand, found: dict[bytes, bytes]) -> bytes:
-    """The replies of a check's reads, in the order asked (``VA`` and the data line, as
-    stored, for a key in ``found``; ``EN``, a miss, for any other), then ``MN``."""
+    """The replies of a check's reads, in the order asked (``VA``, the read's mark and the
+    data line, as stored, for a key in ``found``; nothing for any other), then ``MN``."""
     replies = [
-        b"EN\r\n" if (data := found.get(key)) is None else b"VA %d\r\n%s\r\n" % (len(data), data)
-        for key in made.keys
+        b"VA %d O%d\r\n%s\r\n" % (len(data), i, data)
+        for i, key in enumerate(made.keys)
+        if (data := found.get(key)) is not None
     ]
     return b"".join(replies) + b"MN\r\n"
 
@@ -330,7 +331,7 @@ def test_a_check_is_take_backs_and_increments_then_the_reads() -> None:
     keys = [b"p:{a}" + s.encode() for s in plan.reads if s not in written] + [
         b"p:{b}" + s.encode() for s in plan.reads
     ]
-    reads = [b"mg %s v" % key for key in keys]
+    reads = [b"mg %s v q O%d" % (key, i) for i, key in enumerate(keys)]
     assert writes_and_reads == increments + decrements + reads
     assert end == b"mn"
     assert made.keys == keys
@@ -552,29 +553,25 @@ def test_a_run_of_misses_reads_zero_each() -> None:
 
 
 @pytest.mark.parametrize(
-    "change", ["one-more", "one-less", "twice", "error-line", "no-mn", "a-value-en", "not-a-count"]
+    "change", ["one-more", "no-such-read", "out-of-order", "twice", "error-line", "no-mn"]
 )
 def test_a_reply_out_of_step_is_an_error(change: str) -> None:
-    """A reply with an answer more or less than the check asked for (a connection out of
-    step with its commands), an error line in place of an answer, or a value that is not a
-    count (one that reads ``EN``, a miss's answer, among them) is refused, never read as
-    some bucket's count."""
+    """A reply with an answer more than the check asked for, a read's answer for a read
+    not asked or out of order (a connection out of step with its commands), or an error
+    line in place of an answer, is refused, never read as some bucket's count."""
     plan = windows.plan(parse("5/m;100/h"), T0)
     enc = encoded(plan)
     made = P.check_command("p:", [Op("{a}", plan)], encoded)
-    hit = b"VA 1\r\n2\r\n"
-    misses = b"EN\r\n" * (len(enc.reads) - 1)
+    hit = b"VA 1 O0\r\n2\r\n"
     reply = reads_reply(made, {BASE_A + enc.reads[0]: b"2"})
-    assert reply == hit + misses + P.MN
-    assert made.parse(reply) == [[2] + [0] * (len(enc.reads) - 1)]
+    assert reply == hit + P.MN
     reply = {
         "one-more": b"VA 1\r\n3\r\n" + reply,
-        "one-less": misses + P.MN,
-        "twice": hit + hit + misses + P.MN,
-        "error-line": b"CLIENT_ERROR bad command line format\r\n" + misses + P.MN,
-        "no-mn": hit + misses + b"EN\r\n",
-        "a-value-en": b"VA 2\r\nEN\r\n" + misses + P.MN,
-        "not-a-count": b"VA 2\r\n-2\r\n" + misses + P.MN,
+        "no-such-read": b"VA 1 O%d\r\n2\r\n" % len(enc.reads) + P.MN,
+        "out-of-order": b"VA 1 O3\r\n2\r\n" + hit + P.MN,
+        "twice": hit + hit + P.MN,
+        "error-line": b"CLIENT_ERROR bad command line format\r\n" + P.MN,
+        "no-mn": hit + b"EN\r\n",
     }[change]
     with pytest.raises(P.ReplyError):
         made.parse(reply)

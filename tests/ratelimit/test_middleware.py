@@ -119,11 +119,13 @@ def test_one_memcached_round_trip_for_three_rules(
         assert client.get("/rules/named/").status_code == 200
         assert len(sent) == 1  # one write, one reply: the three rules' increments and reads
         *lines, end = sent[0].split(b"\r\n")
-        # Every increment first, then a read of each other bucket of the three subjects,
-        # then mn: one write, and one reply that ends at MN.
+        # Every increment first, then a quiet read of each other bucket of the three
+        # subjects, marked by its place, then mn: one write, and one reply that ends at MN.
         writes, reads = lines[:6], lines[6:]
         assert all(w.startswith(b"ma ") for w in writes) and end == b"mn"
-        assert [r.split(b" ")[::2] for r in reads] == [[b"mg", b"v"]] * len(reads)
+        assert [r.split(b" ")[::2] for r in reads] == [
+            [b"mg", b"v", b"O%d" % i] for i in range(len(reads))
+        ]
         assert len({r.split(b"}")[0] for r in reads}) == 3
     reset_backends()
 
