@@ -181,6 +181,24 @@ def indexes(rates: tuple[Rate, ...], t: float, per_window: int = 60) -> tuple[in
     )
 
 
+def fine_bucket(seconds: int, t: float, per_window: int = 60) -> tuple[float, float]:
+    """The times ``[since, until)`` whose fine bucket of a rate of ``seconds`` is the one of
+    ``t`` (:func:`indexes`: ``int(t * per_window // seconds)``), as that computes it, to
+    the float: a plan made at ``t`` is the plan of every time in it."""
+    index = int(t * per_window // seconds)
+    since = index * seconds / per_window
+    while int(since * per_window // seconds) >= index:  # (rounding: the first time of it)
+        since = math.nextafter(since, -math.inf)
+    while int(since * per_window // seconds) < index:
+        since = math.nextafter(since, math.inf)
+    until = (index + 1) * seconds / per_window
+    while int(until * per_window // seconds) > index:  # (the first time of the next)
+        until = math.nextafter(until, -math.inf)
+    while int(until * per_window // seconds) <= index:
+        until = math.nextafter(until, math.inf)
+    return since, until
+
+
 def lookahead(rates: tuple[Rate, ...], per_window: int = 60, hierarchical: bool = False) -> float:
     """Seconds past its own clock reading that a check of ``rates`` also reads.
 

@@ -29,6 +29,7 @@ holds both paths to the same answers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -37,7 +38,9 @@ from django.http import HttpRequest
 
 from ratelimit_app import clock, store
 from ratelimit_app.algorithms import windows
-from ratelimit_app.algorithms.windows import Usage
+from ratelimit_app.algorithms.calendar import Quota
+from ratelimit_app.algorithms.rates import Rate
+from ratelimit_app.algorithms.windows import Plan, Usage
 from ratelimit_app.backends import get_backend
 from ratelimit_app.backends.base import Op
 from ratelimit_app.config.kinds import DEFAULT
@@ -48,15 +51,16 @@ from ratelimit_app.engine import enforce
 from ratelimit_app.engine.checking import counted, refused
 from ratelimit_app.engine.enforce import REQUESTER_KINDS, Decision, Verdict
 from ratelimit_app.engine.refusals.remembered import refusal_key
+from ratelimit_app.engine.responses import limit_policy
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.sliding_window import SlidingWindow, current_plan
 from ratelimit_app.engine.step import CheckTime
 from ratelimit_app.engine.trips import Checking
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.identity.namespaces import namespace
-from ratelimit_app.runtime import RUNTIME
+from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME
 
-__all__ = ["Admitted", "applies", "checking", "deciding", "usable"]
+__all__ = ["Admitted", "Prepared", "applies", "checking", "deciding", "usable"]
 
 _tuple = tuple.__new__
 
@@ -85,15 +89,19 @@ def deciding(
 ) -> Checking[Verdict]:
     """The verdict of ``rules`` (:func:`applies`) for ``request``, as
     :func:`~ratelimit_app.engine.enforce.deciding` gives it: :func:`checking` of their
-    checks, made here (a function, not a generator: one level less on every trip).
-    ``subjects``: the request's subjects found so far, by key; ``sender``: the
-    ``ratelimited`` signal's."""
-    policies: list[Policy] = []
+    checks, made here (a function, not a generator: one level less on every trip) from the
+    rule set as :class:`Prepared` for the current fine buckets. ``subjects``: the request's
+    subjects found so far, by key; ``sender``: the ``ratelimited`` signal's."""
+    moment = CheckTime(clock.now())
+    t = moment.t
+    key = rules if type(rules) is tuple else tuple(rules)  # (the rule set, by its rules)
+    prepared: Prepared | None = RUNTIME.compiled.get(key)
+    if prepared is None or not prepared.since <= t < prepared.until:
+        prepared = Prepared.made(key, moment)
     checks: list[Check] = []
     refusals = RUNTIME.refusals.entries  # (a site that refused anyone lately holds some)
     remembered = False
-    for rule in rules:  # loops, not comprehensions (each a function call): every request
-        limit = rule.limit
+    for limit, scope, rates, cost in prepared.limits:  # (loops: every request)
         if limit.shares_value:  # (Limit.check's, for the limit's own rates and cost)
             key = limit.key
             subject = subjects.get(key)
@@ -101,15 +109,63 @@ def deciding(
                 subject = subjects[key] = limit.subject_of(limit.group, request)
         else:
             subject = limit.subject_of(limit.group, request)
-        scope, rates, cost = limit.static_scope, limit.static_rates, limit.static_cost
         check = _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
         checks.append(check)
-        policies.append(rule.policy)
         if refusals and refusal_key(check) in refusals:  # (a flood's: the general path's)
             remembered = True
     if remembered:
-        return enforce.deciding(request, _decisions(policies, checks), sender)
-    return _counting(request, policies, checks, sender)
+        return enforce.deciding(request, _decisions(prepared.policies, checks), sender)
+    return _counting(request, prepared.policies, checks, sender, moment, prepared)
+
+
+class Prepared:
+    """A rule set's plain rules as their checks share them, whoever the subject: each
+    rule's limit, counters (scope), rates and cost, its policy, the ``RateLimit-Policy``
+    entry of its rates, and its plan for the current fine buckets. Kept by the rules (in
+    ``RUNTIME.compiled``: at most one per set of rules a request matches, bounded by the
+    configuration) and made again when a fine bucket of one of its rates begins or ends
+    (:attr:`since`, :attr:`until`) or the layout changes; a rule set with a calendar quota
+    is made for each request (a period is no fine bucket)."""
+
+    __slots__ = ("headers", "limits", "plans", "policies", "since", "until")
+
+    def __init__(self, rules: Sequence[CompiledRule], moment: CheckTime) -> None:
+        #: Each rule's limit, scope, rates and cost (a plain limit's own).
+        self.limits: list[tuple[Any, str, tuple[Rate, ...], int]] = []
+        self.policies: list[Policy] = []
+        #: Each rule's RateLimit-Policy entry and its rates' names in the RateLimit header.
+        self.headers: list[tuple[str, tuple[str, ...]]] = []
+        #: Each rule's plan at ``moment``, as :func:`~.sliding_window.current_plan` makes it.
+        self.plans: list[Plan] = []
+        t, per_window = moment.t, moment.per_window
+        self.since, self.until = -math.inf, math.inf
+        for rule in rules:
+            limit = rule.limit
+            scope, rates, cost = limit.static_scope, limit.static_rates, limit.static_cost
+            # (A plain limit's own scope, rates and cost.)
+            assert scope is not None
+            assert rates is not None
+            assert cost is not None
+            self.limits.append((limit, scope, rates, cost))
+            self.policies.append(rule.policy)
+            self.headers.append(limit_policy(rule.policy.name, scope, rates, None))
+            self.plans.append(current_plan(scope, rates, moment))
+            for rate in rates:
+                if type(rate) is Quota:  # (never held: made for each request)
+                    self.since, self.until = math.inf, -math.inf
+                    continue
+                since, until = windows.fine_bucket(rate.seconds, t, per_window)
+                self.since, self.until = max(self.since, since), min(self.until, until)
+
+    @classmethod
+    def made(cls, rules: tuple[CompiledRule, ...], moment: CheckTime) -> Prepared:
+        """``rules`` prepared at ``moment``, kept for the requests that follow."""
+        prepared = cls(rules, moment)
+        memo = RUNTIME.compiled
+        if len(memo) >= COMPILED_MEMO:
+            memo.clear()
+        memo[rules] = prepared
+        return prepared
 
 
 def checking(
@@ -125,15 +181,20 @@ def checking(
         for check in checks:
             if refusal_key(check) in refusals:
                 return enforce.deciding(request, _decisions(policies, checks), sender)
-    return _counting(request, policies, checks, sender)
+    return _counting(request, policies, checks, sender, CheckTime(clock.now()), None)
 
 
 def _counting(
-    request: HttpRequest, policies: Sequence[Policy], checks: Sequence[Check], sender: Any
+    request: HttpRequest,
+    policies: Sequence[Policy],
+    checks: Sequence[Check],
+    sender: Any,
+    moment: CheckTime,
+    prepared: Prepared | None,
 ) -> Checking[Verdict]:
-    """:func:`checking` of subjects no refusal is remembered of."""
-    moment = CheckTime(clock.now())
-    ops = _ops(checks, moment)
+    """:func:`checking` of subjects no refusal is remembered of, at ``moment``
+    (``prepared``: their rule set's, when they are rules)."""
+    ops = _ops(checks, moment, prepared)
     if ops is None:  # answered from the bans held: the general path's
         return (yield from enforce.deciding(request, _decisions(policies, checks), sender))
     try:
@@ -142,7 +203,7 @@ def _counting(
     except BackendError as exc:
         decisions = _decisions(policies, checks)
         return (yield from enforce.failed_over(request, decisions, list(checks), exc, sender))
-    counts, shown, limited = _evaluated(policies, checks, ops, replies, moment.t)
+    counts, shown, limited = _evaluated(policies, checks, ops, replies, moment.t, prepared)
     if not limited:  # (every limit's count admitted: no decision made, none read yet)
         return enforce.delivered(request, Admitted((policies, checks, ops, counts), shown))
     decisions = _decisions(policies, checks)
@@ -155,15 +216,22 @@ def _counting(
     return enforce.verdict_of(request, decisions, results, False, False, sender)
 
 
-def _ops(checks: Sequence[Check], moment: CheckTime) -> list[Op] | None:
-    """The op of each check at ``moment``, or None when a ban held may answer one of them
-    (the general path's to decide)."""
-    per_window = moment.per_window
-    ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
-    plans = RUNTIME.plans
+def _ops(checks: Sequence[Check], moment: CheckTime, prepared: Prepared | None) -> list[Op] | None:
+    """The op of each check at ``moment`` (``prepared``: the plans of their rule set), or
+    None when a ban held may answer one of them (the general path's to decide)."""
     ops: list[Op] = []
     snap = RUNTIME.snapshot
     bans = snap.bans.rule if snap is not None and snap.banning else None
+    if prepared is not None:  # (a rule set's: its plans made for the current fine buckets)
+        for check, made in zip(checks, prepared.plans, strict=True):
+            ns = namespace(check.scope, *check.subject)
+            if bans is not None and ns in bans:
+                return None
+            ops.append(_tuple(Op, (ns, made, True, None, check.cost)))
+        return ops
+    per_window = moment.per_window
+    ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
+    plans = RUNTIME.plans
     for check in checks:
         # (A plain limit's check has its rates and cost: Policy.plain.)
         scope, rates = check.scope, check.rates
@@ -190,23 +258,31 @@ def _evaluated(
     ops: Sequence[Op],
     replies: Sequence[list[int]],
     t: float,
+    prepared: Prepared | None,
 ) -> tuple[list[list[Usage]], list[Any], bool]:
     """Each op's usages from its reply at ``t``; the entries the ``RateLimit`` headers show
-    (:func:`~ratelimit_app.engine.enforce.verdict_of`'s choice, for an admitted request);
-    whether any limit is over."""
+    (:func:`~ratelimit_app.engine.enforce.verdict_of`'s choice, for an admitted request:
+    each limit's ``RateLimit-Policy`` entry, check and usages); whether any limit is over.
+    ``prepared``: the checks' rule set, which holds their policies' entries."""
     counts: list[list[Usage]] = []
     shown: list[Any] = []
     limited = False
-    for enforced, op, check, reply in zip(policies, ops, checks, replies, strict=True):
-        usages = windows.evaluate(op.plan, reply, t, True, check.cost)
+    for i, op in enumerate(ops):
+        check = checks[i]
+        usages = windows.evaluate(op.plan, replies[i], t, True, check.cost)
         counts.append(usages)
         if usages[0].limited if len(usages) == 1 else any([u.limited for u in usages]):
             limited = True
+        enforced = policies[i]
         shows = enforced.counts_requester
         if shows is None:
             shows = check.subject[0] in REQUESTER_KINDS
         if shows:
-            shown.append((enforced.name, check, usages))
+            if prepared is not None:
+                header = prepared.headers[i]
+            else:
+                header = limit_policy(enforced.name, check.scope, check.rates, None)
+            shown.append((header, check, usages))
     return counts, shown, limited
 
 
@@ -257,7 +333,7 @@ class Admitted(Verdict):
             raise AttributeError(name)
         policies, checks, ops, counts = self._made
         made = _decisions(policies, checks)
-        entries: list[Any] = self.shown  # (the headers' entries: label, check, usages)
+        entries: list[Any] = self.shown  # (the headers' entries: policy, check, usages)
         shown = [entry[1] for entry in entries]
         for d, r in zip(made, _results(ops, counts), strict=True):
             d.result = r

@@ -146,7 +146,7 @@ def ratelimit_headers(policies: Policies) -> dict[str, str]:
     return headers
 
 
-def _limit_policy(
+def limit_policy(
     label: str | None, scope: str, rates: tuple[Any, ...], capacity: int | None
 ) -> tuple[str, tuple[str, ...]]:
     """The ``RateLimit-Policy`` entry of a limit's rates (a leaky bucket's quota is its
@@ -176,9 +176,9 @@ def _limit_policy_of(
 
 
 #: What the ``RateLimit`` headers show of a limit: its decision, or the entry of a count it
-#: admitted (its label, check and usages: the compiled path's,
+#: admitted (its :func:`limit_policy`, check and usages: the compiled path's,
 #: :class:`~ratelimit_app.engine.compiled.Admitted`).
-Shown = Decision | tuple[str | None, Check, list[Usage]]
+Shown = Decision | tuple[tuple[str, tuple[str, ...]], Check, list[Usage]]
 
 
 def decision_headers(decisions: Iterable[Shown]) -> dict[str, str]:
@@ -187,16 +187,16 @@ def decision_headers(decisions: Iterable[Shown]) -> dict[str, str]:
     policy, state = [], []
     for d in decisions:
         if type(d) is tuple:  # an admitted count (no result made)
-            label, check, usages = d
-            capacity, limited = None, False
+            (text, names), _, usages = d
+            limited = False
         else:
             r = d.result  # type: ignore[union-attr]
             if r is None:
                 continue
             meter = r.meter
             capacity = None if meter is None else meter.meter.capacity
-            label, check, usages, limited = d.name, d.check, r.usages, r.limited  # type: ignore[union-attr]
-        text, names = _limit_policy(label, check.scope, check.rates, capacity)
+            check, usages, limited = d.check, r.usages, r.limited  # type: ignore[union-attr]
+            text, names = limit_policy(d.name, check.scope, check.rates, capacity)  # type: ignore[union-attr]
         policy.append(text)
         if len(usages) == 1:
             u, name = usages[0], names[0]

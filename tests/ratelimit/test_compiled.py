@@ -182,6 +182,23 @@ def test_the_compiled_path_answers_as_the_general_one(
     assert len(fast_seen.signals) >= 4
 
 
+def test_a_rule_sets_plans_follow_the_clock_back_and_forth(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compiled path keeps a rule set's plans for the current fine buckets
+    (``compiled.Prepared``): a clock that moves within a bucket, to its last moment and its
+    first, into the next and back, sends the general path's ops (plans) every time."""
+    second = 1 / 60  # (a 1/s rate's fine bucket; the 1/m rate's is a second)
+    times = [5.0, 5.0 + second / 2, 6.0 - 1e-9, 6.0, 5.5, 70.0, 3.0, 3.0 + second, 130.0, 7.0]
+    scenario = [(at, "get", "/rules/unnamed/", "10.0.0.9", None) for at in times]
+    plain = [rule for rule in RULES if rule["name"] in ("several", "costly")]
+    with rules(*plain):
+        (fast, fast_seen), (slow, slow_seen) = both(monkeypatch, scenario)
+    assert fast == slow
+    assert fast_seen.trips == slow_seen.trips
+    assert len({str(trip) for trip in fast_seen.trips}) >= 6  # plans of several buckets
+
+
 def test_the_compiled_path_is_the_one_taken_for_plain_rules(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections import Counter
 
@@ -177,3 +178,23 @@ def test_windows_longer_than_a_day_fall_back_to_uniform_in_hierarchical_mode() -
     p = windows.plan((Rate(5, 60), Rate(100, 7 * 86400)), T0, hierarchical=True)
     assert [rp.rate.seconds for rp in p.rates] == [60, 7 * 86400]
     assert any(s.startswith(":604800/60:") for s in p.reads)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    seconds=st.sampled_from([1, 7, 60, 3600, 86400, 2_592_000]),
+    per_window=st.sampled_from([1, 6, 60, 100]),
+    t=st.floats(0.0, 4e9, allow_nan=False),
+)
+def test_a_fine_bucket_is_the_times_of_its_index(seconds: int, per_window: int, t: float) -> None:
+    """``fine_bucket`` gives exactly the times whose fine-bucket index is ``t``'s, to the
+    float: the compiled path keeps a plan made at ``t`` for all of them."""
+    index = windows.indexes((Rate(1, seconds),), t, per_window)[0]
+    since, until = windows.fine_bucket(seconds, t, per_window)
+    assert since <= t < until
+
+    def at(x: float) -> int:
+        return windows.indexes((Rate(1, seconds),), x, per_window)[0]
+
+    assert at(since) == index == at(math.nextafter(until, -math.inf))
+    assert at(math.nextafter(since, -math.inf)) < index < at(until)
