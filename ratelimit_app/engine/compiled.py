@@ -267,20 +267,19 @@ def _evaluated(
     counts: list[list[Usage]] = []
     shown: list[Any] = []
     limited = False
-    for i, op in enumerate(ops):
-        check = checks[i]
-        usages = windows.evaluate(op.plan, replies[i], t, True, check.cost)
+    headers = [None] * len(ops) if prepared is None else prepared.headers
+    for enforced, op, check, reply, header in zip(
+        policies, ops, checks, replies, headers, strict=True
+    ):
+        usages = windows.evaluate(op.plan, reply, t, True, check.cost)
         counts.append(usages)
         if usages[0].limited if len(usages) == 1 else any([u.limited for u in usages]):
             limited = True
-        enforced = policies[i]
         shows = enforced.counts_requester
         if shows is None:
             shows = check.subject[0] in REQUESTER_KINDS
         if shows:
-            if prepared is not None:
-                header = prepared.headers[i]
-            else:
+            if header is None:  # (a single limit's: no rule set prepared)
                 header = limit_policy(enforced.name, check.scope, check.rates, None)
             shown.append((header, check, usages))
     return counts, shown, limited
