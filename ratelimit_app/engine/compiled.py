@@ -88,20 +88,24 @@ def deciding(
     request: HttpRequest, rules: Sequence[CompiledRule], subjects: Subjects, sender: Any
 ) -> Checking[Verdict]:
     """The verdict of ``rules`` (:func:`applies`) for ``request``, as
-    :func:`~ratelimit_app.engine.enforce.deciding` gives it: :func:`checking` of their
-    checks, made here (a function, not a generator: one level less on every trip) from the
-    rule set as :class:`Prepared` for the current fine buckets. ``subjects``: the request's
-    subjects found so far, by key; ``sender``: the ``ratelimited`` signal's."""
+    :func:`~ratelimit_app.engine.enforce.deciding` gives it: their ops made here from the
+    rule set as :class:`Prepared` for the current fine buckets, in one pass (a function,
+    not a generator: one level less on every trip), their checks only if something reads
+    them. ``subjects``: the request's subjects found so far, by key; ``sender``: the
+    ``ratelimited`` signal's."""
     moment = CheckTime(clock.now())
     t = moment.t
     key = rules if type(rules) is tuple else tuple(rules)  # (the rule set, by its rules)
     prepared: Prepared | None = RUNTIME.compiled.get(key)
     if prepared is None or not prepared.since <= t < prepared.until:
         prepared = Prepared.made(key, moment)
-    checks: list[Check] = []
+    found: list[tuple[str, str]] = []  # each rule's subject
+    ops: list[Op] = []
     refusals = RUNTIME.refusals.entries  # (a site that refused anyone lately holds some)
-    remembered = False
-    for limit, scope, rates, cost in prepared.limits:  # (loops: every request)
+    snap = RUNTIME.snapshot
+    bans = snap.bans.rule if snap is not None and snap.banning else None
+    general = False  # a refusal remembered or a ban held may answer: the general path's
+    for (limit, scope, rates, cost), made in zip(prepared.limits, prepared.plans, strict=True):
         if limit.shares_value:  # (Limit.check's, for the limit's own rates and cost)
             key = limit.key
             subject = subjects.get(key)
@@ -109,13 +113,20 @@ def deciding(
                 subject = subjects[key] = limit.subject_of(limit.group, request)
         else:
             subject = limit.subject_of(limit.group, request)
-        check = _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
-        checks.append(check)
-        if refusals and refusal_key(check) in refusals:  # (a flood's: the general path's)
-            remembered = True
-    if remembered:
+        found.append(subject)
+        ns = namespace(scope, *subject)
+        if (
+            refusals
+            and refusal_key(Prepared.check(limit, scope, rates, cost, subject)) in refusals
+        ):
+            general = True  # (a flood's)
+        elif bans is not None and ns in bans:
+            general = True
+        ops.append(_tuple(Op, (ns, made, True, None, cost)))
+    if general:
+        checks = prepared.checks(found)
         return enforce.deciding(request, _decisions(prepared.policies, checks), sender)
-    return _counting(request, prepared.policies, checks, sender, moment, prepared)
+    return _counting(request, prepared.policies, None, ops, found, sender, moment, prepared)
 
 
 class Prepared:
@@ -157,6 +168,21 @@ class Prepared:
                 since, until = windows.fine_bucket(rate.seconds, t, per_window)
                 self.since, self.until = max(self.since, since), min(self.until, until)
 
+    @staticmethod
+    def check(
+        limit: Any, scope: str, rates: tuple[Rate, ...], cost: int, subject: tuple[str, str]
+    ) -> Check:
+        """The check of one of its rules (``limit``'s own ``scope``, ``rates`` and ``cost``)
+        for ``subject``, as :meth:`~ratelimit_app.config.limits.Limit.check` makes it."""
+        return _tuple(Check, (scope, subject, rates, True, DEFAULT, limit.burst, cost, None))
+
+    def checks(self, subjects: Sequence[tuple[str, str]]) -> list[Check]:
+        """Its rules' checks for ``subjects`` (one each, in order)."""
+        return [
+            Prepared.check(*entry, subject)
+            for entry, subject in zip(self.limits, subjects, strict=True)
+        ]
+
     @classmethod
     def made(cls, rules: tuple[CompiledRule, ...], moment: CheckTime) -> Prepared:
         """``rules`` prepared at ``moment``, kept for the requests that follow."""
@@ -174,38 +200,49 @@ def checking(
     """The verdict of plain limits (``policies``, each :attr:`~.Policy.plain`) whose
     ``checks`` count ``request`` (while :func:`usable`), as
     :func:`~ratelimit_app.engine.enforce.deciding` gives it: :class:`Admitted` when every
-    limit admits it. A subject whose refusal this process remembers is the general
-    path's, which answers it from memory."""
+    limit admits it. A subject whose refusal this process remembers, or whose namespace a
+    ban holds, is the general path's, which answers it from memory or from the ban."""
     refusals = RUNTIME.refusals.entries
     if refusals:
         for check in checks:
             if refusal_key(check) in refusals:
                 return enforce.deciding(request, _decisions(policies, checks), sender)
-    return _counting(request, policies, checks, sender, CheckTime(clock.now()), None)
+    moment = CheckTime(clock.now())
+    ops = _ops(checks, moment)
+    if ops is None:
+        return enforce.deciding(request, _decisions(policies, checks), sender)
+    found = [check.subject for check in checks]
+    return _counting(request, policies, checks, ops, found, sender, moment, None)
 
 
 def _counting(
     request: HttpRequest,
     policies: Sequence[Policy],
-    checks: Sequence[Check],
+    checks: Sequence[Check] | None,
+    ops: list[Op],
+    subjects: Sequence[tuple[str, str]],
     sender: Any,
     moment: CheckTime,
     prepared: Prepared | None,
 ) -> Checking[Verdict]:
-    """:func:`checking` of subjects no refusal is remembered of, at ``moment``
-    (``prepared``: their rule set's, when they are rules)."""
-    ops = _ops(checks, moment, prepared)
-    if ops is None:  # answered from the bans held: the general path's
-        return (yield from enforce.deciding(request, _decisions(policies, checks), sender))
+    """The verdict of ``ops`` at ``moment``, the counts of ``subjects`` no refusal is
+    remembered of and no ban holds: their ``checks``, or None for a rule set's, made from
+    ``prepared`` only when something reads them."""
     try:
         backend = get_backend()  # (one that cannot be built is a failure too)
         replies = yield from counted(backend, ops, moment.now_us)
     except BackendError as exc:
+        checks = _checks(checks, prepared, subjects)
         decisions = _decisions(policies, checks)
         return (yield from enforce.failed_over(request, decisions, list(checks), exc, sender))
-    counts, shown, limited = _evaluated(policies, checks, ops, replies, moment.t, prepared)
+    headers = prepared.headers if prepared is not None else None
+    counts, shown, limited = _evaluated(
+        policies, checks, ops, replies, subjects, moment.t, headers
+    )
     if not limited:  # (every limit's count admitted: no decision made, none read yet)
-        return enforce.delivered(request, Admitted((policies, checks, ops, counts), shown))
+        made = (policies, checks, ops, counts, prepared, subjects)
+        return enforce.delivered(request, Admitted(made, shown))
+    checks = _checks(checks, prepared, subjects)
     decisions = _decisions(policies, checks)
     results = _results(ops, counts)
     steps: list[Any] = []
@@ -216,22 +253,27 @@ def _counting(
     return enforce.verdict_of(request, decisions, results, False, False, sender)
 
 
-def _ops(checks: Sequence[Check], moment: CheckTime, prepared: Prepared | None) -> list[Op] | None:
-    """The op of each check at ``moment`` (``prepared``: the plans of their rule set), or
-    None when a ban held may answer one of them (the general path's to decide)."""
-    ops: list[Op] = []
-    snap = RUNTIME.snapshot
-    bans = snap.bans.rule if snap is not None and snap.banning else None
-    if prepared is not None:  # (a rule set's: its plans made for the current fine buckets)
-        for check, made in zip(checks, prepared.plans, strict=True):
-            ns = namespace(check.scope, *check.subject)
-            if bans is not None and ns in bans:
-                return None
-            ops.append(_tuple(Op, (ns, made, True, None, check.cost)))
-        return ops
+def _checks(
+    checks: Sequence[Check] | None,
+    prepared: Prepared | None,
+    subjects: Sequence[tuple[str, str]],
+) -> Sequence[Check]:
+    """``checks``, or (None) the checks of ``prepared``'s rules for ``subjects``."""
+    if checks is not None:
+        return checks
+    assert prepared is not None  # (a rule set's checks are made when read)
+    return prepared.checks(subjects)
+
+
+def _ops(checks: Sequence[Check], moment: CheckTime) -> list[Op] | None:
+    """The op of each check at ``moment``, or None when a ban held may answer one of them
+    (the general path's to decide)."""
     per_window = moment.per_window
     ticks = moment.t * per_window  # (a fine bucket's index: ticks // a rate's seconds)
     plans = RUNTIME.plans
+    ops: list[Op] = []
+    snap = RUNTIME.snapshot
+    bans = snap.bans.rule if snap is not None and snap.banning else None
     for check in checks:
         # (A plain limit's check has its rates and cost: Policy.plain.)
         scope, rates = check.scope, check.rates
@@ -254,34 +296,38 @@ def _ops(checks: Sequence[Check], moment: CheckTime, prepared: Prepared | None) 
 
 def _evaluated(
     policies: Sequence[Policy],
-    checks: Sequence[Check],
+    checks: Sequence[Check] | None,
     ops: Sequence[Op],
     replies: Sequence[list[int]],
+    subjects: Sequence[tuple[str, str]],
     t: float,
-    prepared: Prepared | None,
+    headers: Sequence[tuple[str, tuple[str, ...]]] | None,
 ) -> tuple[list[list[Usage]], list[Any], bool]:
     """Each op's usages from its reply at ``t``; the entries the ``RateLimit`` headers show
     (:func:`~ratelimit_app.engine.enforce.verdict_of`'s choice, for an admitted request:
-    each limit's ``RateLimit-Policy`` entry, check and usages); whether any limit is over.
-    ``prepared``: the checks' rule set, which holds their policies' entries."""
+    each limit's ``RateLimit-Policy`` entry, place and usages); whether any limit is over.
+    ``headers``: each limit's entry (a rule set's, prepared), or None: made from its check.
+    """
     counts: list[list[Usage]] = []
     shown: list[Any] = []
     limited = False
-    headers = [None] * len(ops) if prepared is None else prepared.headers
-    for enforced, op, check, reply, header in zip(
-        policies, ops, checks, replies, headers, strict=True
-    ):
-        usages = windows.evaluate(op.plan, reply, t, True, check.cost)
+    for enforced, op, reply, subject in zip(policies, ops, replies, subjects, strict=True):
+        usages = windows.evaluate(op.plan, reply, t, True, op.amount)
         counts.append(usages)
         if usages[0].limited if len(usages) == 1 else any([u.limited for u in usages]):
             limited = True
         shows = enforced.counts_requester
         if shows is None:
-            shows = check.subject[0] in REQUESTER_KINDS
+            shows = subject[0] in REQUESTER_KINDS
         if shows:
-            if header is None:  # (a single limit's: no rule set prepared)
+            at = len(counts) - 1  # (its place among the limits)
+            if headers is not None:
+                header = headers[at]
+            else:  # (a single limit's: no rule set prepared)
+                assert checks is not None
+                check = checks[at]
                 header = limit_policy(enforced.name, check.scope, check.rates, None)
-            shown.append((header, check, usages))
+            shown.append((header, at, usages))
     return counts, shown, limited
 
 
@@ -313,14 +359,11 @@ class Admitted(Verdict):
 
     __slots__ = ("_made", "plain")
 
-    def __init__(
-        self,
-        made: tuple[Sequence[Policy], Sequence[Check], Sequence[Op], Sequence[list[Usage]]],
-        shown: list[Any],
-    ) -> None:
+    def __init__(self, made: tuple[Any, ...], shown: list[Any]) -> None:
         self.failed = None
         self.remembered = self.limited = self.in_memory = False
-        #: Its limits' policies, checks, ops and usages, as counted.
+        #: Its limits' policies, checks (None: a rule set's, made when read), ops, usages,
+        #: rule set (:class:`Prepared`, or None) and subjects, as counted.
         self._made = made
         self.plain = made[0]
         self.shown = shown
@@ -330,12 +373,12 @@ class Admitted(Verdict):
         decision with its result, admitted, as the general path makes them."""
         if name != "decisions":
             raise AttributeError(name)
-        policies, checks, ops, counts = self._made
-        made = _decisions(policies, checks)
-        entries: list[Any] = self.shown  # (the headers' entries: policy, check, usages)
-        shown = [entry[1] for entry in entries]
-        for d, r in zip(made, _results(ops, counts), strict=True):
+        policies, checks, ops, counts, prepared, subjects = self._made
+        made = _decisions(policies, _checks(checks, prepared, subjects))
+        entries: list[Any] = self.shown  # (the headers' entries: policy, place, usages)
+        shown = {entry[1] for entry in entries}
+        for at, (d, r) in enumerate(zip(made, _results(ops, counts), strict=True)):
             d.result = r
-            d.shown = any(c is d.check for c in shown)
+            d.shown = at in shown
         self.decisions = made
         return made

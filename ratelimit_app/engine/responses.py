@@ -50,7 +50,7 @@ from ratelimit_app import clock
 from ratelimit_app.algorithms.windows import Usage
 from ratelimit_app.backends import base
 from ratelimit_app.conf import conf
-from ratelimit_app.config.limits import Check, Limit
+from ratelimit_app.config.limits import Limit
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.result import binding
 from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME, kept
@@ -176,9 +176,9 @@ def _limit_policy_of(
 
 
 #: What the ``RateLimit`` headers show of a limit: its decision, or the entry of a count it
-#: admitted (its :func:`limit_policy`, check and usages: the compiled path's,
-#: :class:`~ratelimit_app.engine.compiled.Admitted`).
-Shown = Decision | tuple[tuple[str, tuple[str, ...]], Check, list[Usage]]
+#: admitted (its :func:`limit_policy`, its place among the request's limits and its usages:
+#: the compiled path's, :class:`~ratelimit_app.engine.compiled.Admitted`).
+Shown = Decision | tuple[tuple[str, tuple[str, ...]], int, list[Usage]]
 
 
 def decision_headers(decisions: Iterable[Shown]) -> dict[str, str]:
