@@ -97,7 +97,11 @@ def deciding(
     t = moment.t
     key = rules if type(rules) is tuple else tuple(rules)  # (the rule set, by its rules)
     prepared: Prepared | None = RUNTIME.compiled.get(key)
-    if prepared is None or not prepared.since <= t < prepared.until:
+    if (
+        prepared is None
+        or not prepared.since <= t < prepared.until
+        or prepared.per_window != moment.per_window
+    ):
         prepared = Prepared.made(key, moment)
     found: list[tuple[str, str]] = []  # each rule's subject
     ops: list[Op] = []
@@ -138,7 +142,7 @@ class Prepared:
     (:attr:`since`, :attr:`until`) or the layout changes; a rule set with a calendar quota
     is made for each request (a period is no fine bucket)."""
 
-    __slots__ = ("headers", "limits", "plans", "policies", "since", "until")
+    __slots__ = ("headers", "limits", "per_window", "plans", "policies", "since", "until")
 
     def __init__(self, rules: Sequence[CompiledRule], moment: CheckTime) -> None:
         #: Each rule's limit, scope, rates and cost (a plain limit's own).
@@ -149,6 +153,8 @@ class Prepared:
         #: Each rule's plan at ``moment``, as :func:`~.sliding_window.current_plan` makes it.
         self.plans: list[Plan] = []
         t, per_window = moment.t, moment.per_window
+        #: The layout's buckets per window, and the times its plans hold for.
+        self.per_window = per_window
         self.since, self.until = -math.inf, math.inf
         for rule in rules:
             limit = rule.limit

@@ -199,6 +199,35 @@ def test_a_rule_sets_plans_follow_the_clock_back_and_forth(
     assert len({str(trip) for trip in fast_seen.trips}) >= 6  # plans of several buckets
 
 
+def test_a_rule_sets_plans_follow_the_layout(
+    backend_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule set prepared under one layout (buckets per window) is made again under
+    another, within the same fine bucket: the ops are the general path's."""
+
+    def layout(per_window: int) -> Any:
+        def change(request: Any) -> None:
+            monkeypatch.setattr(windows, "BUCKETS_PER_WINDOW", per_window)
+
+        return change
+
+    get = (5.0, "get", "/rules/unnamed/", "10.0.0.9", None)
+    scenario = [
+        (5.0, None, layout(60), "10.0.0.9", None),
+        get,
+        (5.0, None, layout(12), "10.0.0.9", None),
+        get,
+        (5.0, None, layout(60), "10.0.0.9", None),
+    ]
+    plain = [rule for rule in RULES if rule["name"] in ("several", "costly")]
+    with rules(*plain):
+        (fast, fast_seen), (slow, slow_seen) = both(monkeypatch, scenario)
+    assert fast == slow
+    assert fast_seen.trips == slow_seen.trips
+    first, second = fast_seen.trips
+    assert first != second  # (the layouts' plans differ: the comparison compares them)
+
+
 def test_the_compiled_path_is_the_one_taken_for_plain_rules(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
