@@ -30,6 +30,7 @@ holds both paths to the same answers.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -63,6 +64,8 @@ from ratelimit_app.runtime import COMPILED_MEMO, RUNTIME
 __all__ = ["Admitted", "Prepared", "applies", "checking", "deciding", "usable"]
 
 _tuple = tuple.__new__
+#: A check's subject (``Check.subject``).
+_SUBJECT = operator.itemgetter(1)
 
 
 def usable() -> bool:
@@ -217,7 +220,7 @@ def checking(
     ops = _ops(checks, moment)
     if ops is None:
         return enforce.deciding(request, _decisions(policies, checks), sender)
-    found = [check.subject for check in checks]
+    found = list(map(_SUBJECT, checks))  # (in C: no comprehension's call on every check)
     return _counting(request, policies, checks, ops, found, sender, moment, None)
 
 
