@@ -98,14 +98,14 @@ def deciding(
     ``ratelimited`` signal's."""
     moment = CheckTime(clock.now())
     t = moment.t
-    key = rules if type(rules) is tuple else tuple(rules)  # (the rule set, by its rules)
-    prepared: Prepared | None = RUNTIME.compiled.get(key)
+    ruleset = rules if type(rules) is tuple else tuple(rules)  # (kept by its rules)
+    prepared: Prepared | None = RUNTIME.compiled.get(ruleset)
     if (
         prepared is None
         or not prepared.since <= t < prepared.until
         or prepared.per_window != moment.per_window
     ):
-        prepared = Prepared.made(key, moment)
+        prepared = Prepared.made(ruleset, moment)
     found: list[tuple[str, str]] = []  # each rule's subject
     ops: list[Op] = []
     refusals = RUNTIME.refusals.entries  # (a site that refused anyone lately holds some)
