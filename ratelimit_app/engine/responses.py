@@ -215,11 +215,34 @@ def decision_headers(decisions: Iterable[Shown]) -> dict[str, str]:
 
 def add_headers(response: HttpResponse, headers: dict[str, str]) -> HttpResponse:
     """Add the RateLimit ``headers`` to ``response`` unless it has its own."""
-    # Django's ``name in response`` finds a missing header by catching a KeyError, on every
-    # admitted request: its headers' own dict (by lower-case name) answers without one.
+    return put_headers(response, headers, keep=True)
+
+
+def put_headers(
+    response: HttpResponse, headers: dict[str, str], keep: bool = False
+) -> HttpResponse:
+    """Set our ``headers`` (names of ASCII letters and dashes) on ``response``; ``keep``:
+    not those it has already (a view's own).
+
+    As Django's ``response[name] = value`` stores them, for less: Django checks both the
+    name and the value in two calls each, on every admitted request that shows a limit and
+    every 429. Ours are written straight into the headers' own dict (by lower-case name, as
+    Django keeps them) when the value is ASCII without a line break, the values Django keeps
+    as they are; any other value, or a response whose headers are kept otherwise, is set
+    through Django (which encodes it, or refuses a line break)."""
     stored = getattr(response.headers, "_store", None)
+    if type(stored) is not dict:
+        for name, value in headers.items():
+            if not keep or name not in response:
+                response[name] = value
+        return response
     for name, value in headers.items():
-        if (name.lower() not in stored) if type(stored) is dict else (name not in response):
+        lower = name.lower()
+        if keep and lower in stored:
+            continue
+        if value.isascii() and "\n" not in value and "\r" not in value:
+            stored[lower] = (name, value)
+        else:
             response[name] = value
     return response
 
@@ -351,9 +374,7 @@ def too_many_requests(
         limit if isinstance(limit, Limit) else None,
         banned_until(retry_after) if banned else None,
     )
-    for name, value in headers.items():
-        response[name] = value
-    return response
+    return put_headers(response, headers)
 
 
 def banned_until(wait: int) -> str:

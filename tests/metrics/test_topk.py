@@ -117,6 +117,10 @@ def test_the_doorkeeper_never_under_counts() -> None:
     assert keeper.estimate("huge") is None  # too full to say: the sketch takes its bound
     with pytest.raises(ValueError, match="power of two"):
         Doorkeeper(width=3)
+    with pytest.raises(ValueError, match="rows 1 to 4"):  # (a row is 16 bits of a hash)
+        Doorkeeper(rows=5)
+    with pytest.raises(ValueError, match="up to 65536"):
+        Doorkeeper(width=2**17)
 
 
 @settings(max_examples=300, deadline=None)

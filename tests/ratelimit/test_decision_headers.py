@@ -64,3 +64,65 @@ def test_a_leaky_buckets_headers_match_its_usage_dict(level_us: int) -> None:
     d = Decision(policy(limit, name="bucket", fail_open=True), check)
     d.result = result
     assert decision_headers([d]) == ratelimit_headers([("bucket", usage_dict(result))])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '"login-ip:5/m";r=0;t=17',
+        "12",
+        "",
+        'é "café:5/m";q=5;w=60',
+        "名前",
+        "bad\r\nInjected: 1",
+        "a\nb",
+    ],
+)
+@pytest.mark.parametrize("keep", [False, True])
+def test_our_headers_are_kept_as_djangos_own_setting_keeps_them(value: str, keep: bool) -> None:
+    """put_headers writes ASCII values without line breaks into the headers' own dict, and
+    sets any other through Django: the response's headers are what Django's own
+    ``response[name] = value`` makes, or the same error (a line break), whatever the value."""
+    from django.http import BadHeaderError, HttpResponse
+
+    from ratelimit_app.engine.responses import put_headers
+
+    def made(how: str) -> object:
+        response = HttpResponse("x", status=429)
+        response["RateLimit"] = "the view's own"
+        try:
+            if how == "ours":
+                put_headers(response, {"RateLimit": value, "Retry-After": value}, keep=keep)
+            else:
+                for name in ("RateLimit", "Retry-After"):
+                    if not keep or name not in response:
+                        response[name] = value
+        except BadHeaderError as exc:
+            return type(exc)
+        return sorted(response.headers._store.items())  # type: ignore[attr-defined]
+
+    assert made("ours") == made("django's")
+
+
+def test_headers_kept_otherwise_are_set_through_django() -> None:
+    """A response whose headers are no dict of Django's (a project's own class) gets ours
+    through its own ``__setitem__``."""
+    from django.http import HttpResponse
+
+    from ratelimit_app.engine.responses import put_headers
+
+    class Headers(dict[str, str]):
+        _store = None
+
+    class Response(HttpResponse):
+        def __init__(self) -> None:
+            super().__init__("x")
+            self.set: list[tuple[str, str]] = []
+
+        def __setitem__(self, name: str, value: str) -> None:
+            self.set.append((name, value))
+
+    response = Response()
+    response.headers = Headers()  # type: ignore[assignment]
+    put_headers(response, {"RateLimit": "x;r=1;t=2"})
+    assert response.set == [("RateLimit", "x;r=1;t=2")]
