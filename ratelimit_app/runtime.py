@@ -104,10 +104,11 @@ class Runtime:
         self.plans: dict[str, tuple[int, int, Any]] = {}
         #: A subject's namespace, by (group, kind, value).
         self.namespaces: dict[tuple[str, str, str], str] = {}
-        #: A client's text: the address it holds, masked, and whether a trusted proxy.
+        #: A client's text: the address it holds, masked, and whether a trusted proxy (None:
+        #: no address).
         self.addresses: dict[str, Any] = {}
         self.masked: dict[str, str | None] = {}
-        self.trusted: dict[str, bool] = {}
+        self.trusted: dict[str, bool | None] = {}
         #: The configuration in force (a ``ratelimit_app.store.Snapshot``), or None.
         self.snapshot: Any = None
 

@@ -29,6 +29,9 @@ process, never per request (:mod:`ratelimit_app.engine.fallback`).
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from django.dispatch import Signal
 
 #: The most senders whose receivers :class:`RefusalSignal` keeps (it starts over when full).
@@ -40,11 +43,37 @@ class RefusalSignal(Signal):
     receivers of each sender are found once, not on every send (Django's ``use_caching``,
     kept in a plain dict: ``@ratelimit``'s sender is None, which a weak key cannot be, and
     the others are classes). Connecting or disconnecting a receiver starts the cache over,
-    as Django's does."""
+    as Django's does.
+
+    A sender whose receivers are all plain functions (no coroutine) is sent to straight
+    from what was found: Django's ``send`` sorts them into sync and async ones and resolves
+    their weak references into two new lists on every send. The first send of a sender, one
+    with an async receiver, and any send after a receiver was collected are Django's own."""
 
     def __init__(self) -> None:
         super().__init__(use_caching=True)
         self.sender_receivers_cache = _Senders()
+
+    def send(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        found = self.sender_receivers_cache.get(sender)
+        if type(found) is not _Sync or self._dead_receivers:  # type: ignore[attr-defined]
+            return super().send(sender, **named)
+        responses = []
+        # Each as Django keeps it: (receiver or its weak reference, ..., is async). A
+        # sender held weakly in between (Django 6) is the one sending: alive.
+        for entry in found:
+            receiver = entry[0]
+            if isinstance(receiver, weakref.ReferenceType):
+                receiver = receiver()
+                if receiver is None:  # (collected meanwhile: Django skips it too)
+                    continue
+            responses.append((receiver, receiver(signal=self, sender=sender, **named)))
+        return responses
+
+
+class _Sync(list[tuple[Any, ...]]):
+    """A sender's receivers as Django finds them (each a tuple of the receiver or its weak
+    reference first and whether it is async last), none of them async."""
 
 
 class _Senders(dict[object, object]):
@@ -53,6 +82,8 @@ class _Senders(dict[object, object]):
     def __setitem__(self, sender: object, receivers: object) -> None:
         if len(self) >= SENDERS_KEPT:
             self.clear()
+        if type(receivers) is list and not any(entry[-1] for entry in receivers):
+            receivers = _Sync(receivers)
         super().__setitem__(sender, receivers)
 
 

@@ -537,7 +537,10 @@ def _usage(
         retry_after = float(rp.rate.seconds)
     # Counted: limited when over the limit; a look: when there is no room for this hit.
     limited = n > limit if counted else n > room
-    return Usage(rp.rate, n, max(0, limit - n), limited, retry_after, reset)
+    remaining = limit - n
+    return _tuple(  # (tuple.__new__: a named tuple's own __new__ is a Python call)
+        Usage, (rp.rate, n, remaining if remaining > 0 else 0, limited, retry_after, reset)
+    )
 
 
 def refine(

@@ -141,12 +141,19 @@ def _trusted_v4() -> tuple[tuple[int, int], ...]:
 
 def trusted_proxy(ip: str) -> bool:
     """True when ``ip`` is one of ``RATELIMIT_TRUSTED_PROXIES``."""
-    ip = ip.strip()
+    return _judged(ip.strip()) is True
+
+
+def _judged(ip: str) -> bool | None:
+    """Whether ``ip`` (stripped) is one of ``RATELIMIT_TRUSTED_PROXIES`` (True), another
+    address (False) or no address at all (None), remembered in the runtime: a new client's
+    hop in ``X-Forwarded-For`` is parsed once to know both that it is not a proxy and that
+    it is an address."""
     if len(ip) > MAX_ADDRESS_LENGTH:  # no address: not remembered (a header is the client's)
-        return False
+        return None
     memo = RUNTIME.trusted
-    found = memo.get(ip)
-    if found is None:
+    found = memo.get(ip, _MISSING)
+    if found is _MISSING:
         number = ipv4_number(ip)
         if number is not None:  # (every new IPv4 client: no ipaddress object)
             found = False
@@ -156,8 +163,10 @@ def trusted_proxy(ip: str) -> bool:
                     break
         else:
             addr = _parse_address(ip)
-            found = addr is not None and any(
-                addr in unmap_network(net) for net in conf.TRUSTED_PROXIES
+            found = (
+                None
+                if addr is None
+                else any(addr in unmap_network(net) for net in conf.TRUSTED_PROXIES)
             )
         if len(memo) >= ADDRESS_MEMO:
             memo.clear()
@@ -229,13 +238,14 @@ def _address(request: HttpRequest) -> str:
         return text
     for hop in reversed(forwarded.split(",")[-32:]):
         hop = hop.strip()
-        if hop and not trusted_proxy(hop):
+        if not hop:
+            continue
+        judged = _judged(hop)
+        if judged is not True:
             # A proxy appends the address it saw, which is always valid; garbage here
-            # means a misconfigured proxy: count the proxy itself rather than no one.
-            valid = len(hop) <= MAX_ADDRESS_LENGTH and (
-                ipv4_number(hop) is not None or _parse_address(hop) is not None
-            )
-            return hop if valid else text
+            # (None: no address) means a misconfigured proxy: count the proxy itself
+            # rather than no one.
+            return hop if judged is False else text
     return text
 
 
