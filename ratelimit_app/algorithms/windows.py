@@ -470,10 +470,10 @@ def evaluate(
         return [_usage(rp, counts, n, counted and n > limit, counted, t, cost)]
     per_segment = [_segment_counts(rp, values) for rp in rate_plans]
     ns = list(map(sum, per_segment))
-    refused = counted and any(n > rp.rate.count for n, rp in zip(ns, rate_plans, strict=True))
+    refused = counted and any(n > rp.rate.count for n, rp in zip(ns, rate_plans))
     return [
         _usage(rp, counts, n, refused, counted, t, cost)
-        for rp, n, counts in zip(rate_plans, ns, per_segment, strict=True)
+        for rp, n, counts in zip(rate_plans, ns, per_segment)
     ]
 
 
@@ -524,7 +524,7 @@ def _usage(
     elif left > 0 or (n and room < 0):
         # The segments that hold events, oldest first (picked in C: a refused check's
         # fine plan has a segment per fine bucket, most of them empty; none is negative).
-        for leaves_at, c in compress(zip(rp.ends, counts, strict=True), counts):
+        for leaves_at, c in compress(zip(rp.ends, counts), counts):
             if left > room and left - c <= room:
                 retry_after = max(0.0, leaves_at - t)
             left -= c
@@ -554,5 +554,5 @@ def refine(
     exact = evaluate(detail, values, t, cost=cost)
     return [
         u._replace(retry_after=e.retry_after, reset=e.reset) if e.limited else u
-        for u, e in zip(usages, exact, strict=True)
+        for u, e in zip(usages, exact)
     ]

@@ -384,7 +384,7 @@ class MemcachedBackend(Backend):
         def run(node: _Node, indexes: list[int]) -> Asking:
             sent, command = self._command([ops[i] for i in indexes])
             values = self._parsed(command, (yield _Ask(node, sent, MN)))
-            for i, v in zip(indexes, values, strict=True):
+            for i, v in zip(indexes, values):
                 results[i] = v
 
         yield from self._by_node([op.namespace for op in ops], run)

@@ -304,7 +304,7 @@ def _placed(
         return counts
     if sorted(set(places)) != places or places[-1] >= reads or places[0] < 0:
         raise ReplyError(f"reads answered out of order: {reply[:200]!r}")
-    placed = dict(zip(places, counts[increments:], strict=True))
+    placed = dict(zip(places, counts[increments:]))
     return counts[:increments] + list(map(placed.get, range(reads), [0] * reads))
 
 

@@ -155,7 +155,7 @@ def _run(
         replies = yield from counted(backend, ops, moment.now_us)
     results = []
     limited = False
-    for s, reply in zip(steps, replies, strict=True):
+    for s, reply in zip(steps, replies):
         r = s.decide(reply)
         results.append(r)
         limited = limited or r.limited
@@ -269,7 +269,7 @@ def _second_trip(
             # side (trying again could take them back twice, which would be lenient).
             logger.info("ratelimit: could not take back refused hits: %s", exc)
             return [s.result for s in steps]
-        for (s, _), reply in zip(sent, replies[: len(sent)], strict=True):
+        for (s, _), reply in zip(sent, replies[: len(sent)]):
             s.refine(reply)
         _count_strikes(striking, strikes, replies[len(sent) :], moment)
     remember([(s.check, s.result) for s in timed], moment.t)
@@ -327,7 +327,7 @@ def taking_back(checks: Sequence[Check], results: Sequence[Result]) -> Checking[
     """
     ops: list[Op | MeterOp] = []
     kept: list[Op | MeterOp] = []  # (counted in memory during an outage: given back there)
-    for c, r in zip(checks, results, strict=True):
+    for c, r in zip(checks, results):
         op = STEPS[c.algorithm].take_back_op(c, r, r.namespace)
         if op is not None:
             (kept if getattr(r, "in_memory", False) else ops).append(op)

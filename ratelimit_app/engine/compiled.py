@@ -112,7 +112,7 @@ def deciding(
     snap = RUNTIME.snapshot
     bans = snap.bans.rule if snap is not None and snap.banning else None
     general = False  # a refusal remembered or a ban held may answer: the general path's
-    for (limit, scope, rates, cost), made in zip(prepared.limits, prepared.plans, strict=True):
+    for (limit, scope, rates, cost), made in zip(prepared.limits, prepared.plans):
         if limit.shares_value:  # (Limit.check's, for the limit's own rates and cost)
             key = limit.key
             subject = subjects.get(key)
@@ -187,10 +187,7 @@ class Prepared:
 
     def checks(self, subjects: Sequence[tuple[str, str]]) -> list[Check]:
         """Its rules' checks for ``subjects`` (one each, in order)."""
-        return [
-            Prepared.check(*entry, subject)
-            for entry, subject in zip(self.limits, subjects, strict=True)
-        ]
+        return [Prepared.check(*entry, subject) for entry, subject in zip(self.limits, subjects)]
 
     @classmethod
     def made(cls, rules: tuple[CompiledRule, ...], moment: CheckTime) -> Prepared:
@@ -255,7 +252,7 @@ def _counting(
     decisions = _decisions(policies, checks)
     results = _results(ops, counts)
     steps: list[Any] = []
-    for op, check, r in zip(ops, checks, results, strict=True):
+    for op, check, r in zip(ops, checks, results):
         steps.append(SlidingWindow.decided(check, moment, op, r))
     undo = partial(enforce.refused_take_back, decisions)
     results = yield from refused(checks, steps, results, backend, moment, undo, True, request)
@@ -320,7 +317,7 @@ def _evaluated(
     counts: list[list[Usage]] = []
     shown: list[Any] = []
     limited = False
-    for enforced, op, reply, subject in zip(policies, ops, replies, subjects, strict=True):
+    for enforced, op, reply, subject in zip(policies, ops, replies, subjects):
         usages = windows.evaluate(op.plan, reply, t, True, op.amount)
         counts.append(usages)
         if usages[0].limited if len(usages) == 1 else any([u.limited for u in usages]):
@@ -342,14 +339,14 @@ def _evaluated(
 
 def _decisions(policies: Sequence[Policy], checks: Sequence[Check]) -> list[Decision]:
     """A decision of each policy, with its check."""
-    return [Decision(enforced, check) for enforced, check in zip(policies, checks, strict=True)]
+    return [Decision(enforced, check) for enforced, check in zip(policies, checks)]
 
 
 def _results(ops: Sequence[Op], counts: Sequence[list[Usage]]) -> list[Result]:
     """The results of counted ``ops``, from their usages ``counts``: each holding its plan
     (what a take-back undoes)."""
     results = []
-    for op, usages in zip(ops, counts, strict=True):
+    for op, usages in zip(ops, counts):
         r = Result(usages, op.namespace)
         r.plan = op.plan
         results.append(r)
@@ -386,7 +383,7 @@ class Admitted(Verdict):
         made = _decisions(policies, _checks(checks, prepared, subjects))
         entries: list[Any] = self.shown  # (the headers' entries: policy, place, usages)
         shown = {entry[1] for entry in entries}
-        for at, (d, r) in enumerate(zip(made, _results(ops, counts), strict=True)):
+        for at, (d, r) in enumerate(zip(made, _results(ops, counts))):
             d.result = r
             d.shown = at in shown
         self.decisions = made

@@ -319,7 +319,7 @@ def verdict_of(
     log) and signalled, the exporters told, the verdict kept on the request."""
     shown = []
     limited = False
-    for d, result in zip(decisions, results, strict=True):
+    for d, result in zip(decisions, results):
         # A decision takes its result here, and what follows from it, once.
         d.result = result
         if result is None:  # not checked: another limit refused from memory
@@ -561,8 +561,7 @@ def _recall(
     unchecked and the request, let through, uncounted; a look asks the counters."""
     alone = len(decisions) == 1
     wanted = [
-        c if c.increment and (alone or d.enforces()) else None
-        for c, d in zip(checks, decisions, strict=True)
+        c if c.increment and (alone or d.enforces()) else None for c, d in zip(checks, decisions)
     ]
     found = yield from recall_many(wanted, at)
     return found if any(found) else None

@@ -41,6 +41,7 @@ from http import HTTPStatus
 from types import MappingProxyType
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.template import loader
 from django.utils.module_loading import import_string
@@ -282,11 +283,11 @@ def problem(
     try:
         # From its context alone, and kept: during a flood every refusal renders the same
         # few pages, and rendering costs more than the check.
-        html = _rendered(template, language, tuple(context.items()))
+        page_bytes = _rendered(template, language, tuple(context.items()))
     except Exception:  # a broken override must not turn a 429 into a 500
         logger.exception("ratelimit: cannot render %s; answering in plain text", template)
         return HttpResponse(f"{title}: {detail}\n", status=status, content_type="text/plain")
-    return HttpResponse(html, status=status)
+    return HttpResponse(page_bytes, status=status)
 
 
 #: The answers a process keeps made (each starts over when full): the translated titles,
@@ -303,7 +304,7 @@ class _Answers:
 
     def __init__(self) -> None:
         self.titles: dict[tuple[Any, ...], str] = {}
-        self.pages: dict[tuple[Any, ...], str] = {}
+        self.pages: dict[tuple[Any, ...], bytes] = {}
         self.details: dict[tuple[Any, ...], str] = {}
 
 
@@ -317,14 +318,17 @@ def _title_of(status: int) -> str:
     return str(_TITLES[status]) if status in _TITLES else HTTPStatus(status).phrase
 
 
-def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any], ...]) -> str:
+def _rendered(template: str, language: str | None, context: tuple[tuple[str, Any], ...]) -> bytes:
+    """The page, encoded as the response will be (``DEFAULT_CHARSET``): kept as bytes, so a
+    refusal does not encode a page of a few kilobytes again (about 10k instructions)."""
     # ``language`` (the active one, which the page is rendered in) is part of the key.
-    key = (template, language, context)
-    return kept(RUNTIME.part(_Answers).pages, PAGES, key, _render, template, context)
+    charset = settings.DEFAULT_CHARSET
+    key = (template, language, charset, context)
+    return kept(RUNTIME.part(_Answers).pages, PAGES, key, _render, template, context, charset)
 
 
-def _render(template: str, context: tuple[tuple[str, Any], ...]) -> str:
-    return loader.render_to_string(template, dict(context))
+def _render(template: str, context: tuple[tuple[str, Any], ...], charset: str) -> bytes:
+    return loader.render_to_string(template, dict(context)).encode(charset)
 
 
 def exception(decision: Decision) -> Exception:

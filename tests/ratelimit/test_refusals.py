@@ -437,6 +437,33 @@ def test_the_429_page_is_rendered_once_per_answer(
     assert page.content.decode().startswith(": This request exceeds")
 
 
+@pytest.mark.parametrize("charset", ["utf-8", "iso-8859-1"])
+def test_a_kept_page_is_encoded_as_its_response_says(tmp_path: Any, charset: str) -> None:
+    """A page is kept encoded; its bytes are the page in the response's charset, whatever
+    ``DEFAULT_CHARSET`` says when it is answered (a page kept in another is not reused)."""
+    from ratelimit_app.engine import responses
+    from ratelimit_app.exceptions import Ratelimited
+
+    (tmp_path / "ratelimit_app").mkdir()
+    (tmp_path / "ratelimit_app" / "429.html").write_text("Café · wait {{ retry_after }} s")
+    templates = [
+        {"BACKEND": "django.template.backends.django.DjangoTemplates", "DIRS": [str(tmp_path)]}
+    ]
+    usage = {"rate": "2/m", "retry_after": 9, "should_limit": True, "remaining": 0, "rates": []}
+    RUNTIME.drop(responses._Answers)
+
+    def answered() -> Any:
+        return responses.too_many_requests(RequestFactory().get("/"), Ratelimited(), usage)
+
+    with override_settings(TEMPLATES=templates):
+        assert answered().content == "Café · wait 9 s".encode()
+        with override_settings(DEFAULT_CHARSET=charset):
+            page = answered()
+            assert page.charset == charset
+            assert page.content == "Café · wait 9 s".encode(charset)
+            assert answered().content == page.content  # (kept)
+
+
 def test_a_projects_page_is_rendered_from_its_context_alone_and_kept(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -55,8 +55,7 @@ def recall_many(
     if t is None:
         t = clock.now()
     found = [
-        None if c is None or k is None else recalled(k, t, c.cost)
-        for c, k in zip(checks, keys, strict=True)
+        None if c is None or k is None else recalled(k, t, c.cost) for c, k in zip(checks, keys)
     ]
     if any(found):
         return found
@@ -71,7 +70,7 @@ def _due(
 ) -> list[_Due]:
     """The request's counted checks that are due, and the refusals due soon."""
     due = []
-    for i, (c, k) in enumerate(zip(checks, keys, strict=True)):
+    for i, (c, k) in enumerate(zip(checks, keys)):
         if c is not None and k is not None and c.increment:
             entry = RUNTIME.refusals.due(k, t)
             if entry is not None:
@@ -93,7 +92,7 @@ def _confirm(due: list[_Due], found: list[Result | None], t: float) -> Checking[
     except BackendError:
         return
     cap = memory.REFUSAL_MEMORY
-    for d, look in zip(due, seen, strict=True):
+    for d, look in zip(due, seen):
         key = refusal_key(d.check)
         if look.limited:
             now = d.result.counted_down(d.elapsed)
