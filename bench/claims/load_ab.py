@@ -103,7 +103,8 @@ def run(
             side: load.site_env(servers, database_url, state_dir, roots[side]) for side in SIDES
         }
         load.prepare(envs["head"])
-        script = load.post_script(state_dir)
+        # Each case's clients (the crowd's 20,000 addresses), as the load bench sends them.
+        scripts = {p.clients: load.post_script(state_dir, p.clients) for p in load.CASES}
         sites = {
             side: stack.enter_context(
                 load.gunicorn(envs[side], f"{state_dir}/{side}.log", roots[side])
@@ -122,7 +123,7 @@ def run(
                     wrk,
                     f"http://127.0.0.1:{port}{pair.case.path}",
                     seconds if r else warmup,
-                    script if pair.case.post else None,
+                    scripts[pair.case.clients] if pair.case.post else None,
                 )
                 if r:
                     cpu = site_cpu_ms(proc, before, result.requests)

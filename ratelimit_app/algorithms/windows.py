@@ -523,8 +523,9 @@ def _usage(
             reset = max(0.0, rp.ends[k] - t)
     elif left > 0 or (n and room < 0):
         # The segments that hold events, oldest first (picked in C: a refused check's
-        # fine plan has a segment per fine bucket, most of them empty; none is negative).
-        for leaves_at, c in compress(zip(rp.ends, counts), counts):
+        # fine plan has a segment per fine bucket, most of them empty; none is negative),
+        # paired after they are picked (no pair made for an empty one).
+        for leaves_at, c in zip(compress(rp.ends, counts), compress(counts, counts)):
             if left > room and left - c <= room:
                 retry_after = max(0.0, leaves_at - t)
             left -= c
