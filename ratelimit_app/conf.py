@@ -169,6 +169,12 @@ class Settings:
         return read("RATELIMIT_BACKEND")
 
     @functools.cached_property
+    def REFUSED_SUBJECTS(self) -> object:
+        """``RATELIMIT_REFUSED_SUBJECTS`` as set (read on every refusal a flood makes: an
+        unset setting costs Django's settings two ``AttributeError`` a read)."""
+        return read("RATELIMIT_REFUSED_SUBJECTS")
+
+    @functools.cached_property
     def FAILURE_STATUSES(self) -> frozenset[int]:
         return frozenset(read("RATELIMIT_FAILURE_STATUSES"))
 

@@ -259,7 +259,9 @@ def _read(reply: bytes, increments: int, reads: int) -> list[int]:
     that is not a count (anything but digits and the padding a decrement leaves, ``9 ``:
     int() would also take a sign or an underscore), is an error; all checked in C.
     """
-    if b"NF" in reply:
+    # (find, not ``in``: CPython's ``bytes in bytes`` first tries the left side as an int,
+    # and formats a TypeError to learn it is not one, on every reply)
+    if reply.find(b"NF") != -1:
         reply = b"\r\n".join([line for line in reply.split(b"\r\n") if line != b"NF"])
     lines = reply.split(b"\r\n")
     heads, data = lines[0:-2:2], lines[1:-2:2]

@@ -20,7 +20,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from ratelimit_app import request_state, store
-from ratelimit_app.conf import read
+from ratelimit_app.conf import conf
 from ratelimit_app.config import sources, views
 from ratelimit_app.identity import addresses, keys
 from ratelimit_app.signals import ratelimited
@@ -58,7 +58,7 @@ def _count(
 def mode() -> str:
     """``RATELIMIT_REFUSED_SUBJECTS``, or :data:`HASHED` (the least shown) when it is none
     of :data:`MODES` (the *Refused lately* page then says so)."""
-    value = read("RATELIMIT_REFUSED_SUBJECTS")
+    value = conf.REFUSED_SUBJECTS
     return value if value in MODES else HASHED
 
 
