@@ -20,6 +20,7 @@ executor (once per pooled connection: a connect may resolve a name).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -36,30 +37,58 @@ async def exchange(sock: socket.socket, data: bytes, read: Callable[[bytes], Any
 
     What ``loop.sock_recv`` does, for less: the request is sent at once (a check's fits
     the socket's buffer), and the answer read when the loop says the socket is readable,
-    with one timer for the wait."""
-    loop = asyncio.get_running_loop()
+    with one timer for the wait. A socket with a timeout, as the pools make them, is
+    already non-blocking in the kernel (Python waits for it in ``poll``): it is written and
+    read with ``os.write`` and ``os.read`` on its descriptor, which never wait, and its
+    timeout is left alone (switching it off and on again took four ``fcntl`` calls an
+    exchange). A blocking socket (no timeout) is switched for the exchange, and so is every
+    socket where a descriptor is no file (Windows)."""
     timeout = sock.gettimeout()
-    sock.settimeout(0.0)
+    if timeout is None or not _DESCRIPTOR_IO:
+        sock.settimeout(0.0)
+        try:
+            return await _exchanged(sock, data, read, False)
+        finally:
+            sock.settimeout(timeout)
+    return await _exchanged(sock, data, read, True)
+
+
+#: A socket's descriptor is read and written with ``os.read`` and ``os.write`` (POSIX; on
+#: Windows a socket is no file descriptor).
+_DESCRIPTOR_IO = os.name == "posix"
+
+
+async def _exchanged(
+    sock: socket.socket, data: bytes, read: Callable[[bytes], Any], descriptor: bool
+) -> Any:
+    """:func:`exchange` on ``sock``, non-blocking now: on its descriptor (``descriptor``)
+    or through the socket's own calls."""
+    loop = asyncio.get_running_loop()
+    fd = sock.fileno()
     try:
-        sent = sock.send(data)
-        if sent < len(data):  # (a buffer full: the rest when the loop can)
+        sent = os.write(fd, data) if descriptor else sock.send(data)
+    except (BlockingIOError, InterruptedError):  # (a buffer full: all of it when the loop can)
+        sent = 0
+    if sent < len(data):  # (the loop's sendall wants the socket switched: it is, for that)
+        timeout = sock.gettimeout()
+        sock.settimeout(0.0)
+        try:
             await asyncio.wait_for(loop.sock_sendall(sock, data[sent:]), base.SOCKET_TIMEOUT)
-        # The answer is never back as the request leaves (a round trip takes tens of
-        # microseconds; a recv tried at once found nothing 1,962 times in 2,000): wait for
-        # the loop to say it is, then read what is there, and wait again only for more.
-        fd = sock.fileno()
-        await _readable(loop, fd)
-        while True:
-            try:
-                chunk = sock.recv(65536)
-            except (BlockingIOError, InterruptedError):  # (the rest of a long answer)
-                await _readable(loop, fd)
-                continue
-            answer = read(chunk)
-            if answer is not None:
-                return answer
-    finally:
-        sock.settimeout(timeout)
+        finally:
+            sock.settimeout(timeout)
+    # The answer is never back as the request leaves (a round trip takes tens of
+    # microseconds; a read tried at once found nothing 1,962 times in 2,000): wait for the
+    # loop to say it is, then read what is there, and wait again only for more.
+    await _readable(loop, fd)
+    while True:
+        try:
+            chunk = os.read(fd, 65536) if descriptor else sock.recv(65536)
+        except (BlockingIOError, InterruptedError):  # (the rest of a long answer)
+            await _readable(loop, fd)
+            continue
+        answer = read(chunk)
+        if answer is not None:
+            return answer
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
