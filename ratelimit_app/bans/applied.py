@@ -38,7 +38,7 @@ from django.db import transaction
 
 from ratelimit_app import clock
 from ratelimit_app.bans.held import MOST_BANS, PRUNE_EVERY
-from ratelimit_app.conf import conf, read
+from ratelimit_app.conf import conf
 from ratelimit_app.config import bans
 from ratelimit_app.config.bans import BanSpec
 from ratelimit_app.config.limits import Check
@@ -226,7 +226,7 @@ def label(kind: str, value: str) -> str:
     nothing of any other kind (an email, a user, a header are kept hashed only). A
     ``user_or_ip`` subject (DRF's throttles file every subject so) is an address when the
     request was anonymous, and is shown as one; a user's id stays hidden."""
-    how = read("RATELIMIT_REFUSED_SUBJECTS")
+    how = conf.REFUSED_SUBJECTS
     if kind not in ("ip", "user_or_ip") or how not in ("full", "masked"):
         return ""
     if how == "full":
