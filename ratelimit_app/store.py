@@ -44,9 +44,11 @@ from ratelimit_app.config.versions import (
     BANS,
     BANS_DELETED,
     CONFIG,
+    COUNTS,
     OVERRIDES,
     Versions,
     read_version,
+    seed_counts,
 )
 from ratelimit_app.identity.addresses import mask_ip
 from ratelimit_app.overrides.table import OverrideError, Subject, Table
@@ -168,7 +170,7 @@ def settings_only() -> Snapshot:
 
 
 def _refresh(snap: Snapshot | None) -> Snapshot:
-    version = read_version()
+    version = _vouch(snap, read_version())
     if snap is None or not _reads_changes(snap, version):
         work = partial(_load, version, snap)
     elif version is not None and version == snap.version and not snap.overrides_due(time.time()):
@@ -182,6 +184,30 @@ def _refresh(snap: Snapshot | None) -> Snapshot:
             _publish(snap)
         return snap.looked()
     return work()
+
+
+def _vouch(snap: Snapshot | None, version: Versions | None) -> Versions | None:
+    """Tell the refusal memory what the version counters say since ``snap`` read them: no
+    count lowered and no rule changed (its settled refusals are vouched for, now), or one
+    was (every refusal forgotten). Returns ``version``, with :data:`COUNTS` set first when
+    it reads 0 (never set, or the counters were flushed or lost: seeded, the next loss
+    shows)."""
+    if version is None:
+        return None
+    if not version[COUNTS]:
+        try:
+            version = seed_counts()
+        except Exception as exc:  # the next look tries again; nothing is vouched for meanwhile
+            logger.debug("ratelimit: could not set the counts' version: %s", exc)
+            return version
+    memory = RUNTIME.refusals
+    old = None if snap is None else snap.version
+    if memory is None or old is None:  # (nothing to compare with: the next look vouches)
+        return version
+    if old[COUNTS] != version[COUNTS] or old[CONFIG] != version[CONFIG]:
+        memory.clear()
+    memory.vouch(clock.now())
+    return version
 
 
 def _reads_changes(snap: Snapshot, version: Versions | None) -> bool:

@@ -441,7 +441,13 @@ def test_load_bench_through_gunicorn(
     _need_wrk()
     servers = common.Servers(memcached=memcached_server, redis=redis_server)
     report = load.run(
-        rounds=1, seconds=1, warmup=1, db="sqlite", servers=servers, state_dir=str(tmp_path)
+        rounds=1,
+        seconds=1,
+        warmup=1,
+        db="sqlite",
+        servers=servers,
+        state_dir=str(tmp_path),
+        crowd_warmup=1,
     )
     assert [r.case for r in report.rows] == list(load.CASES)
     assert sorted(load.RUN_ORDER) == sorted(c.name for c in load.CASES)
@@ -451,6 +457,9 @@ def test_load_bench_through_gunicorn(
         assert row.errors == 0
         assert row.rps > 0 and 0 < row.p50_ms <= row.p99_ms
     assert report.row("plain").cost == 0
+    # The crowd's warm-up is its own (one run here), its rate shown.
+    assert len(report.row("crowd").warmups) == 1 and report.row("crowd").warmups[0] > 0
+    assert "the crowd's warm-up" in load.render(report)
     for name, (stored, answered) in report.visits.items():
         # Every visit wrk saw answered is stored after the graceful stop (plus those still
         # in flight when a wrk run ended).

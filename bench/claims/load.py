@@ -51,7 +51,13 @@ After a graceful stop, the visits stored are compared with the responses wrk cou
 request still in flight when a wrk run stops may be served and counted without wrk seeing
 its answer).
 
-Run: ``python -m bench.claims.load [--rounds 6 --seconds 5 --warmup 3 --db postgres]``.
+The crowd (20,000 addresses in turn, each run going on where the last stopped) is warmed up
+for :data:`CROWD_WARMUP` seconds, and the rates of its warm-up are shown: its steady state is
+each worker answering from its refusal memory, reached once every worker has met every
+address.
+
+Run: ``python -m bench.claims.load [--rounds 6 --seconds 5 --warmup 3 --crowd-warmup 240
+--db postgres]``.
 """
 
 from __future__ import annotations
@@ -97,6 +103,9 @@ CROWD_TARGET = 0.85
 #: addresses, most of them new to a process's memos).
 BOTNET_CLIENTS = 200
 CROWD_CLIENTS = 20_000
+#: Seconds the crowd is sent before it is timed (in runs of 30 s): each address admitted,
+#: then met by each worker (every address comes back to a worker about once a minute).
+CROWD_WARMUP = 240
 LINK_KEY = "bench"
 LINK_URL = "https://example.com/"
 FORM = "email=bench%40example.com&password=x"
@@ -251,6 +260,8 @@ class Row:
     costs: list[float] = field(default_factory=list)
     #: Per round: 1 - plain CPU per request / CPU per request.
     cpu_costs: list[float] = field(default_factory=list)
+    #: The warm-up's runs (rps each): a crowd's first pass is not its steady state.
+    warmups: list[float] = field(default_factory=list)
 
     @property
     def rps(self) -> float:
@@ -424,14 +435,18 @@ def parse_wrk(output: str) -> WrkResult:
     )
 
 
-def run_wrk(wrk: str, url: str, seconds: int, script: str | None) -> WrkResult:
+def run_wrk(
+    wrk: str, url: str, seconds: int, script: str | None, args: Sequence[str] = ()
+) -> WrkResult:
+    """One wrk run of ``seconds`` against ``url`` (``script``, given ``args``)."""
     argv = [wrk, f"-t{WRK_THREADS}", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency"]
     argv += ["--timeout", "10s"]
     if script:
         argv += ["-s", script]
-    out = subprocess.run(
-        [*argv, url], capture_output=True, text=True, timeout=seconds + 60, check=False
-    )
+    argv.append(url)
+    if args:
+        argv += ["--", *args]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
     if out.returncode != 0:
         raise LoadError(f"wrk failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
     return parse_wrk(out.stdout)
@@ -700,6 +715,10 @@ def post_script(state_dir: str, clients: int = 1) -> str:
         text += (
             "local requests, n = {}, 0\n"
             "init = function(args)\n"
+            # Each run goes on where the last one stopped (its first client, passed by
+            # the bench): every client is sent in turn across the runs, not the first few
+            # thousand again in each.
+            f"  n = (tonumber(args[1]) or 0) % {clients}\n"
             f"  for i = 1, {clients} do\n"
             '    local a = "10.77." .. math.floor(i / 256) .. "." .. i % 256\n'
             '    wrk.headers["X-Forwarded-For"] = a\n'
@@ -725,8 +744,10 @@ def run(
     db: str = "postgres",
     servers: Servers | None = None,
     state_dir: str | None = None,
+    crowd_warmup: int = CROWD_WARMUP,
 ) -> Report:
-    """Start what is not given, warm every case up, then time ``rounds`` rounds."""
+    """Start what is not given, warm every case up (the crowd for ``crowd_warmup``
+    seconds), then time ``rounds`` rounds."""
     wrk = require_binary("wrk")
     with ExitStack() as stack:
         if servers is None:
@@ -742,12 +763,17 @@ def run(
         seen = {c.series: 0 for c in CASES if c.series}
         slack = dict.fromkeys(seen, 0)
 
+        sent = {c.name: 0 for c in CASES}  # each case's clients sent so far, in turn
+
         def time_case(row: Row, port: int, duration: int) -> Sample:
             case = row.case
             url = f"http://127.0.0.1:{port}{case.path}"
+            script = scripts[case.clients] if case.post else None
+            args = (str(sent[case.name]),) if case.clients > 1 else ()
             before = CpuMark.now()
-            result = run_wrk(wrk, url, duration, scripts[case.clients] if case.post else None)
+            result = run_wrk(wrk, url, duration, script, args)
             timed = sample(result, before, CpuMark.now())
+            sent[case.name] += result.requests
             if case.series:
                 seen[case.series] += result.requests
                 slack[case.series] += CONNECTIONS
@@ -759,7 +785,16 @@ def run(
                 check_answer(port, row.case)
                 if row.case.series:
                     seen[row.case.series] += 1
-                time_case(row, port, warmup)
+                if row.case.clients == CROWD_CLIENTS:
+                    # Its steady state: every address admitted once, then refused by each
+                    # worker at the counters once (each is back to a worker every minute or
+                    # so), then from its memory.
+                    left = crowd_warmup
+                    while left > 0:
+                        row.warmups.append(time_case(row, port, min(left, 30)).wrk.rps)
+                        left -= 30
+                else:
+                    time_case(row, port, warmup)
             for r in range(rounds):
                 by_name: dict[str, Sample] = {}
                 by_run = [next(row for row in rows if row.case.name == n) for n in RUN_ORDER]
@@ -849,7 +884,10 @@ def render(report: Report) -> str:
         f"{100 * (target.cost - floor.cost):.1f} points to it\n"
         f"for scale: the demo's log-in page takes {page.cpu_ms:.2f} CPU ms a request; the three "
         f"rules and counting add {added:.2f} ms, {100 * added / (page.cpu_ms + added):.1f}% "
-        f"of such a page\n\n{targets}\n\n{breakdown}"
+        f"of such a page\n"
+        f"the crowd's warm-up, runs of 30 s (its first pass through every worker): "
+        f"{', '.join(f'{rps:.0f}' for rps in report.row('crowd').warmups)} requests/s\n\n"
+        f"{targets}\n\n{breakdown}"
     )
 
 
@@ -858,6 +896,9 @@ def main(argv: list[str] | None = None) -> Report:
     parser.add_argument("--rounds", type=int, default=6, help="rounds of every case")
     parser.add_argument("--seconds", type=int, default=5, help="seconds of one wrk run")
     parser.add_argument("--warmup", type=int, default=3, help="seconds of warm-up per case")
+    parser.add_argument(
+        "--crowd-warmup", type=int, default=CROWD_WARMUP, help="seconds of the crowd's warm-up"
+    )
     parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
     args = parser.parse_args(argv)
     from bench.common import machine
@@ -867,7 +908,7 @@ def main(argv: list[str] | None = None) -> Report:
         f"machine: {info['cores']} cores, {info['cpu']}; Python {info['python']}; "
         f"{info['memcached']}; {info['redis']}\n"
     )
-    report = run(args.rounds, args.seconds, args.warmup, args.db)
+    report = run(args.rounds, args.seconds, args.warmup, args.db, crowd_warmup=args.crowd_warmup)
     print(render(report))
     return report
 

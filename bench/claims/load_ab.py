@@ -112,6 +112,7 @@ def run(
             for side in SIDES
         }
         pairs = [Pair(case) for case in chosen]
+        sent = {(case.name, side): 0 for case in chosen for side in SIDES}  # clients, in turn
         for r in range(rounds + 1):  # round 0 warms every case up on both sides
             order = [(pair, side) for pair in pairs for side in SIDES]
             for pair, side in order if r % 2 == 0 else order[::-1]:
@@ -124,7 +125,9 @@ def run(
                     f"http://127.0.0.1:{port}{pair.case.path}",
                     seconds if r else warmup,
                     scripts[pair.case.clients] if pair.case.post else None,
+                    (str(sent[pair.case.name, side]),) if pair.case.clients > 1 else (),
                 )
+                sent[pair.case.name, side] += result.requests
                 if r:
                     cpu = site_cpu_ms(proc, before, result.requests)
                     pair.samples[side].append((result.rps, cpu))

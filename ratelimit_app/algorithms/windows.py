@@ -544,6 +544,31 @@ def _usage(
     )
 
 
+def settled_wait(p: Plan, values: list[int], t: float, settled: float, cost: int = 1) -> float:
+    """Seconds the rates of ``p`` surely have no room for ``cost`` more events, from
+    ``values`` (aligned with ``p.reads``, read after this hit was taken back) counting only
+    the events made ``settled`` seconds or more before ``t``: 0.0 when those alone leave room.
+
+    A lower bound of the wait that no event still to be taken back can lengthen: another
+    client's refused hit is counted, then taken back within its round trips, so an event that
+    old is an admitted one, and it leaves when its segment does. A segment is counted only when
+    all its events are that old (its end, less the window, is ``settled`` before ``t`` or
+    earlier). A calendar quota's one counter for its period is never settled."""
+    horizon = t - settled
+    sure = 0.0
+    for rp in p.rates:
+        rate = rp.rate
+        if type(rate) is Quota:
+            continue
+        w = rate.seconds
+        counts = _segment_counts(rp, values)
+        old = [c if end - w <= horizon else 0 for c, end in zip(counts, rp.ends)]
+        u = _usage(rp, old, sum(old), False, False, t, cost)
+        if u.limited and u.retry_after > sure:
+            sure = u.retry_after
+    return sure
+
+
 def refine(
     usages: list[Usage], detail: Plan, values: list[int], t: float, cost: int = 1
 ) -> list[Usage]:

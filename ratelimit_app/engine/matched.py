@@ -41,6 +41,7 @@ from ratelimit_app.config.rules import CompiledRule
 from ratelimit_app.engine import compiled, enforce, responses, screen
 from ratelimit_app.engine.enforce import Decision
 from ratelimit_app.engine.outcome import NOTHING, Outcome, show
+from ratelimit_app.engine.refusals.remembered import unsettle
 from ratelimit_app.engine.trips import Checking, arun, run
 from ratelimit_app.identity import keys
 from ratelimit_app.runtime import RUNTIME
@@ -138,6 +139,8 @@ def _before(
         # concurrent attempts never pass the limit, and only requests that did not fail pay
         # a second trip.
         verdict = yield from enforce.deciding(request, decisions, sender)
+        if failing and verdict.limited:  # (its hits go down before its waits end)
+            unsettle([d.check for d in failing])
     if verdict.failed is not None:
         closed = verdict.closed()
         return NOTHING if closed is None else responses.unavailable(request, closed)

@@ -28,12 +28,18 @@ class Result:
         "plan",
         "reaches_ban",
         "reply",
+        "settled",
         "usages",
     )
 
     #: Counted in this process's memory while the counters were down (set on such results
     #: only: read it with ``getattr(result, "in_memory", False)``; :mod:`..fallback`).
     in_memory: bool
+    #: Seconds a refusal surely lasts, counting only the hits made
+    #: :data:`~ratelimit_app.engine.refusals.remembered.SETTLED` seconds or more before
+    #: (admitted ones): set on refusals whose waits were timed from fine buckets only (read
+    #: it with ``getattr(result, "settled", 0.0)``; :mod:`ratelimit_app.engine.refusals`).
+    settled: float
 
     def __init__(
         self, usages: list[windows.Usage], namespace: str, meter: gcra.State | None = None

@@ -8,6 +8,7 @@ from ratelimit_app.algorithms.calendar import Quota
 from ratelimit_app.algorithms.gcra import SLIDING_WINDOW
 from ratelimit_app.backends.base import Op
 from ratelimit_app.config.limits import Check
+from ratelimit_app.engine.refusals import remembered
 from ratelimit_app.engine.result import Result
 from ratelimit_app.engine.step import CheckTime, Step, register
 from ratelimit_app.identity.namespaces import namespace
@@ -126,11 +127,14 @@ class SlidingWindow(Step):
         return Op(self.namespace, self.detail or self.plan, False, undo, self.check.cost)
 
     def refine(self, reply: list[int]) -> None:
-        if self.detail is not None:
-            usages = windows.refine(
-                self.result.usages, self.detail, reply, self.moment.t, self.check.cost
-            )
-            self.result = Result(usages, self.namespace)
+        detail = self.detail
+        if detail is not None:
+            t, cost = self.moment.t, self.check.cost
+            usages = windows.refine(self.result.usages, detail, reply, t, cost)
+            self.result = r = Result(usages, self.namespace)
+            # How long the hits already admitted keep it refused (the refusal memory holds
+            # it that long while the version counters vouch for it).
+            r.settled = windows.settled_wait(detail, reply, t, remembered.SETTLED, cost)
 
     def exact_wait(self) -> bool:
         return self.result.limited and (self.detail is not None or not self._coarse())

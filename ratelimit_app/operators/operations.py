@@ -26,6 +26,7 @@ from ratelimit_app.config import limits, sources, views
 from ratelimit_app.config.kinds import DEFAULT, fixed_suffixes
 from ratelimit_app.config.limits import Limit, Method
 from ratelimit_app.config.rules import CompiledRule
+from ratelimit_app.config.versions import COUNTS, bump
 from ratelimit_app.engine import Check, check_many, usage_dict
 from ratelimit_app.engine.checking import STRIKES
 from ratelimit_app.engine.refusals.remembered import refusal_key
@@ -355,6 +356,7 @@ def reset(
             _delete(backend, namespace(found.scope + STRIKES, kind, value), strikes)
         if spec is not None or store.current().banning:  # its ban, and the memory of it
             bans.lift(found.scope, (kind, value))
+    bump(COUNTS)  # every process forgets its refusals within a second (counts went down)
     return True
 
 

@@ -19,6 +19,16 @@ subjects costs a few looks per cap, not one per subject; a crowd whose subjects 
 often than the cap costs one look of its own per due refusal, never a batch of looks at subjects
 that will not come back in time.
 
+A refusal is **settled** for as long as the events that were in its window before the last
+few seconds keep the window full (:func:`ratelimit_app.algorithms.windows.settled_wait`):
+those are admitted hits, not another client's refused hit that is still to be taken back,
+and nothing but a reset or a changed rule takes them away before they leave. While the process
+knows that neither happened (:meth:`Memory.vouch`: its look at the version counters, about once
+a second, found no count lowered and no rule changed), a settled refusal is answered from
+memory past its cap, until it is no longer settled: a crowd of refused subjects, each back
+later than the cap, costs no round trip but its first in each process. A process that stops
+looking (no request through the middleware) falls back to the cap within one cap.
+
 The memory keeps refusals only while the process is refusing a **flood**
 (:attr:`Memory.flood` refusals within a second or so; :meth:`Memory.flooding`): below that
 each refusal is checked by a round trip, which a trickle can afford, and a count that went
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -42,6 +53,10 @@ from typing import Generic, TypeVar
 __all__ = ["Memory"]
 
 T = TypeVar("T")
+
+#: A refusal remembered: (refused at, refused from memory until, the wait ends at, what it
+#: was, hot, settled until).
+Entry = tuple[float, float, float, T, bool, float]
 
 
 class Memory(Generic[T]):
@@ -59,15 +74,18 @@ class Memory(Generic[T]):
         self._counted = self._before = 0
         self._lock = threading.Lock()
         #: key -> (refused at, refused from memory until, the wait ends at, what it was,
-        #: answered from memory since it was remembered: hot).
+        #: answered from memory since it was remembered: hot, settled until).
         #: Read it only to know whether any refusal is held: ``if memory.entries`` is the
         #: request path's test, without the call ``len()`` makes.
-        self.entries: OrderedDict[Hashable, tuple[float, float, float, T, bool]] = OrderedDict()
+        self.entries: OrderedDict[Hashable, Entry[T]] = OrderedDict()
         #: ``(refused from memory until, n, key)`` of each hot refusal, soonest due first:
         #: what :meth:`soon` reads without a pass over :attr:`entries`. An item whose entry
         #: is gone or was remembered again is stale, dropped when it comes up.
         self._due: list[tuple[float, int, Hashable]] = []
         self._n = itertools.count()
+        #: When the process last learnt that no count was lowered and no rule changed
+        #: (:meth:`vouch`); -inf: never, or not since it forgot everything.
+        self.vouched = -math.inf
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -92,32 +110,76 @@ class Memory(Generic[T]):
         return second == self._second + 1 and self._counted >= self.flood
 
     def remember(
-        self, key: Hashable, at: float, until: float, what: T, ends: float | None = None
+        self,
+        key: Hashable,
+        at: float,
+        until: float,
+        what: T,
+        ends: float | None = None,
+        settled: float = -math.inf,
     ) -> None:
         """Refuse ``key`` from ``at`` until ``until``, and know that its wait ``ends`` then
-        (default: ``until``); the least recently used refusal is forgotten when the memory is
-        full."""
+        (default: ``until``) and that it is settled until ``settled`` (answered past
+        ``until`` while :meth:`vouch` says so; a refusal remembered again keeps the later of
+        the two). The least recently used refusal is forgotten when the memory is full."""
         if until <= at or self.size <= 0:
             return
         ends = until if ends is None else max(ends, until)
         with self._lock:
             entries = self.entries
-            entries[key] = (at, until, ends, what, False)
+            before = entries.get(key)
+            if before is not None and before[5] > settled:
+                settled = before[5]
+            entries[key] = (at, until, ends, what, False, min(settled, ends))
             entries.move_to_end(key)
             if len(entries) > self.size:
                 entries.popitem(last=False)
 
-    def _heat(self, key: Hashable, entry: tuple[float, float, float, T, bool]) -> None:
+    def vouch(self, at: float) -> None:
+        """At ``at``, the process learnt that no count was lowered and no rule changed since
+        it last looked: each settled refusal is answered from memory past its cap, until it
+        is no longer settled or for one cap's length after ``at`` (whichever comes first)."""
+        self.vouched = at
+
+    def unsettle(self, keys: Iterable[Hashable]) -> None:
+        """Answer the refusals of ``keys`` from memory only until their cap: their counts may
+        go down before their waits end (a failure-only limit's hits, taken back after the
+        view when the request did not fail)."""
+        with self._lock:
+            entries = self.entries
+            for key in keys:
+                e = entries.get(key)
+                if e is not None and e[5] > -math.inf:
+                    entries[key] = (e[0], e[1], e[2], e[3], e[4], -math.inf)
+
+    def _held(self, entry: Entry[T], now: float) -> bool:
+        """Whether ``entry`` is answered from memory at ``now`` (ended or not): within its
+        cap, or settled and vouched for (the cap's length after the last :meth:`vouch`)."""
+        return now < entry[1] or (now < entry[5] and now < self.vouched + entry[1] - entry[0])
+
+    def settles(self, key: Hashable, now: float, after: float) -> bool:
+        """Whether ``key``'s refusal may have settled by ``now``: it is not known settled,
+        it was remembered ``after`` seconds ago or more (its hits have aged since), and the
+        memory is vouched for (:meth:`vouch`), so knowing would hold it past its cap."""
+        e = self.entries.get(key)
+        return (
+            e is not None
+            and e[5] <= now
+            and now - e[0] >= after
+            and now < self.vouched + e[1] - e[0]
+        )
+
+    def _heat(self, key: Hashable, entry: Entry[T]) -> None:
         """Mark ``key``'s refusal hot: answered from memory, so its subject comes back within
         the cap, and :meth:`soon` may confirm it in a look (call with the lock held)."""
-        self.entries[key] = (entry[0], entry[1], entry[2], entry[3], True)
+        self.entries[key] = (entry[0], entry[1], entry[2], entry[3], True, entry[5])
         due = self._due
         heapq.heappush(due, (entry[1], next(self._n), key))
         if len(due) > 2 * len(self.entries) + 1024:  # mostly stale: made again
             self._due = [(e[1], next(self._n), k) for k, e in self.entries.items() if e[4]]
             heapq.heapify(self._due)
 
-    def _entry(self, key: Hashable, now: float) -> tuple[float, float, float, T, bool] | None:
+    def _entry(self, key: Hashable, now: float) -> Entry[T] | None:
         """``key``'s refusal if its wait has not ended at ``now`` (call with the lock held;
         an ended refusal, or one from a clock that went back, is forgotten)."""
         entry = self.entries.get(key)
@@ -150,7 +212,7 @@ class Memory(Generic[T]):
             return None
         with self._lock:
             entry = self._entry(key, now)
-            if entry is None or now >= entry[1]:
+            if entry is None or not self._held(entry, now):
                 return None
             if not entry[4]:  # (answered from memory for the first time since remembered)
                 self._heat(key, entry)
@@ -163,7 +225,7 @@ class Memory(Generic[T]):
             return None
         with self._lock:
             entry = self._entry(key, now)
-        if entry is None or now < entry[1]:
+        if entry is None or self._held(entry, now):
             return None
         return now - entry[0], entry[2] - now, entry[3]
 
@@ -191,6 +253,8 @@ class Memory(Generic[T]):
                 e = entries.get(key)
                 if e is None or not e[4] or e[1] != item[0] or not e[0] <= now < e[2]:
                     continue  # stale: forgotten, remembered again, ended or from a clock back
+                if now < e[5] and now < self.vouched + e[1] - e[0]:
+                    continue  # settled, and answered from memory while vouched for: no look
                 put_back.append(item)  # (still its entry's until it is remembered again)
                 if key not in skip:
                     skip.add(key)  # (twice in the index: remembered again at the same time)
@@ -206,11 +270,13 @@ class Memory(Generic[T]):
                 self.entries.pop(key, None)
 
     def clear(self) -> None:
-        """Forget every refusal (settings changed), and the flood's count."""
+        """Forget every refusal (settings changed, a count lowered elsewhere), and the flood's
+        count; vouch for none until told again."""
         with self._lock:
             self.entries.clear()
             self._due.clear()
             self._counted = self._before = 0
+            self.vouched = -math.inf
 
     def _after_fork(self) -> None:
         # Another thread may have held the lock when the process forked: a new one. The

@@ -86,9 +86,18 @@ def _due(
 def _confirm(due: list[_Due], found: list[Result | None], t: float) -> Checking[None]:
     """Look at ``due`` in one round trip: remember again what is still refused (filling
     the request's own slots of ``found``), forget the rest."""
+    remembered = RUNTIME.refusals
+    # A refusal not known settled (remembered while its hits were recent) may be by now:
+    # when the version counters vouch for the memory, the look reads its fine buckets too
+    # (a second round trip, reads only; at most once per SETTLED seconds a subject), and a
+    # settled one is held until it is no longer.
+    after = memory.SETTLED
+    exact = any(
+        d.slot is not None and remembered.settles(refusal_key(d.check), t, after) for d in due
+    )
     try:
         looks = [d.check._replace(increment=False) for d in due]
-        seen = yield from checking_many(looks, exact=False, at=t)
+        seen = yield from checking_many(looks, exact=exact, at=t)
     except BackendError:
         return
     cap = memory.REFUSAL_MEMORY
@@ -96,8 +105,9 @@ def _confirm(due: list[_Due], found: list[Result | None], t: float) -> Checking[
         key = refusal_key(d.check)
         if look.limited:
             now = d.result.counted_down(d.elapsed)
-            RUNTIME.refusals.remember(key, t, t + min(d.left, cap), (d.check, now), t + d.left)
+            settled = t + getattr(look, "settled", 0.0)
+            remembered.remember(key, t, t + min(d.left, cap), (d.check, now), t + d.left, settled)
             if d.slot is not None:
                 found[d.slot] = now
         else:
-            RUNTIME.refusals.forget([key])
+            remembered.forget([key])
