@@ -21,9 +21,13 @@ case) and ``rules-refused`` (the same while this process remembers a refusal of 
 client, as on any site that refused anyone lately; the load bench's floods leave that).
 
 ``one-rule`` is one rule alone (what each further matching rule adds: ``rules`` has three).
-``crowd`` is the load bench's crowd: a rule of ``1/h`` on the client's address, 20,000
+``crowd`` is the load bench's crowd's rule: ``1/h`` on the client's address, 30,000
 addresses in turn through the trusted proxy, each refused after its first request (every
-429 a refusal at the counters: a process remembers fewer); whatever ``--clients`` says.
+429 a refusal at the counters, as each process's first refusal of each address of the load
+bench's crowd: a process remembers 25,000); whatever ``--clients`` says. ``crowd-memory`` is
+the load bench's crowd in its steady state: 20,000 addresses, each admitted, then (200 s
+later, in a flood) refused once at the counters, so that every 429 counted is answered from
+the refusal memory (settled, and vouched for by the configuration's looks).
 With ``--clients one,new,zipf`` each case is counted for the bench's one client, for a new
 client on every request and for a Zipf mix over 100,000 addresses (the crowds' requests
 counted alone: ``late``).
@@ -60,6 +64,7 @@ CASES = {
     "one-rule": "/bench/one/counted/",
     "leaky": "/bench/leaky/counted/",
     "crowd": "/bench/botnet/",
+    "crowd-memory": "/bench/botnet/",
 }
 #: The cases counted unless others are asked for (``leaky``: :mod:`bench.claims.memos`).
 DEFAULT_CASES = ("plain", "floor", "rules", "rules-refused")
@@ -70,9 +75,12 @@ N1, N2, WARMUP = 100, 500, 600
 #: :data:`ZIPF_N` addresses, most of them seen once or rarely.
 WORKLOADS: dict[str, bool | str] = {"one": False, "new": True, "zipf": "zipf"}
 ZIPF_N, ZIPF_S = 100_000, 1.1
-#: The ``crowd`` case's addresses: more than a process remembers refusals of (10,000), so
-#: each of its 429s is a refusal at the counters, as in the load bench's crowd.
-CROWD_N = 20_000
+#: The ``crowd`` case's addresses: more than a process remembers refusals of (25,000), so
+#: each of its 429s is a refusal at the counters, as a process's first refusal of an address
+#: of the load bench's crowd (20,000 until 2026-12-08, when a process remembered 10,000).
+CROWD_N = 30_000
+#: The ``crowd-memory`` case's addresses: the load bench's crowd.
+CROWD_MEMORY_N = 20_000
 T0 = 1_780_000_000.0
 
 #: What runs under valgrind: ``python -c CHILD CASE N``, in the tree to count.
@@ -158,10 +166,17 @@ if SETUP:  # the caller's set-up (a database's rows in force, ...), once before 
 # With CLIENTS, every request from a new client, through the trusted proxy: 10.0.0.1, ...
 clients = (f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in itertools.count(1))
 STATUS = "200"
-if CLIENTS == "crowd":  # CROWD_N addresses in turn, each refused after its first request
-    crowd = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(1, CROWD_N + 1)]
+if CLIENTS in ("crowd", "crowd-memory"):  # addresses in turn, refused after their first
+    size = CROWD_N if CLIENTS == "crowd" else CROWD_MEMORY_N
+    crowd = [f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}" for i in range(1, size + 1)]
     for a in crowd:
         get(path, client=a)
+    if CLIENTS == "crowd-memory":  # each refused at the counters once, in a flood: remembered
+        now["t"] += 200
+        now["step"] = 0.001
+        for a in crowd:
+            get(path, "429", client=a)
+        now["step"] = 0.05
     clients, STATUS = itertools.cycle(crowd), "429"
 if CLIENTS == "zipf":  # drawn before: a Zipf mix (s = ZIPF_S) over ZIPF_N addresses
     import random
@@ -239,6 +254,7 @@ def count(
     if setup or clients or late:
         options = f"SETUP = {setup!r}\nCLIENTS = {clients!r}\nLATE = {late!r}\n"
         options += f"ZIPF_N = {ZIPF_N}\nZIPF_S = {ZIPF_S}\nCROWD_N = {CROWD_N}\n"
+        options += f"CROWD_MEMORY_N = {CROWD_MEMORY_N}\n"
         child = child.replace(_COUNTED, options + _COUNTED_WITH_OPTIONS)
     if layout:
         child = f"LAYOUT = {layout}\n" + _LAYOUT + child
@@ -325,7 +341,7 @@ def run(
                 shutil.copy(load.ROOT / site, trees["base"] / site)
 
         def one(tree: Path, case: str, workload: str) -> float:
-            crowd = "crowd" if case == "crowd" else WORKLOADS[workload]
+            crowd = case if case.startswith("crowd") else WORKLOADS[workload]
             out = os.path.join(state, f"{tree.name}-{case}-{workload}")
             os.makedirs(out, exist_ok=True)
             setup = "" if exporters else WITHOUT_EXPORTERS

@@ -214,7 +214,8 @@ class Memory(Generic[T]):
             entry = self._entry(key, now)
             if entry is None or not self._held(entry, now):
                 return None
-            if not entry[4]:  # (answered from memory for the first time since remembered)
+            if not entry[4] and now < entry[1]:  # (answered from memory for the first time
+                # since remembered, within its cap: a settled one held past it needs no look)
                 self._heat(key, entry)
         return now - entry[0], entry[3]
 
