@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -560,10 +561,13 @@ def settled_wait(p: Plan, values: list[int], t: float, settled: float, cost: int
         rate = rp.rate
         if type(rate) is Quota:
             continue
-        w = rate.seconds
-        counts = _segment_counts(rp, values)
-        old = [c if end - w <= horizon else 0 for c, end in zip(counts, rp.ends)]
-        u = _usage(rp, old, sum(old), False, False, t, cost)
+        # The segments are oldest first, their ends in order: the settled ones are a prefix
+        # (found by bisection, summed in C: a refusal at the counters pays this).
+        old = _segment_counts(rp, values)[: bisect_right(rp.ends, horizon + rate.seconds)]
+        n = sum(old)
+        if n + cost <= rate.count:  # room, as far as settled events tell
+            continue
+        u = _usage(rp, old, n, False, False, t, cost)
         if u.limited and u.retry_after > sure:
             sure = u.retry_after
     return sure

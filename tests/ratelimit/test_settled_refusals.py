@@ -322,3 +322,42 @@ def test_a_refusal_settles_at_a_later_look(
             look_now()
             assert client.get("/rules/named/").status_code == 429
         assert trips.count == 2  # held since
+
+
+def _settled_reference(p: windows.Plan, values: list[int], t: float, settled: float) -> float:
+    """settled_wait as stated: each rate's wait from its segments whose every event is
+    ``settled`` seconds old (the others counted as empty), the longest of the limited."""
+    sure = 0.0
+    for rp in p.rates:
+        w = rp.rate.seconds
+        counts = [values[seg.terms[0][0]] for seg in rp.segments]
+        old = [c if end - w <= t - settled else 0 for c, end in zip(counts, rp.ends, strict=True)]
+        u = windows.evaluate(
+            windows.Plan((), p.reads, (rp,)),
+            [
+                v
+                if i in {s.terms[0][0] for s, o in zip(rp.segments, old, strict=True) if o}
+                else 0
+                for i, v in enumerate(values)
+            ],
+            t,
+        )[0]
+        if u.limited:
+            sure = max(sure, u.retry_after)
+    return sure
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 3), min_size=61, max_size=61),
+    offset=st.floats(0, 3600),
+    settled=st.floats(0, 900),
+)
+def test_the_settled_wait_is_its_statement(
+    counts: list[int], offset: float, settled: float
+) -> None:
+    t = T0 + offset
+    rates = (windows.Rate(5, 3600), windows.Rate(3, 60))
+    p = fine(rates, t)
+    values = [counts[i % len(counts)] for i in range(len(p.reads))]
+    assert windows.settled_wait(p, values, t, settled) == _settled_reference(p, values, t, settled)
