@@ -545,7 +545,14 @@ def _usage(
     )
 
 
-def settled_wait(p: Plan, values: list[int], t: float, settled: float, cost: int = 1) -> float:
+def settled_wait(
+    p: Plan,
+    values: list[int],
+    t: float,
+    settled: float,
+    cost: int = 1,
+    exact: Sequence[Usage] | None = None,
+) -> float:
     """Seconds the rates of ``p`` surely have no room for ``cost`` more events, from
     ``values`` (aligned with ``p.reads``, read after this hit was taken back) counting only
     the events made ``settled`` seconds or more before ``t``: 0.0 when those alone leave room.
@@ -554,10 +561,12 @@ def settled_wait(p: Plan, values: list[int], t: float, settled: float, cost: int
     client's refused hit is counted, then taken back within its round trips, so an event that
     old is an admitted one, and it leaves when its segment does. A segment is counted only when
     all its events are that old (its end, less the window, is ``settled`` before ``t`` or
-    earlier). A calendar quota's one counter for its period is never settled."""
+    earlier). A calendar quota's one counter for its period is never settled. ``exact``:
+    :func:`evaluate`'s usages of the same values (a look), when the caller has them: a rate
+    whose every event is settled then takes its wait from there."""
     horizon = t - settled
     sure = 0.0
-    for rp in p.rates:
+    for i, rp in enumerate(p.rates):
         rate = rp.rate
         if type(rate) is Quota:
             continue
@@ -567,21 +576,32 @@ def settled_wait(p: Plan, values: list[int], t: float, settled: float, cost: int
         n = sum(old)
         if n + cost <= rate.count:  # room, as far as settled events tell
             continue
-        u = _usage(rp, old, n, False, False, t, cost)
-        if u.limited and u.retry_after > sure:
-            sure = u.retry_after
+        if exact is not None and exact[i].count == n:  # every event settled: the same wait
+            wait = exact[i].retry_after
+        else:
+            u = _usage(rp, old, n, False, False, t, cost)
+            wait = u.retry_after if u.limited else 0.0
+        if wait > sure:
+            sure = wait
     return sure
 
 
 def refine(
-    usages: list[Usage], detail: Plan, values: list[int], t: float, cost: int = 1
+    usages: list[Usage],
+    detail: Plan,
+    values: list[int],
+    t: float,
+    cost: int = 1,
+    exact: list[Usage] | None = None,
 ) -> list[Usage]:
     """``usages`` of a refused check, with waits timed from a ``fine_only`` plan's values.
 
     Read after the refused hit (``cost`` events) was taken back, so a rate is limited there
-    when it has no room left for it; the counts stay as the check saw them.
+    when it has no room left for it; the counts stay as the check saw them. ``exact``: the
+    look at those values (:func:`evaluate`), when the caller made it already.
     """
-    exact = evaluate(detail, values, t, cost=cost)
+    if exact is None:
+        exact = evaluate(detail, values, t, cost=cost)
     return [
         u._replace(retry_after=e.retry_after, reset=e.reset) if e.limited else u
         for u, e in zip(usages, exact)

@@ -130,11 +130,13 @@ class SlidingWindow(Step):
         detail = self.detail
         if detail is not None:
             t, cost = self.moment.t, self.check.cost
-            usages = windows.refine(self.result.usages, detail, reply, t, cost)
+            exact = windows.evaluate(detail, reply, t, cost=cost)
+            usages = windows.refine(self.result.usages, detail, reply, t, cost, exact)
             self.result = r = Result(usages, self.namespace)
             # How long the hits already admitted keep it refused (the refusal memory holds
             # it that long while the version counters vouch for it).
-            r.settled = windows.settled_wait(detail, reply, t, remembered.SETTLED, cost)
+            settled = remembered.SETTLED
+            r.settled = windows.settled_wait(detail, reply, t, settled, cost, exact)
 
     def exact_wait(self) -> bool:
         return self.result.limited and (self.detail is not None or not self._coarse())

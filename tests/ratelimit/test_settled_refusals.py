@@ -360,4 +360,7 @@ def test_the_settled_wait_is_its_statement(
     rates = (windows.Rate(5, 3600), windows.Rate(3, 60))
     p = fine(rates, t)
     values = [counts[i % len(counts)] for i in range(len(p.reads))]
-    assert windows.settled_wait(p, values, t, settled) == _settled_reference(p, values, t, settled)
+    expected = _settled_reference(p, values, t, settled)
+    assert windows.settled_wait(p, values, t, settled) == expected
+    exact = windows.evaluate(p, values, t)  # (what a refusal's refine has made already)
+    assert windows.settled_wait(p, values, t, settled, exact=exact) == expected
