@@ -152,22 +152,22 @@ class Memory(Generic[T]):
                 if e is not None and e[5] > -math.inf:
                     entries[key] = (e[0], e[1], e[2], e[3], e[4], -math.inf)
 
+    def _vouched(self, entry: Entry[T], now: float) -> bool:
+        """Whether the memory is vouched for at ``now`` as far as ``entry`` goes: within its
+        cap's length after the last :meth:`vouch`."""
+        return now < self.vouched + entry[1] - entry[0]
+
     def _held(self, entry: Entry[T], now: float) -> bool:
         """Whether ``entry`` is answered from memory at ``now`` (ended or not): within its
-        cap, or settled and vouched for (the cap's length after the last :meth:`vouch`)."""
-        return now < entry[1] or (now < entry[5] and now < self.vouched + entry[1] - entry[0])
+        cap, or settled and vouched for."""
+        return now < entry[1] or (now < entry[5] and self._vouched(entry, now))
 
     def settles(self, key: Hashable, now: float, after: float) -> bool:
         """Whether ``key``'s refusal may have settled by ``now``: it is not known settled,
         it was remembered ``after`` seconds ago or more (its hits have aged since), and the
         memory is vouched for (:meth:`vouch`), so knowing would hold it past its cap."""
         e = self.entries.get(key)
-        return (
-            e is not None
-            and e[5] <= now
-            and now - e[0] >= after
-            and now < self.vouched + e[1] - e[0]
-        )
+        return e is not None and e[5] <= now and now - e[0] >= after and self._vouched(e, now)
 
     def _heat(self, key: Hashable, entry: Entry[T]) -> None:
         """Mark ``key``'s refusal hot: answered from memory, so its subject comes back within
@@ -254,7 +254,7 @@ class Memory(Generic[T]):
                 e = entries.get(key)
                 if e is None or not e[4] or e[1] != item[0] or not e[0] <= now < e[2]:
                     continue  # stale: forgotten, remembered again, ended or from a clock back
-                if now < e[5] and now < self.vouched + e[1] - e[0]:
+                if now < e[5] and self._vouched(e, now):
                     continue  # settled, and answered from memory while vouched for: no look
                 put_back.append(item)  # (still its entry's until it is remembered again)
                 if key not in skip:
